@@ -1,0 +1,66 @@
+"""`ztgi`: the one entry point for every command of the project.
+
+    ztgi launch     all services on one host (what `make run` runs)
+    ztgi scheduler  the hub
+    ztgi tokenizer  one tokenizer replica
+    ztgi worker     one model worker
+    ztgi gateway    one HTTP gateway replica
+    ztgi bench      the load generator
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Sequence
+
+
+def _launch(argv: Sequence[str]) -> int:
+    from services.launcher import main
+    return main(argv)
+
+
+def _scheduler(argv: Sequence[str]) -> int:
+    from services.scheduler.service import main
+    return main(argv)
+
+
+def _tokenizer(argv: Sequence[str]) -> int:
+    from services.tokenizer.service import main
+    return main(argv)
+
+
+def _worker(argv: Sequence[str]) -> int:
+    from services.worker.service import main
+    return main(argv)
+
+
+def _gateway(argv: Sequence[str]) -> int:
+    from services.gateway.service import main
+    return main(argv)
+
+
+def _bench(argv: Sequence[str]) -> int:
+    from benchmarks.bench import main
+    return main(argv)
+
+
+COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "launch": _launch,
+    "scheduler": _scheduler,
+    "tokenizer": _tokenizer,
+    "worker": _worker,
+    "gateway": _gateway,
+    "bench": _bench,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__.strip(), file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return COMMANDS[argv[0]](argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

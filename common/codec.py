@@ -1,0 +1,213 @@
+"""msgpack codec for typed messages.
+
+Every message is a frozen dataclass registered under an explicit tag with `@message("tag")`.
+On the wire a message is the msgpack array `[tag, field_1, field_2, ...]`; nested records
+(plain dataclasses used as field types) travel as arrays of their fields, in declaration order.
+Decoding looks the tag up in the registry (never by reflection on names), checks the arity and
+the type of every field against the class annotations, and builds the same class back.
+
+Anything wrong with a message (not msgpack, truncated, unknown tag, wrong field count or type,
+too large) raises `MessageError`, which every service logs and, where it knows the sender,
+answers with an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Callable, TypeVar
+
+import msgpack
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Frames larger than this are rejected before they are unpacked."""
+
+
+class MessageError(ValueError):
+    """A frame that is not a valid message of this protocol."""
+
+
+T = TypeVar("T")
+Checker = Callable[[Any, str], Any]
+
+_TAG_TO_CLASS: dict[str, type] = {}
+_CLASS_TO_TAG: dict[type, str] = {}
+_RECORD_CHECKERS: dict[type, list[tuple[str, Checker]]] = {}
+
+
+def record(cls: type[T]) -> type[T]:
+    """Declares a nested record: a frozen dataclass that travels as an array of its fields."""
+    cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
+    _RECORD_CHECKERS[cls] = []  # filled lazily: annotations may name classes defined later
+    return cls
+
+
+def message(tag: str) -> Callable[[type[T]], type[T]]:
+    """Declares a top-level message type under `tag`."""
+
+    def register(cls: type[T]) -> type[T]:
+        if tag in _TAG_TO_CLASS:
+            raise RuntimeError(f"message tag {tag!r} registered twice")
+        cls = record(cls)
+        _TAG_TO_CLASS[tag] = cls
+        _CLASS_TO_TAG[cls] = tag
+        return cls
+
+    return register
+
+
+def encode(msg: Any) -> bytes:
+    """Encodes a registered message to bytes."""
+    tag = _CLASS_TO_TAG.get(type(msg))
+    if tag is None:
+        raise TypeError(f"{type(msg).__name__} is not a registered message")
+    return msgpack.packb([tag, *_fields_to_wire(msg)], use_bin_type=True)
+
+
+def decode(data: bytes, expected: type[T] | tuple[type, ...] | None = None) -> T:
+    """Decodes bytes into a checked message; raises MessageError for anything malformed."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise MessageError(f"expected a bytes frame, got {type(data).__name__}")
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise MessageError(f"message of {len(data)} bytes exceeds the {MAX_MESSAGE_BYTES} byte limit")
+    try:
+        wire = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise MessageError(f"frame is not valid msgpack: {exc}") from None
+    if not isinstance(wire, list) or not wire or not isinstance(wire[0], str):
+        raise MessageError("frame is not a tagged message array")
+    cls = _TAG_TO_CLASS.get(wire[0])
+    if cls is None:
+        raise MessageError(f"unknown message tag {wire[0]!r}")
+    msg = _build(cls, wire[1:], wire[0])
+    if expected is not None and not isinstance(msg, expected):
+        raise MessageError(f"unexpected message {wire[0]!r} on this socket")
+    return msg
+
+
+def tag_of(cls: type) -> str:
+    return _CLASS_TO_TAG[cls]
+
+
+# -- to the wire -----------------------------------------------------------------------------
+
+def _fields_to_wire(obj: Any) -> list:
+    return [_to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+
+
+def _to_wire(value: Any) -> Any:
+    if type(value) in _RECORD_CHECKERS:
+        return _fields_to_wire(value)
+    if isinstance(value, list) and value and type(value[0]) in _RECORD_CHECKERS:
+        return [_fields_to_wire(v) for v in value]
+    return value
+
+
+# -- from the wire ---------------------------------------------------------------------------
+
+def _build(cls: type, values: Any, where: str) -> Any:
+    if not isinstance(values, list):
+        raise MessageError(f"{where}: expected an array of fields, got {type(values).__name__}")
+    checkers = _checkers_for(cls)
+    if len(values) != len(checkers):
+        raise MessageError(f"{where}: expected {len(checkers)} fields, got {len(values)}")
+    kwargs = {name: check(value, f"{where}.{name}") for (name, check), value in zip(checkers, values)}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:  # __post_init__ validation
+        raise MessageError(f"{where}: {exc}") from None
+
+
+def _checkers_for(cls: type) -> list[tuple[str, Checker]]:
+    checkers = _RECORD_CHECKERS[cls]
+    if not checkers and dataclasses.fields(cls):
+        hints = typing.get_type_hints(cls)
+        checkers.extend((f.name, _checker(hints[f.name])) for f in dataclasses.fields(cls))
+    return checkers
+
+
+def _checker(tp: Any) -> Checker:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return lambda v, where: v
+    if tp is float:
+        return _check_float
+    if tp in (int, str, bool, bytes):
+        return _scalar_checker(tp)
+    if tp is type(None):
+        return _scalar_checker(type(None))
+    if tp in _RECORD_CHECKERS:
+        return lambda v, where: _build(tp, v, where)
+    if origin in (typing.Union, types.UnionType):
+        return _union_checker([_checker(a) for a in args])
+    if origin is list:
+        return _int_list_checker if args[0] is int else _list_checker(_checker(args[0]))
+    if origin is dict:
+        return _dict_checker(_checker(args[0]), _checker(args[1]))
+    if origin is typing.Literal:
+        return _literal_checker(args)
+    raise TypeError(f"unsupported message field type {tp!r}")
+
+
+def _scalar_checker(tp: type) -> Checker:
+    def check(value: Any, where: str) -> Any:
+        # bool is an int subclass: keep the two apart in both directions
+        if type(value) is not tp and not (tp is int and isinstance(value, int) and not isinstance(value, bool)):
+            raise MessageError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+        return value
+
+    return check
+
+
+def _check_float(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MessageError(f"{where}: expected float, got {type(value).__name__}")
+    return float(value)
+
+
+def _union_checker(options: list[Checker]) -> Checker:
+    def check(value: Any, where: str) -> Any:
+        for option in options:
+            try:
+                return option(value, where)
+            except MessageError:
+                continue
+        raise MessageError(f"{where}: value of type {type(value).__name__} matches no allowed type")
+
+    return check
+
+
+def _list_checker(item: Checker) -> Checker:
+    def check(value: Any, where: str) -> list:
+        if not isinstance(value, list):
+            raise MessageError(f"{where}: expected array, got {type(value).__name__}")
+        return [item(v, where) for v in value]
+
+    return check
+
+
+def _int_list_checker(value: Any, where: str) -> list:
+    """Fast path for token id arrays, the bulk of most messages."""
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        raise MessageError(f"{where}: expected an array of integers")
+    return value
+
+
+def _dict_checker(key: Checker, val: Checker) -> Checker:
+    def check(value: Any, where: str) -> dict:
+        if not isinstance(value, dict):
+            raise MessageError(f"{where}: expected map, got {type(value).__name__}")
+        return {key(k, where): val(v, f"{where}[{k!r}]") for k, v in value.items()}
+
+    return check
+
+
+def _literal_checker(allowed: tuple) -> Checker:
+    def check(value: Any, where: str) -> Any:
+        if value not in allowed or isinstance(value, bool) != any(isinstance(a, bool) for a in allowed):
+            raise MessageError(f"{where}: {value!r} is not one of {list(allowed)}")
+        return value
+
+    return check

@@ -1,0 +1,18 @@
+"""Typed wire messages, grouped by the service that receives them.
+
+- `records`: nested records shared by several messages (parameters, generations, tokens).
+- `peer`: registration and liveness, both directions on every ROUTER/DEALER link.
+- `scheduler`: what the scheduler receives (from clients, tokenizers and workers).
+- `tokenizer`: what a tokenizer receives (encode and detokenize jobs).
+- `worker`: what a worker receives (TGI's verbs).
+- `client`: what a client receives (stream events and query replies).
+"""
+
+PROTOCOL_VERSION = 1
+
+from common.messages.records import *  # noqa: E402,F401,F403
+from common.messages.peer import *  # noqa: E402,F401,F403
+from common.messages.scheduler import *  # noqa: E402,F401,F403
+from common.messages.tokenizer import *  # noqa: E402,F401,F403
+from common.messages.worker import *  # noqa: E402,F401,F403
+from common.messages.client import *  # noqa: E402,F401,F403

@@ -1,0 +1,29 @@
+"""Registration and liveness on ROUTER/DEALER links (both directions)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from common.codec import message
+from common.messages.records import WorkerInfo
+
+__all__ = ["Hello", "Heartbeat", "Role"]
+
+Role = Literal["worker", "tokenizer", "client"]
+
+
+@message("hello")
+class Hello:
+    """A DEALER's first message; sent again when it sees a new scheduler boot nonce."""
+
+    role: Role
+    protocol_version: int
+    boot_nonce: str
+    worker: WorkerInfo | None = None
+
+
+@message("heartbeat")
+class Heartbeat:
+    """Sent periodically by every peer; the scheduler answers with its own boot nonce."""
+
+    boot_nonce: str

@@ -1,0 +1,134 @@
+"""Messages the scheduler receives: from clients, tokenizers and workers."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from common.codec import message, record
+from common.messages.records import (
+    CachedBatch, ChatMessage, GenerateParameters, Generation, RequestKey, SamplingParameters,
+    Timings,
+)
+
+__all__ = [
+    "Generate", "Cancel", "Query", "Encoded", "Rejected", "ClientOutput", "TextBatch",
+    "StepResult", "FilterResult", "WarmupResult", "CommandDone", "CommandFailed", "QueryKind",
+]
+
+QueryKind = Literal["health", "info", "stats"]
+
+
+@message("generate")
+class Generate:
+    """A client asks for text: `inputs` (raw prompt) or chat `messages`, exactly one of them."""
+
+    request_id: str
+    inputs: str | None
+    messages: list[ChatMessage] | None
+    parameters: GenerateParameters
+
+    def __post_init__(self) -> None:
+        if (self.inputs is None) == (self.messages is None):
+            raise ValueError("exactly one of inputs and messages must be given")
+
+
+@message("cancel")
+class Cancel:
+    """A client gives up one of its own requests."""
+
+    request_id: str
+
+
+@message("query")
+class Query:
+    """Health, Info or Stats; answered with the matching reply carrying `query_id`."""
+
+    query_id: str
+    kind: QueryKind
+
+
+@message("encoded")
+class Encoded:
+    """A tokenizer's answer to an encode job: ids and resolved worker-side parameters.
+
+    `tokenizer_id` is the identity of the tokenizer that keeps this request's decode state.
+    """
+
+    key: RequestKey
+    input_ids: list[int]
+    sampling: SamplingParameters
+    max_new_tokens: int
+    ignore_eos: bool
+    top_n_tokens: int
+    prefill_logprobs: bool
+    tokenizer_id: bytes
+
+
+@message("rejected")
+class Rejected:
+    """A tokenizer refused a request (too long, bad template...): the client gets `error`."""
+
+    key: RequestKey
+    error: str
+    error_type: str = "validation"
+
+
+@record
+class ClientOutput:
+    """Encoded `StreamEvents` for one client."""
+
+    client_id: bytes
+    payload: bytes
+
+
+@message("text_batch")
+class TextBatch:
+    """A tokenizer's output for one step: encoded StreamEvents per client, and stop hits.
+
+    `payload` is an encoded `StreamEvents`, forwarded to the client without decoding.
+    `finished` lists requests the tokenizer ended itself (stop sequence): the scheduler drops
+    them from their batch at the next step.
+    """
+
+    outputs: list[ClientOutput]
+    finished: list[RequestKey]
+
+
+@message("step_result")
+class StepResult:
+    """A worker's answer to Prefill or Decode."""
+
+    command_id: int
+    generations: list[Generation]
+    batch: CachedBatch | None
+    timings: Timings
+
+
+@message("filter_result")
+class FilterResult:
+    command_id: int
+    batch: CachedBatch | None
+
+
+@message("warmup_result")
+class WarmupResult:
+    """What the worker can hold: the largest batch token budget it supports."""
+
+    command_id: int
+    max_batch_total_tokens: int
+
+
+@message("command_done")
+class CommandDone:
+    """Answer to Clear and Health."""
+
+    command_id: int
+
+
+@message("command_failed")
+class CommandFailed:
+    """A command failed inside the worker; `request_ids` are the requests it takes down."""
+
+    command_id: int
+    error: str
+    request_ids: list[int]

@@ -1,0 +1,39 @@
+"""Shared fixtures: the embedded SmolLM2 and a tiny random-weight model with its tokenizer."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from common.model_source import ModelSource, resolve_model
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> ModelSource:
+    """The embedded SmolLM2-135M-Instruct, converted once into the ztgi cache."""
+    return resolve_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(smollm2: ModelSource, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 2-layer random-weight Llama with SmolLM2's real tokenizer and vocabulary (fast tests)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = str(tmp_path_factory.mktemp("tiny-model"))
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    for name in TOKENIZER_FILES:
+        source = os.path.join(smollm2.path, name)
+        if os.path.exists(source):
+            shutil.copy(source, directory)
+    return directory
