@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 
 def _launch(argv: Sequence[str]) -> int:
-    from services.launcher import main
+    from services.launcher.service import main
     return main(argv)
 
 

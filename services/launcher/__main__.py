@@ -1,0 +1,5 @@
+import sys
+
+from services.launcher.service import main
+
+sys.exit(main())

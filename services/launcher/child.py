@@ -1,0 +1,76 @@
+"""One supervised child process with its log lines prefixed by its name."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Sequence
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM if the launcher dies, even by SIGKILL (no orphans)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+class Child:
+    """A service process: `python -m services.<service> ARGS` with extra environment."""
+
+    def __init__(self, name: str, service: str, args: Sequence[str], env: dict[str, str]) -> None:
+        self.name = name
+        self.service = service
+        self.args = list(args)
+        self.env = env
+        self.process: subprocess.Popen | None = None
+        self.num_restarts = 0
+
+    def start(self) -> None:
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", f"services.{self.service}", *self.args],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        threading.Thread(target=self._pump_logs, args=(self.process,), daemon=True).start()
+
+    def _pump_logs(self, process: subprocess.Popen) -> None:
+        assert process.stdout is not None
+        prefix = f"[{self.name}] ".encode()
+        for line in process.stdout:
+            sys.stderr.buffer.write(prefix + line)
+            sys.stderr.buffer.flush()
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def terminate(self) -> None:
+        if self.alive:
+            assert self.process is not None
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout_s: float) -> None:
+        """Waits for exit; kills the process if it outlives `timeout_s`."""
+        if self.process is None:
+            return
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("%s did not exit in %.0f s; killing it", self.name, timeout_s)
+            self.process.kill()
+            self.process.wait()

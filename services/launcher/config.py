@@ -1,0 +1,59 @@
+"""`ztgi launch` configuration: the whole pipeline on one host."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from common.config import require
+from common.model_source import DEFAULT_MODEL_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """Starts the scheduler, tokenizers, workers and gateways as supervised children.
+
+    Settings every service shares (model, limits) reach the children as ZTGI_* environment
+    variables, so each child reads exactly the fields its own config has.
+    """
+
+    model_id: str = DEFAULT_MODEL_ID
+    host: str = "127.0.0.1"
+    port: int = 8080
+    num_workers: int = 1
+    num_tokenizers: int = 1
+    num_gateways: int = 1
+    dtype: str = "auto"
+    device: str = "auto"
+    max_concurrent_requests: int = 128
+    max_input_tokens: int = 4095
+    max_total_tokens: int = 4096
+    max_batch_prefill_tokens: int = 4096
+    max_batch_total_tokens: int | None = None
+    max_batch_size: int | None = None
+    waiting_served_ratio: float = 0.3
+    max_waiting_tokens: int = 20
+    max_stop_sequences: int = 4
+    max_top_n_tokens: int = 5
+    max_best_of: int = 2
+    run_dir: str | None = None
+    startup_timeout_s: float = 600.0
+    shutdown_timeout_s: float = 30.0
+    restart: bool = True
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        for name in ("num_workers", "num_tokenizers", "num_gateways"):
+            require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+        require(0 < self.port < 65536, f"--port {self.port} is not a TCP port")
+        require(self.startup_timeout_s > 0, "--startup-timeout-s must be positive")
+
+    def shared_environment(self, scheduler_url: str) -> dict[str, str]:
+        """ZTGI_* variables for every child: the settings more than one service reads."""
+        names = ("model_id", "dtype", "device", "max_concurrent_requests", "max_input_tokens",
+                 "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
+                 "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "max_stop_sequences",
+                 "max_top_n_tokens", "max_best_of", "log_level")
+        env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
+               if getattr(self, name) is not None}
+        env["ZTGI_SCHEDULER_URL"] = scheduler_url
+        return env

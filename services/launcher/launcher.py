@@ -1,0 +1,109 @@
+"""Starts, watches and stops every service of one host."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+from services.launcher.child import Child
+from services.launcher.config import LaunchConfig
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_ORDER = ("gateway", "scheduler", "tokenizer", "worker")
+RESTART_BACKOFF_S = 1.0
+
+
+class StartupError(RuntimeError):
+    """A child died while the pipeline was starting, or it did not get ready in time."""
+
+
+class Launcher:
+    """The children of one `ztgi launch`, their start, supervision and ordered shutdown."""
+
+    def __init__(self, config: LaunchConfig) -> None:
+        self.config = config
+        self.owns_run_dir = config.run_dir is None
+        self.run_dir = config.run_dir or tempfile.mkdtemp(prefix="ztgi-")
+        self.scheduler_url = f"ipc://{self.run_dir}"
+        self.children = self._plan()
+        self.stopping = False
+
+    def _plan(self) -> list[Child]:
+        config = self.config
+        env = config.shared_environment(self.scheduler_url)
+        children = [Child("scheduler", "scheduler", [], env)]
+        children += [Child(f"worker[{i}]", "worker", ["--worker-index", str(i)], env)
+                     for i in range(config.num_workers)]
+        children += [Child(f"tokenizer[{i}]", "tokenizer", ["--tokenizer-index", str(i)], env)
+                     for i in range(config.num_tokenizers)]
+        children += [Child(f"gateway[{i}]", "gateway", ["--gateway-index", str(i), "--host", config.host,
+                                                         "--port", str(config.port)], env)
+                     for i in range(config.num_gateways)]
+        return children
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.config.port}"
+
+    def start(self) -> None:
+        for child in self.children:
+            child.start()
+        logger.info("started %d processes; run directory %s", len(self.children), self.run_dir)
+
+    def wait_ready(self) -> None:
+        """Waits until /health answers 200 (workers warmed up), or raises StartupError."""
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while time.monotonic() < deadline:
+            dead = [c for c in self.children if not c.alive]
+            if dead:
+                raise StartupError(", ".join(f"{c.name} exited with code {c.returncode}" for c in dead)
+                                   + " while starting")
+            if self._healthy():
+                return
+            if self.stopping:
+                raise StartupError("interrupted while starting")
+            time.sleep(0.25)
+        raise StartupError(f"not ready after {self.config.startup_timeout_s:.0f} s")
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def supervise(self) -> int:
+        """Restarts dead children (or stops with 1 when restarts are off) until asked to stop."""
+        while not self.stopping:
+            for child in self.children:
+                if child.alive or self.stopping:
+                    continue
+                if not self.config.restart:
+                    logger.error("%s exited with code %s; stopping (restarts are off)", child.name, child.returncode)
+                    return 1
+                logger.warning("%s exited with code %s; restarting", child.name, child.returncode)
+                child.num_restarts += 1
+                time.sleep(RESTART_BACKOFF_S)
+                child.start()
+            time.sleep(0.2)
+        return 0
+
+    def shutdown(self) -> None:
+        """Stops gateways, then the scheduler, tokenizers and workers; removes the run directory."""
+        self.stopping = True
+        for service in SHUTDOWN_ORDER:
+            group = [c for c in self.children if c.service == service]
+            for child in group:
+                child.terminate()
+            for child in group:
+                child.wait(self.config.shutdown_timeout_s)
+        if self.owns_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        logger.info("all processes stopped")

@@ -1,0 +1,43 @@
+"""`ztgi launch`: the whole pipeline on one host, over ipc:// in a private run directory."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from typing import Sequence
+
+from common.config import ConfigError, parse_config
+from common.logs import setup_logging
+from services.launcher.config import LaunchConfig
+from services.launcher.launcher import Launcher, StartupError
+
+logger = logging.getLogger(__name__)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse_config(LaunchConfig, argv, prog="ztgi launch")
+    except ConfigError as exc:
+        print(f"ztgi launch: {exc}", file=sys.stderr)
+        return 2
+    setup_logging("launcher", config.log_level)
+    launcher = Launcher(config)
+
+    def stop(signum: int, _frame: object) -> None:
+        logger.info("signal %d: shutting down", signum)
+        launcher.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    launcher.start()
+    try:
+        launcher.wait_ready()
+        logger.info("ready: %s (model %s)", launcher.url, config.model_id)
+        print(f"ztgi is serving on {launcher.url}", flush=True)
+        return launcher.supervise()
+    except StartupError as exc:
+        logger.error("startup failed: %s", exc)
+        return 1
+    finally:
+        launcher.shutdown()

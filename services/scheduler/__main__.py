@@ -1,0 +1,5 @@
+import sys
+
+from services.scheduler.service import main
+
+sys.exit(main())

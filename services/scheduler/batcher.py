@@ -1,0 +1,226 @@
+"""TGI's continuous batching loop, as one state machine per worker driven by its answers.
+
+The rule: an idle worker with nothing cached takes the longest prefix of the queue that fits
+`max_batch_prefill_tokens` and its `max_batch_total_tokens`, and prefills it. From then on it
+decodes its cached batch step by step. Before each decode step it looks at the queue once: new
+requests join when at least `waiting_served_ratio` x the running batch size are waiting, or
+whatever is waiting once the queue has waited `max_waiting_tokens` steps; they are prefilled as a
+new batch and the next Decode concatenates both. After every step, requests that finished,
+stopped on a stop sequence or were cancelled leave their batch by a Filter before anything else
+runs. Budgets count padding (the backend pads to the longest input). Each worker runs one
+command at a time; several workers are data-parallel replicas that all pull from the one queue.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Callable
+
+from common.messages import (
+    Batch, Clear, CommandDone, CommandFailed, Decode, Filter, FilterResult, Generation, Hello,
+    Prefill, StepResult, Warmup, WarmupResult,
+)
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.outbox import Outbox
+from services.scheduler.queue import RequestQueue
+from services.scheduler.request import Request, RequestStatus
+from services.scheduler.request_table import RequestTable
+from services.scheduler.worker_slot import CommandKind, InFlight, WorkerSlot
+
+logger = logging.getLogger(__name__)
+
+GenerationsHandler = Callable[[WorkerSlot, list[Generation]], None]
+FailureHandler = Callable[[list[Request], str, str], None]
+
+
+class Batcher:
+    """Worker registry and the batching loop; sends commands through the outbox."""
+
+    def __init__(self, config: SchedulerConfig, table: RequestTable, queue: RequestQueue,
+                 outbox: Outbox, on_generations: GenerationsHandler, on_failure: FailureHandler) -> None:
+        self.config = config
+        self.table = table
+        self.queue = queue
+        self.outbox = outbox
+        self.on_generations = on_generations
+        self.on_failure = on_failure
+        self.workers: dict[bytes, WorkerSlot] = {}
+        self._command_ids = itertools.count(1)
+        self._batch_ids = itertools.count(1)
+
+    # -- registry ------------------------------------------------------------------------------
+
+    def register(self, identity: bytes, hello: Hello) -> None:
+        """A worker said Hello: (re)register it and warm it up."""
+        if hello.worker is None:
+            logger.warning("worker %r sent Hello without WorkerInfo; ignored", identity)
+            return
+        if identity in self.workers:
+            self.lose(identity, "worker registered again")
+        slot = WorkerSlot(identity=identity, info=hello.worker, boot_nonce=hello.boot_nonce)
+        self.workers[identity] = slot
+        logger.info("worker %s registered: %s on %s (%s)", identity.decode(errors="replace"),
+                    hello.worker.model_id, hello.worker.device, hello.worker.dtype)
+        config = self.config
+        self._send(slot, CommandKind.WARMUP, [], [], lambda command_id: Warmup(
+            command_id, config.max_input_tokens, config.max_total_tokens,
+            config.max_batch_prefill_tokens, config.max_batch_total_tokens))
+
+    def lose(self, identity: bytes, reason: str) -> None:
+        """Forgets a worker; its requests go back to the front of the queue to resume elsewhere."""
+        slot = self.workers.pop(identity, None)
+        if slot is None:
+            return
+        resumed = [r for r in self.table if r.worker_id == identity and r.status is RequestStatus.RUNNING]
+        logger.warning("worker %s lost (%s): %d requests go back to the queue",
+                       identity.decode(errors="replace"), reason, len(resumed))
+        for request in sorted(resumed, key=lambda r: r.request_id, reverse=True):
+            request.status = RequestStatus.QUEUED
+            request.worker_id = None
+            request.num_resumed_tokens = len(request.generated_ids)
+            self.queue.appendleft(request)
+
+    def ready_workers(self) -> list[WorkerSlot]:
+        return [slot for slot in self.workers.values() if slot.ready]
+
+    def touch(self, identity: bytes, now: float) -> bool:
+        slot = self.workers.get(identity)
+        if slot is not None:
+            slot.last_seen = now
+        return slot is not None
+
+    # -- answers -------------------------------------------------------------------------------
+
+    def on_answer(self, identity: bytes, answer: object) -> None:
+        """Handles a worker's answer to its in-flight command, then moves that worker on."""
+        slot = self.workers.get(identity)
+        if slot is None:
+            logger.debug("answer from unregistered worker %r dropped", identity)
+            return
+        in_flight = slot.in_flight
+        command_id = getattr(answer, "command_id", None)
+        if in_flight is None or command_id != in_flight.command_id:
+            if isinstance(answer, CommandFailed):
+                logger.warning("worker %s: %s", identity.decode(errors="replace"), answer.error)
+            else:
+                logger.warning("worker %r answered command %s, expected %s; dropped", identity, command_id,
+                               in_flight.command_id if in_flight else None)
+            return
+        slot.in_flight = None
+        match answer:
+            case WarmupResult():
+                self._on_warmup(slot, answer)
+            case StepResult():
+                self._on_step(slot, in_flight, answer)
+            case FilterResult():
+                slot.replace_batch(in_flight.batch_ids[0], answer.batch)
+            case CommandDone():
+                pass
+            case CommandFailed():
+                self._on_failed(slot, in_flight, answer)
+        self.advance(slot)
+
+    def _on_warmup(self, slot: WorkerSlot, result: WarmupResult) -> None:
+        slot.max_batch_total_tokens = result.max_batch_total_tokens
+        slot.ready = True
+        logger.info("worker %s ready: max_batch_total_tokens=%d", slot.identity.decode(errors="replace"),
+                    result.max_batch_total_tokens)
+
+    def _on_step(self, slot: WorkerSlot, in_flight: InFlight, result: StepResult) -> None:
+        slot.num_steps += 1
+        if in_flight.kind is CommandKind.PREFILL:
+            slot.num_requests_served += len(in_flight.request_ids)
+            slot.waiting_tokens = 1
+            if result.batch is not None:
+                slot.batches.append(result.batch)
+        else:
+            slot.batches = [result.batch] if result.batch is not None else []
+        self.on_generations(slot, result.generations)
+
+    def _on_failed(self, slot: WorkerSlot, in_flight: InFlight, failure: CommandFailed) -> None:
+        logger.error("worker %s failed %s: %s", slot.identity.decode(errors="replace"),
+                     in_flight.kind.value, failure.error)
+        if in_flight.kind is CommandKind.WARMUP:
+            self.workers.pop(slot.identity, None)
+            return
+        failed_ids = set(in_flight.request_ids)
+        if in_flight.kind is not CommandKind.PREFILL:  # a failed step may leave its batches unusable
+            failed_ids.update(rid for batch in slot.batches for rid in batch.request_ids)
+            slot.batches = []
+            self.outbox.to_worker(slot.identity, Clear(next(self._command_ids), None))
+        failed = [r for rid in sorted(failed_ids) if (r := self.table.get(rid)) is not None]
+        self.on_failure(failed, f"Request failed during generation: {failure.error}", "generation")
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def schedule(self) -> None:
+        """Moves every idle worker on (called when the queue gained requests)."""
+        for slot in sorted(self.ready_workers(), key=lambda s: s.batch_size):
+            self.advance(slot)
+
+    def advance(self, slot: WorkerSlot) -> None:
+        """Sends the idle worker its next command: Filter, Prefill or Decode, or nothing."""
+        if not slot.idle:
+            return
+        if self._filter_finished(slot):
+            return
+        if not slot.batches:
+            self._prefill_next(slot, None, self.config.max_batch_size, slot.max_batch_total_tokens)
+            return
+        if not slot.admission_checked:
+            slot.admission_checked = True
+            if self._admit_into_running(slot):
+                return
+        self._decode(slot)
+
+    def _filter_finished(self, slot: WorkerSlot) -> bool:
+        for batch in slot.batches:
+            keep_ids = [rid for rid in batch.request_ids if rid in self.table]
+            if len(keep_ids) != len(batch.request_ids):
+                self._send(slot, CommandKind.FILTER, keep_ids, [batch.batch_id],
+                           lambda command_id: Filter(command_id, batch.batch_id, keep_ids))
+                return True
+        return False
+
+    def _admit_into_running(self, slot: WorkerSlot) -> bool:
+        config = self.config
+        batch_size = slot.batch_size
+        min_size = None if slot.waiting_tokens >= config.max_waiting_tokens else int(
+            batch_size * config.waiting_served_ratio)
+        max_size = None if config.max_batch_size is None else config.max_batch_size - batch_size
+        if max_size is not None and max_size <= 0:
+            return False
+        token_budget = slot.max_batch_total_tokens - slot.batch_max_tokens
+        return self._prefill_next(slot, min_size, max_size, token_budget)
+
+    def _prefill_next(self, slot: WorkerSlot, min_size: int | None, max_size: int | None,
+                      token_budget: int) -> bool:
+        taken = self.queue.next_batch(min_size, max_size, self.config.max_batch_prefill_tokens, token_budget)
+        if taken is None:
+            return False
+        requests, max_tokens = taken
+        now = time.monotonic()
+        for request in requests:
+            request.status = RequestStatus.RUNNING
+            request.worker_id = slot.identity
+            request.prefill_started_at = now
+        batch = Batch(next(self._batch_ids), [r.to_worker() for r in requests], max_tokens)
+        self._send(slot, CommandKind.PREFILL, [r.request_id for r in requests], [batch.batch_id],
+                   lambda command_id: Prefill(command_id, batch))
+        return True
+
+    def _decode(self, slot: WorkerSlot) -> None:
+        batch_ids = [batch.batch_id for batch in slot.batches]
+        request_ids = [rid for batch in slot.batches for rid in batch.request_ids]
+        slot.admission_checked = False
+        slot.waiting_tokens += 1
+        self._send(slot, CommandKind.DECODE, request_ids, batch_ids,
+                   lambda command_id: Decode(command_id, batch_ids))
+
+    def _send(self, slot: WorkerSlot, kind: CommandKind, request_ids: list[int], batch_ids: list[int],
+              build: Callable[[int], object]) -> None:
+        command_id = next(self._command_ids)
+        slot.in_flight = InFlight(command_id, kind, request_ids, batch_ids)
+        self.outbox.to_worker(slot.identity, build(command_id))

@@ -1,0 +1,58 @@
+"""Scheduler configuration (flags `--x-y`, environment `ZTGI_X_Y`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from common.config import require
+from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """The hub: queue, batching limits (TGI's names and defaults), liveness."""
+
+    scheduler_url: str = DEFAULT_SCHEDULER_URL
+    bind_host: str | None = None
+    max_concurrent_requests: int = 128
+    max_batch_prefill_tokens: int = 4096
+    max_batch_total_tokens: int | None = None
+    max_batch_size: int | None = None
+    max_input_tokens: int = 4095
+    max_total_tokens: int = 4096
+    max_best_of: int = 2
+    max_stop_sequences: int = 4
+    waiting_served_ratio: float = 0.3
+    max_waiting_tokens: int = 20
+    heartbeat_interval_ms: int = 1000
+    heartbeat_misses: int = 5
+    no_worker_timeout_s: float = 30.0
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        Endpoints(self.scheduler_url, self.bind_host)  # validates the URL
+        require(self.max_concurrent_requests > 0, "--max-concurrent-requests must be positive")
+        require(self.max_input_tokens < self.max_total_tokens,
+                f"--max-input-tokens ({self.max_input_tokens}) must be less than --max-total-tokens "
+                f"({self.max_total_tokens})")
+        require(self.max_batch_prefill_tokens >= self.max_input_tokens,
+                f"--max-batch-prefill-tokens ({self.max_batch_prefill_tokens}) must be >= "
+                f"--max-input-tokens ({self.max_input_tokens})")
+        if self.max_batch_total_tokens is not None:
+            require(self.max_batch_total_tokens >= self.max_total_tokens,
+                    f"--max-batch-total-tokens ({self.max_batch_total_tokens}) must be >= "
+                    f"--max-total-tokens ({self.max_total_tokens})")
+        if self.max_batch_size is not None:
+            require(self.max_batch_size > 0, "--max-batch-size must be positive")
+        require(0.0 <= self.waiting_served_ratio, "--waiting-served-ratio must be >= 0")
+        require(self.max_waiting_tokens > 0, "--max-waiting-tokens must be positive")
+        require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
+                "--heartbeat-interval-ms and --heartbeat-misses must be positive")
+
+    @property
+    def endpoints(self) -> Endpoints:
+        return Endpoints(self.scheduler_url, self.bind_host)
+
+    @property
+    def peer_timeout_s(self) -> float:
+        return self.heartbeat_interval_ms * self.heartbeat_misses / 1000.0

@@ -1,0 +1,287 @@
+"""The scheduler's logic: every message in, the frames to send out. No sockets here.
+
+`Hub` owns the request table, the queue, the peer registries and the batcher. The service
+feeds it frames per socket and flushes `hub.outbox` after each pass.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import time
+
+from common.codec import MessageError, decode, encode
+from common.messages import (
+    Cancel, CommandDone, CommandFailed, DetokenizeJob, EncodeJob, Encoded, ErrorReply, FilterResult,
+    Forget, Generate, Generation, HealthReply, Heartbeat, Hello, InfoReply, PROTOCOL_VERSION, Query,
+    Rejected, RequestKey, StatsReply, StepResult, StreamEvent, StreamEvents, TextBatch, TokenStep,
+    WarmupResult,
+)
+from services.scheduler.batcher import Batcher
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.outbox import Outbox
+from services.scheduler.queue import RequestQueue
+from services.scheduler.request import Request, RequestStatus
+from services.scheduler.request_table import RequestTable
+from services.scheduler.worker_slot import WorkerSlot
+
+logger = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+CLIENT_MESSAGES = (Generate, Cancel, Query, Hello, Heartbeat)
+TOKENIZER_MESSAGES = (Hello, Heartbeat, TextBatch)
+WORKER_MESSAGES = (Hello, Heartbeat, StepResult, FilterResult, WarmupResult, CommandDone, CommandFailed)
+
+
+@dataclasses.dataclass
+class Counters:
+    num_generated_tokens: int = 0
+    num_requests_finished: int = 0
+
+
+class Hub:
+    """Routes every message of the system and runs the batching loop through `Batcher`."""
+
+    def __init__(self, config: SchedulerConfig, boot_nonce: str) -> None:
+        self.config = config
+        self.boot_nonce = boot_nonce
+        self.outbox = Outbox()
+        self.table = RequestTable()
+        self.queue = RequestQueue()
+        self.counters = Counters()
+        self.tokenizers: dict[bytes, float] = {}
+        self.clients: dict[bytes, float] = {}
+        self.batcher = Batcher(config, self.table, self.queue, self.outbox,
+                               self._on_generations, self._fail_requests)
+
+    # -- clients (frontend) --------------------------------------------------------------------
+
+    def on_client_frame(self, client_id: bytes, frame: bytes) -> None:
+        try:
+            msg = decode(frame, CLIENT_MESSAGES)
+        except MessageError as exc:
+            logger.warning("bad frame from client %r: %s", client_id, exc)
+            self.outbox.to_client(client_id, encode(ErrorReply(str(exc))))
+            return
+        if isinstance(msg, (Hello, Heartbeat)) or client_id in self.clients:
+            self.clients[client_id] = time.monotonic()  # only clients that heartbeat are watched
+        match msg:
+            case Generate():
+                self._admit(client_id, msg)
+            case Cancel():
+                self._cancel(RequestKey(client_id, msg.request_id))
+            case Query():
+                self.outbox.to_client(client_id, encode(self._answer_query(msg)))
+            case Hello() | Heartbeat():
+                self.outbox.to_client(client_id, encode(Heartbeat(self.boot_nonce)))
+
+    def _admit(self, client_id: bytes, generate: Generate) -> None:
+        key = RequestKey(client_id, generate.request_id)
+        if self.table.by_key(key) is not None:
+            self._send_error(key, f"request_id {generate.request_id!r} is already in use", "validation")
+            return
+        if len(self.table) >= self.config.max_concurrent_requests:
+            self._send_error(key, "Model is overloaded", "overloaded")
+            return
+        self.table.create(key)
+        self.outbox.to_tokenizer_pool(encode(EncodeJob(key, generate)))
+
+    def _cancel(self, key: RequestKey) -> None:
+        request = self.table.by_key(key)
+        if request is None:
+            return
+        logger.debug("request %s cancelled (%s)", request.request_id, request.status.value)
+        self._drop(request)
+        if request.encoded is not None:
+            self.outbox.to_tokenizer(request.tokenizer_id, Forget([key]))
+
+    def _drop(self, request: Request) -> None:
+        """Removes a request everywhere; a running one leaves its batch at the next Filter."""
+        self.table.remove(request)
+        if request.status is RequestStatus.QUEUED:
+            self.queue.remove(request)
+
+    def _send_error(self, key: RequestKey, error: str, error_type: str) -> None:
+        event = StreamEvent(request_id=key.request_id, error=error, error_type=error_type)
+        self.outbox.to_client(key.client_id, encode(StreamEvents([event])))
+
+    def _fail_requests(self, requests: list[Request], error: str, error_type: str) -> None:
+        for request in requests:
+            self._drop(request)
+            self._send_error(request.key, error, error_type)
+            if request.encoded is not None:
+                self.outbox.to_tokenizer(request.tokenizer_id, Forget([request.key]))
+
+    # -- tokenizers ----------------------------------------------------------------------------
+
+    def on_tokenized_frame(self, frame: bytes) -> None:
+        try:
+            msg = decode(frame, (Encoded, Rejected))
+        except MessageError as exc:
+            logger.warning("bad frame on tokenized: %s", exc)
+            return
+        request = self.table.by_key(msg.key)
+        if isinstance(msg, Rejected):
+            if request is not None:
+                self._drop(request)
+                self._send_error(msg.key, msg.error, msg.error_type)
+            return
+        if request is None or request.status is not RequestStatus.ENCODING:
+            self.outbox.to_tokenizer(msg.tokenizer_id, Forget([msg.key]))  # cancelled meanwhile
+            return
+        request.encoded = msg
+        request.status = RequestStatus.QUEUED
+        request.queued_at = time.monotonic()
+        self.queue.append(request)
+
+    def on_tokenizer_frame(self, tokenizer_id: bytes, frame: bytes) -> None:
+        try:
+            msg = decode(frame, TOKENIZER_MESSAGES)
+        except MessageError as exc:
+            logger.warning("bad frame from tokenizer %r: %s", tokenizer_id, exc)
+            return
+        if isinstance(msg, Hello) and tokenizer_id not in self.tokenizers:
+            logger.info("tokenizer %s registered", tokenizer_id.decode(errors="replace"))
+        self.tokenizers[tokenizer_id] = time.monotonic()
+        match msg:
+            case Hello() | Heartbeat():
+                self.outbox.to_tokenizer(tokenizer_id, Heartbeat(self.boot_nonce))
+            case TextBatch():
+                self._on_text_batch(msg)
+
+    def _on_text_batch(self, batch: TextBatch) -> None:
+        for output in batch.outputs:
+            self.outbox.to_client(output.client_id, output.payload)
+        for key in batch.finished:
+            request = self.table.by_key(key)
+            if request is not None:
+                self._drop(request)
+                self.counters.num_requests_finished += 1
+
+    # -- workers -------------------------------------------------------------------------------
+
+    def on_worker_frame(self, worker_id: bytes, frame: bytes) -> None:
+        try:
+            msg = decode(frame, WORKER_MESSAGES)
+        except MessageError as exc:
+            logger.warning("bad frame from worker %r: %s", worker_id, exc)
+            return
+        now = time.monotonic()
+        match msg:
+            case Hello():
+                if msg.protocol_version != PROTOCOL_VERSION:
+                    logger.error("worker %r speaks protocol %d, not %d; ignored", worker_id,
+                                 msg.protocol_version, PROTOCOL_VERSION)
+                    return
+                self.batcher.register(worker_id, msg)
+            case Heartbeat():
+                self.batcher.touch(worker_id, now)
+                self.outbox.to_worker(worker_id, Heartbeat(self.boot_nonce))
+            case _:
+                self.batcher.touch(worker_id, now)
+                self.batcher.on_answer(worker_id, msg)
+
+    def _on_generations(self, slot: WorkerSlot, generations: list[Generation]) -> None:
+        """Sends one DetokenizeJob per owning tokenizer for this step's tokens."""
+        steps_by_tokenizer: dict[bytes, list[TokenStep]] = collections.defaultdict(list)
+        for generation in generations:
+            request = self.table.get(generation.request_id)
+            if request is None or request.worker_id != slot.identity:
+                continue  # finished, stopped or cancelled while this step ran
+            request.generated_ids.append(generation.token_id)
+            if request.num_resumed_tokens:
+                generation = dataclasses.replace(
+                    generation, generated_tokens=generation.generated_tokens + request.num_resumed_tokens)
+            steps_by_tokenizer[request.tokenizer_id].append(TokenStep(request.key, generation))
+            if generation.finish_reason is not None:
+                self.table.remove(request)
+                self.counters.num_requests_finished += 1
+        self.counters.num_generated_tokens += sum(len(steps) for steps in steps_by_tokenizer.values())
+        for tokenizer_id, steps in steps_by_tokenizer.items():
+            self.outbox.to_tokenizer(tokenizer_id, DetokenizeJob(steps))
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def _answer_query(self, query: Query) -> object:
+        match query.kind:
+            case "health":
+                healthy, reason = self.health()
+                return HealthReply(query.query_id, healthy, reason)
+            case "info":
+                return self._info(query.query_id)
+            case _:
+                return self._stats(query.query_id)
+
+    def health(self) -> tuple[bool, str]:
+        if not self.batcher.ready_workers():
+            return False, "no worker is ready"
+        if not self.tokenizers:
+            return False, "no tokenizer is connected"
+        return True, "ok"
+
+    def _info(self, query_id: str) -> InfoReply:
+        config = self.config
+        workers = self.batcher.ready_workers()
+        info = workers[0].info if workers else None
+        return InfoReply(
+            query_id=query_id,
+            model_id=info.model_id if info else "",
+            model_dtype=info.dtype if info else "",
+            model_device_type=info.device if info else "",
+            max_concurrent_requests=config.max_concurrent_requests,
+            max_best_of=config.max_best_of,
+            max_stop_sequences=config.max_stop_sequences,
+            max_input_tokens=config.max_input_tokens,
+            max_total_tokens=config.max_total_tokens,
+            max_batch_total_tokens=min((w.max_batch_total_tokens for w in workers), default=0),
+            max_batch_prefill_tokens=config.max_batch_prefill_tokens,
+            max_waiting_tokens=config.max_waiting_tokens,
+            max_batch_size=config.max_batch_size,
+            waiting_served_ratio=config.waiting_served_ratio,
+            num_workers=len(workers),
+            num_tokenizers=len(self.tokenizers),
+            version=VERSION,
+        )
+
+    def _stats(self, query_id: str) -> StatsReply:
+        workers = self.batcher.workers.values()
+        return StatsReply(
+            query_id=query_id,
+            num_queued=len(self.queue),
+            num_running=sum(1 for r in self.table if r.status is RequestStatus.RUNNING),
+            num_workers=len(self.batcher.ready_workers()),
+            num_tokenizers=len(self.tokenizers),
+            worker_batch_sizes={w.identity.decode(errors="replace"): w.batch_size for w in workers},
+            worker_requests_served={w.identity.decode(errors="replace"): w.num_requests_served for w in workers},
+            num_generated_tokens=self.counters.num_generated_tokens,
+            num_requests_finished=self.counters.num_requests_finished,
+        )
+
+    # -- time ----------------------------------------------------------------------------------
+
+    def schedule(self) -> None:
+        self.batcher.schedule()
+
+    def tick(self, now: float) -> None:
+        """Liveness: drops silent peers and fails requests that cannot be served in time."""
+        timeout = self.config.peer_timeout_s
+        for worker in list(self.batcher.workers.values()):
+            if now - worker.last_seen > timeout:
+                self.batcher.lose(worker.identity, "missed heartbeats")
+        for tokenizer_id, last_seen in list(self.tokenizers.items()):
+            if now - last_seen > timeout:
+                logger.warning("tokenizer %s lost (missed heartbeats)", tokenizer_id.decode(errors="replace"))
+                del self.tokenizers[tokenizer_id]
+        for client_id, last_seen in list(self.clients.items()):
+            if now - last_seen > timeout:
+                del self.clients[client_id]
+                for request in self.table.of_client(client_id):
+                    self._cancel(request.key)
+        if not self.batcher.ready_workers():
+            self._fail_stale_queue(now)
+
+    def _fail_stale_queue(self, now: float) -> None:
+        stale = [r for r in self.queue if now - r.queued_at > self.config.no_worker_timeout_s]
+        if stale:
+            self._fail_requests(stale, "No worker is available to serve the request", "unhealthy")

@@ -1,0 +1,61 @@
+"""A request as the scheduler tracks it, from encode job to finish."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+
+from common.messages import Encoded, RequestKey, WorkerRequest
+
+
+class RequestStatus(enum.Enum):
+    ENCODING = "encoding"   # sent to the tokenizer pool, no answer yet
+    QUEUED = "queued"       # encoded, waiting for a batch
+    RUNNING = "running"     # in a worker's cached batch
+
+
+@dataclasses.dataclass(slots=True)
+class Request:
+    """Scheduler-side state; `request_id` is the integer id workers see."""
+
+    request_id: int
+    key: RequestKey
+    status: RequestStatus = RequestStatus.ENCODING
+    encoded: Encoded | None = None
+    worker_id: bytes | None = None
+    generated_ids: list[int] = dataclasses.field(default_factory=list)
+    created_at: float = dataclasses.field(default_factory=time.monotonic)
+    queued_at: float = 0.0
+    prefill_started_at: float = 0.0
+    num_resumed_tokens: int = 0  # tokens generated before the last (re)start on a worker
+
+    @property
+    def tokenizer_id(self) -> bytes:
+        assert self.encoded is not None
+        return self.encoded.tokenizer_id
+
+    @property
+    def input_length(self) -> int:
+        """Tokens a prefill of this request reads: the prompt plus what was generated before."""
+        assert self.encoded is not None
+        return len(self.encoded.input_ids) + len(self.generated_ids)
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        assert self.encoded is not None
+        return self.encoded.max_new_tokens - len(self.generated_ids)
+
+    def to_worker(self) -> WorkerRequest:
+        """The worker's view; a resumed request continues from prompt + tokens so far."""
+        encoded = self.encoded
+        assert encoded is not None
+        return WorkerRequest(
+            request_id=self.request_id,
+            input_ids=encoded.input_ids + self.generated_ids,
+            sampling=encoded.sampling,
+            max_new_tokens=self.remaining_new_tokens,
+            ignore_eos=encoded.ignore_eos,
+            top_n_tokens=encoded.top_n_tokens,
+            prefill_logprobs=encoded.prefill_logprobs and not self.generated_ids,
+        )

@@ -1,0 +1,46 @@
+"""Every live request, by the worker's integer id and by the client's key."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator
+
+from common.messages import RequestKey
+from services.scheduler.request import Request
+
+
+class RequestTable:
+    """Live requests; a request leaves the table the moment it finishes, fails or is cancelled."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, Request] = {}
+        self._by_key: dict[RequestKey, Request] = {}
+        self._next_id = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(list(self._by_id.values()))
+
+    def __contains__(self, request_id: int) -> bool:
+        return request_id in self._by_id
+
+    def create(self, key: RequestKey) -> Request:
+        request = Request(request_id=next(self._next_id), key=key)
+        self._by_id[request.request_id] = request
+        self._by_key[key] = request
+        return request
+
+    def get(self, request_id: int) -> Request | None:
+        return self._by_id.get(request_id)
+
+    def by_key(self, key: RequestKey) -> Request | None:
+        return self._by_key.get(key)
+
+    def remove(self, request: Request) -> None:
+        self._by_id.pop(request.request_id, None)
+        self._by_key.pop(request.key, None)
+
+    def of_client(self, client_id: bytes) -> list[Request]:
+        return [r for r in self._by_id.values() if r.key.client_id == client_id]

@@ -1,0 +1,136 @@
+"""The scheduler process: binds every endpoint and pumps frames through the Hub."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Sequence
+
+import zmq
+
+from common.config import parse_config
+from common.identity import new_boot_nonce
+from common.logs import setup_logging
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.hub import Hub
+
+logger = logging.getLogger(__name__)
+
+MAX_FRAMES_PER_PASS = 256
+
+
+class SchedulerService:
+    """Sockets and the loop: block until a frame or a tick is due, drain, act, flush."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.hub = Hub(config, new_boot_nonce())
+        self.context = zmq.Context()
+        self.running = True
+        endpoints = config.endpoints
+        if endpoints.is_ipc:
+            os.makedirs(endpoints.run_dir, exist_ok=True)
+        self.frontend = self._bind(zmq.ROUTER, endpoints.bind("frontend"))
+        self.tokenize = self._bind(zmq.PUSH, endpoints.bind("tokenize"))
+        self.tokenized = self._bind(zmq.PULL, endpoints.bind("tokenized"))
+        self.detokenize = self._bind(zmq.ROUTER, endpoints.bind("detokenize"))
+        self.workers = self._bind(zmq.ROUTER, endpoints.bind("workers"))
+        self.poller = zmq.Poller()
+        for socket in (self.frontend, self.tokenized, self.detokenize, self.workers):
+            self.poller.register(socket, zmq.POLLIN)
+
+    def _bind(self, kind: int, address: str) -> zmq.Socket:
+        socket = self.context.socket(kind)
+        socket.setsockopt(zmq.LINGER, 0)
+        if kind == zmq.ROUTER:
+            socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer raises, it doesn't vanish silently
+        socket.bind(address)
+        logger.info("bound %s", address)
+        return socket
+
+    def run(self) -> None:
+        tick_s = self.config.heartbeat_interval_ms / 1000.0
+        next_tick = time.monotonic() + tick_s
+        while self.running:
+            timeout_ms = max(0, int((next_tick - time.monotonic()) * 1000))
+            ready = dict(self.poller.poll(timeout_ms))
+            self._drain(ready)
+            now = time.monotonic()
+            if now >= next_tick:
+                self.hub.tick(now)
+                next_tick = now + tick_s
+            self.hub.schedule()
+            self._flush()
+
+    def _drain(self, ready: dict) -> None:
+        hub = self.hub
+        if self.workers in ready:
+            for identity, frame in self._receive(self.workers, 2):
+                hub.on_worker_frame(identity, frame)
+        if self.detokenize in ready:
+            for identity, frame in self._receive(self.detokenize, 2):
+                hub.on_tokenizer_frame(identity, frame)
+        if self.tokenized in ready:
+            for (frame,) in self._receive(self.tokenized, 1):
+                hub.on_tokenized_frame(frame)
+        if self.frontend in ready:
+            for identity, frame in self._receive(self.frontend, 2):
+                hub.on_client_frame(identity, frame)
+
+    def _receive(self, socket: zmq.Socket, num_frames: int) -> list[list[bytes]]:
+        """Up to MAX_FRAMES_PER_PASS messages without blocking; wrong frame counts are dropped."""
+        messages = []
+        for _ in range(MAX_FRAMES_PER_PASS):
+            try:
+                frames = socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(frames) != num_frames:
+                logger.warning("dropped a message of %d frames (expected %d)", len(frames), num_frames)
+                continue
+            messages.append(frames)
+        return messages
+
+    def _flush(self) -> None:
+        outbox = self.hub.outbox
+        for socket, frames_list in ((self.workers, outbox.workers), (self.detokenize, outbox.detokenize),
+                                    (self.tokenize, outbox.tokenize), (self.frontend, outbox.frontend)):
+            for frames in frames_list:
+                self._send(socket, frames)
+        outbox.clear()
+
+    def _send(self, socket: zmq.Socket, frames: list[bytes]) -> None:
+        try:
+            socket.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            logger.warning("send queue full; a message was dropped")
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone
+            logger.debug("peer %r unreachable: %s", frames[0], exc)
+
+    def close(self) -> None:
+        self.context.destroy(linger=0)
+        for path in self.config.endpoints.socket_files():
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_config(SchedulerConfig, argv, prog="ztgi scheduler")
+    setup_logging("scheduler", config.log_level)
+    service = SchedulerService(config)
+
+    def stop(signum: int, _frame: object) -> None:
+        logger.info("signal %d: stopping", signum)
+        service.running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        service.run()
+    finally:
+        service.close()
+    return 0

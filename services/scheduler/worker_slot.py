@@ -1,0 +1,71 @@
+"""One registered worker as the batching loop sees it."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+
+from common.messages import CachedBatch, WorkerInfo
+
+
+class CommandKind(enum.Enum):
+    WARMUP = "warmup"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FILTER = "filter"
+    CLEAR = "clear"
+
+
+@dataclasses.dataclass(slots=True)
+class InFlight:
+    """The one command a worker is running; `request_ids` are the requests it concerns."""
+
+    command_id: int
+    kind: CommandKind
+    request_ids: list[int]
+    batch_ids: list[int]
+    sent_at: float = dataclasses.field(default_factory=time.monotonic)
+
+
+@dataclasses.dataclass(slots=True)
+class WorkerSlot:
+    """A worker's registration, its cached batches and where it is in TGI's batching loop.
+
+    `batches` are the cached batches the next Decode concatenates (usually one; two right after
+    new requests were prefilled beside a running batch). `admission_checked` says the queue was
+    already looked at for this decode round, so a round admits at most one new batch.
+    """
+
+    identity: bytes
+    info: WorkerInfo
+    boot_nonce: str
+    last_seen: float = dataclasses.field(default_factory=time.monotonic)
+    max_batch_total_tokens: int = 0
+    ready: bool = False
+    batches: list[CachedBatch] = dataclasses.field(default_factory=list)
+    in_flight: InFlight | None = None
+    waiting_tokens: int = 0
+    admission_checked: bool = False
+    num_requests_served: int = 0
+    num_steps: int = 0
+
+    @property
+    def idle(self) -> bool:
+        return self.ready and self.in_flight is None
+
+    @property
+    def batch_size(self) -> int:
+        return sum(batch.size for batch in self.batches)
+
+    @property
+    def batch_max_tokens(self) -> int:
+        return sum(batch.max_tokens for batch in self.batches)
+
+    def replace_batch(self, batch_id: int, batch: CachedBatch | None) -> None:
+        """Puts a filtered batch in place of `batch_id`, or drops it when nothing is left."""
+        index = next(i for i, b in enumerate(self.batches) if b.batch_id == batch_id)
+        if batch is None:
+            del self.batches[index]
+        else:
+            self.batches[index] = batch
