@@ -1,0 +1,233 @@
+"""Hub: routing and TGI's batching loop, driven by encoded frames (no sockets)."""
+
+from __future__ import annotations
+
+import pytest
+
+from common import messages as m
+from common.codec import decode, encode
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.hub import Hub
+
+CLIENT = b"client-1"
+TOKENIZER = b"tokenizer-1"
+WORKER_A = b"worker-a"
+WORKER_B = b"worker-b"
+INFO = m.WorkerInfo("tiny", "float32", "cpu", [2], 100, 2048)
+
+
+class Harness:
+    """Plays every neighbour of the hub: a client, a tokenizer and workers."""
+
+    def __init__(self, **config: object) -> None:
+        defaults = dict(max_concurrent_requests=8, max_input_tokens=100, max_total_tokens=200,
+                        max_batch_prefill_tokens=1000)
+        defaults.update(config)
+        self.hub = Hub(SchedulerConfig(**defaults), "nonce-1")
+        self.tokenizer_hello()
+
+    def take(self, socket: str) -> list[list[bytes]]:
+        frames = list(getattr(self.hub.outbox, socket))
+        getattr(self.hub.outbox, socket).clear()
+        return frames
+
+    def messages_to(self, socket: str) -> list[tuple[bytes | None, object]]:
+        out = []
+        for frames in self.take(socket):
+            out.append((frames[0] if len(frames) == 2 else None, decode(frames[-1])))
+        return out
+
+    def tokenizer_hello(self) -> None:
+        self.hub.on_tokenizer_frame(TOKENIZER, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t")))
+        self.take("detokenize")
+
+    def add_worker(self, identity: bytes, max_batch_total_tokens: int = 10_000) -> None:
+        self.hub.on_worker_frame(identity, encode(m.Hello("worker", m.PROTOCOL_VERSION, "w", INFO)))
+        (_, warmup), = self.messages_to("workers")
+        assert isinstance(warmup, m.Warmup)
+        self.hub.on_worker_frame(identity, encode(m.WarmupResult(warmup.command_id, max_batch_total_tokens)))
+
+    def submit(self, request_id: str, num_input: int = 5, max_new_tokens: int = 3) -> None:
+        """Client Generate, then the tokenizer's Encoded answer."""
+        self.hub.on_client_frame(CLIENT, encode(m.Generate(request_id, "x", None, m.GenerateParameters())))
+        jobs = [decode(f[0]) for f in self.take("tokenize")]
+        assert [type(j) for j in jobs] == [m.EncodeJob]
+        key = m.RequestKey(CLIENT, request_id)
+        self.hub.on_tokenized_frame(encode(m.Encoded(key, list(range(10, 10 + num_input)),
+                                                     m.SamplingParameters(), max_new_tokens, False, 0, False,
+                                                     TOKENIZER)))
+
+    def step(self) -> list[tuple[bytes, object]]:
+        self.hub.schedule()
+        return self.messages_to("workers")
+
+    def answer_step(self, worker: bytes, command: object, batch_id: int, request_ids: list[int],
+                    finished: dict[int, str] | None = None) -> None:
+        finished = finished or {}
+        generations = [m.Generation(rid, 7, -0.1, finished.get(rid), 1) for rid in request_ids]
+        self.hub.on_worker_frame(worker, encode(m.StepResult(
+            command.command_id, generations, m.CachedBatch(batch_id, request_ids, 100), m.Timings())))
+
+
+def test_request_flows_to_worker_and_tokens_to_tokenizer() -> None:
+    """Generate -> EncodeJob -> queue -> Prefill; the step's tokens go to the owning tokenizer."""
+    h = Harness()
+    h.add_worker(WORKER_A)
+    h.submit("r1")
+    (worker, prefill), = h.step()
+    assert worker == WORKER_A and isinstance(prefill, m.Prefill)
+    request = prefill.batch.requests[0]
+    assert request.input_ids == [10, 11, 12, 13, 14] and request.max_new_tokens == 3
+    h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, [request.request_id])
+    (tokenizer, job), = h.messages_to("detokenize")
+    assert tokenizer == TOKENIZER and isinstance(job, m.DetokenizeJob)
+    assert job.steps[0].key == m.RequestKey(CLIENT, "r1") and job.steps[0].generation.token_id == 7
+    (_, decode_cmd), = h.messages_to("workers")
+    assert isinstance(decode_cmd, m.Decode) and decode_cmd.batch_ids == [prefill.batch.batch_id]
+
+
+def test_finished_request_is_filtered_before_next_decode() -> None:
+    """A finish from the worker makes the next command a Filter keeping the others."""
+    h = Harness()
+    h.add_worker(WORKER_A)
+    h.submit("r1")
+    h.submit("r2")
+    (_, prefill), = h.step()
+    ids = [r.request_id for r in prefill.batch.requests]
+    h.answer_step(WORKER_A, prefill, 1, ids, finished={ids[0]: "length"})
+    (_, filter_cmd), = h.messages_to("workers")
+    assert isinstance(filter_cmd, m.Filter) and filter_cmd.request_ids == [ids[1]]
+
+
+def test_continuous_batching_prefills_newcomer_then_decodes_both() -> None:
+    """A request arriving while a batch runs is prefilled, then one Decode covers both batches."""
+    h = Harness(waiting_served_ratio=0.0)
+    h.add_worker(WORKER_A)
+    h.submit("r1", max_new_tokens=10)
+    (_, prefill), = h.step()
+    first_id = prefill.batch.requests[0].request_id
+    h.submit("r2", max_new_tokens=10)
+    h.answer_step(WORKER_A, prefill, 1, [first_id])
+    (_, second_prefill), = h.messages_to("workers")
+    assert isinstance(second_prefill, m.Prefill)
+    second_id = second_prefill.batch.requests[0].request_id
+    h.answer_step(WORKER_A, second_prefill, 2, [second_id])
+    (_, decode_cmd), = h.messages_to("workers")
+    assert isinstance(decode_cmd, m.Decode) and decode_cmd.batch_ids == [1, 2]
+
+
+def test_waiting_served_ratio_defers_small_arrivals() -> None:
+    """With a big running batch, one newcomer waits until max_waiting_tokens steps have passed."""
+    h = Harness(waiting_served_ratio=1.0, max_waiting_tokens=3)
+    h.add_worker(WORKER_A)
+    for i in range(4):
+        h.submit(f"r{i}", max_new_tokens=50)
+    (_, command), = h.step()
+    ids = [r.request_id for r in command.batch.requests]
+    h.submit("late", max_new_tokens=50)
+    kinds = []
+    for _ in range(4):
+        h.answer_step(WORKER_A, command, 1, ids)
+        h.take("detokenize")
+        (_, command), = h.messages_to("workers")
+        kinds.append(type(command).__name__)
+    assert kinds == ["Decode", "Decode", "Prefill", "Decode"]
+
+
+def test_overload_answers_at_once() -> None:
+    """Beyond max_concurrent_requests the client gets an overloaded error event."""
+    h = Harness(max_concurrent_requests=1)
+    h.hub.on_client_frame(CLIENT, encode(m.Generate("a", "x", None, m.GenerateParameters())))
+    h.hub.on_client_frame(CLIENT, encode(m.Generate("b", "x", None, m.GenerateParameters())))
+    (client, reply), = h.messages_to("frontend")
+    assert client == CLIENT and reply.events[0].request_id == "b"
+    assert reply.events[0].error_type == "overloaded"
+
+
+def test_cancel_running_request_filters_it() -> None:
+    """Cancel removes a running request at the next step and tells its tokenizer to forget it."""
+    h = Harness()
+    h.add_worker(WORKER_A)
+    h.submit("r1")
+    h.submit("r2")
+    (_, prefill), = h.step()
+    ids = [r.request_id for r in prefill.batch.requests]
+    h.hub.on_client_frame(CLIENT, encode(m.Cancel("r1")))
+    (_, forget), = h.messages_to("detokenize")
+    assert forget == m.Forget([m.RequestKey(CLIENT, "r1")])
+    h.answer_step(WORKER_A, prefill, 1, ids)
+    (_, job), = h.messages_to("detokenize")
+    assert [s.key.request_id for s in job.steps] == ["r2"]
+    (_, filter_cmd), = h.messages_to("workers")
+    assert isinstance(filter_cmd, m.Filter) and filter_cmd.request_ids == [ids[1]]
+
+
+def test_stop_sequence_hit_from_tokenizer() -> None:
+    """A TextBatch forwards payloads to clients untouched and its finished keys leave the batch."""
+    h = Harness()
+    h.add_worker(WORKER_A)
+    h.submit("r1")
+    (_, prefill), = h.step()
+    rid = prefill.batch.requests[0].request_id
+    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch(
+        [m.ClientOutput(CLIENT, b"opaque")], [m.RequestKey(CLIENT, "r1")])))
+    assert h.take("frontend") == [[CLIENT, b"opaque"]]
+    h.answer_step(WORKER_A, prefill, 1, [rid])
+    assert h.messages_to("detokenize") == []  # the token after the hit is dropped
+    (_, filter_cmd), = h.messages_to("workers")
+    assert isinstance(filter_cmd, m.Filter) and filter_cmd.request_ids == []
+
+
+def test_lost_worker_requests_resume_on_another() -> None:
+    """A lost worker's request is prefilled on the other worker from prompt + tokens so far."""
+    h = Harness()
+    h.add_worker(WORKER_A)
+    h.submit("r1", max_new_tokens=5)
+    (_, prefill), = h.step()
+    rid = prefill.batch.requests[0].request_id
+    h.answer_step(WORKER_A, prefill, 1, [rid])
+    h.take("workers")
+    h.take("detokenize")
+    h.add_worker(WORKER_B)
+    h.hub.batcher.lose(WORKER_A, "test")
+    (worker, resumed), = h.step()
+    assert worker == WORKER_B and isinstance(resumed, m.Prefill)
+    request = resumed.batch.requests[0]
+    assert request.input_ids == [10, 11, 12, 13, 14, 7] and request.max_new_tokens == 4
+
+
+def test_worker_failure_fails_only_that_batch() -> None:
+    """CommandFailed on a prefill fails its requests with a generation error; the hub goes on."""
+    h = Harness()
+    h.add_worker(WORKER_A)
+    h.submit("r1")
+    (_, prefill), = h.step()
+    h.hub.on_worker_frame(WORKER_A, encode(m.CommandFailed(prefill.command_id, "out of memory", [])))
+    (client, reply), = h.messages_to("frontend")
+    assert reply.events[0].error_type == "generation" and "out of memory" in reply.events[0].error
+    h.submit("r2")
+    (_, again), = h.step()
+    assert isinstance(again, m.Prefill)
+
+
+@pytest.mark.parametrize("frame", [b"", b"\x93garbage", encode(m.Decode(1, [1]))])
+def test_bad_client_frame_gets_error_reply(frame: bytes) -> None:
+    """Malformed or misdirected frames from a client get an ErrorReply and change nothing."""
+    h = Harness()
+    h.hub.on_client_frame(CLIENT, frame)
+    (_, reply), = h.messages_to("frontend")
+    assert isinstance(reply, m.ErrorReply)
+    assert len(h.hub.table) == 0
+
+
+def test_health_and_stats() -> None:
+    """Health is false without a ready worker; Stats count queue and running requests."""
+    h = Harness()
+    h.hub.on_client_frame(CLIENT, encode(m.Query("q1", "health")))
+    (_, health), = h.messages_to("frontend")
+    assert health == m.HealthReply("q1", False, "no worker is ready")
+    h.add_worker(WORKER_A)
+    h.submit("r1")
+    h.hub.on_client_frame(CLIENT, encode(m.Query("q2", "stats")))
+    (_, stats), = h.messages_to("frontend")
+    assert stats.num_queued == 1 and stats.num_running == 0 and stats.num_workers == 1
