@@ -156,24 +156,35 @@ class Batcher:
     # -- the loop ------------------------------------------------------------------------------
 
     def schedule(self) -> None:
-        """Moves every idle worker on (called when the queue gained requests)."""
+        """Moves every idle worker on; empty workers first, each taking a fair share of the queue."""
+        empty = [slot for slot in self.ready_workers() if slot.idle and not slot.batches]
+        for slot in empty:
+            share = -(-len(self.queue) // len(empty)) if len(empty) > 1 else None
+            self.advance(slot, share)
         for slot in sorted(self.ready_workers(), key=lambda s: s.batch_size):
             self.advance(slot)
 
-    def advance(self, slot: WorkerSlot) -> None:
+    def advance(self, slot: WorkerSlot, share: int | None = None) -> None:
         """Sends the idle worker its next command: Filter, Prefill or Decode, or nothing."""
         if not slot.idle:
             return
         if self._filter_finished(slot):
             return
         if not slot.batches:
-            self._prefill_next(slot, None, self.config.max_batch_size, slot.max_batch_total_tokens)
+            max_size = self.config.max_batch_size
+            if share is not None:
+                max_size = share if max_size is None else min(max_size, share)
+            self._prefill_next(slot, None, max_size, slot.max_batch_total_tokens)
             return
         if not slot.admission_checked:
             slot.admission_checked = True
-            if self._admit_into_running(slot):
+            if not self._other_worker_is_empty(slot) and self._admit_into_running(slot):
                 return
         self._decode(slot)
+
+    def _other_worker_is_empty(self, slot: WorkerSlot) -> bool:
+        """Data parallelism: newcomers go to an idle, empty replica rather than join a running batch."""
+        return any(other is not slot and other.idle and not other.batches for other in self.ready_workers())
 
     def _filter_finished(self, slot: WorkerSlot) -> bool:
         for batch in slot.batches:

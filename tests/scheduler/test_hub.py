@@ -231,3 +231,16 @@ def test_health_and_stats() -> None:
     h.hub.on_client_frame(CLIENT, encode(m.Query("q2", "stats")))
     (_, stats), = h.messages_to("frontend")
     assert stats.num_queued == 1 and stats.num_running == 0 and stats.num_workers == 1
+
+
+def test_data_parallel_workers_share_the_queue() -> None:
+    """Two idle workers split waiting requests instead of one taking them all."""
+    h = Harness()
+    h.add_worker(WORKER_A)
+    h.add_worker(WORKER_B)
+    h.take("workers")
+    for i in range(4):
+        h.submit(f"r{i}")
+    prefills = h.step()
+    assert sorted(w for w, _ in prefills) == [WORKER_A, WORKER_B]
+    assert [len(p.batch.requests) for _, p in prefills] == [2, 2]

@@ -1,0 +1,74 @@
+"""A real `ztgi launch` for end-to-end tests: every service a real process, HTTP on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LaunchedServer:
+    """`python -m services.launcher` with flags; keeps its log; stops it with SIGTERM."""
+
+    def __init__(self, run_dir: str, *flags: str, startup_timeout_s: float = 300.0) -> None:
+        self.port = free_port()
+        self.run_dir = run_dir
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.scheduler_url = f"ipc://{run_dir}"
+        self.log_lines: list[str] = []
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "services.launcher", "--port", str(self.port), "--run-dir", run_dir,
+             "--restart", "--startup-timeout-s", str(startup_timeout_s), *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        threading.Thread(target=self._collect_log, daemon=True).start()
+        self._wait_ready(startup_timeout_s)
+
+    def _collect_log(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.log_lines.append(line)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("launcher exited while starting:\n" + self.log)
+            if any("ztgi is serving" in line for line in self.log_lines):
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("launcher not ready in time:\n" + self.log)
+
+    @property
+    def log(self) -> str:
+        return "".join(self.log_lines)
+
+    def post(self, path: str, body: object, **kwargs: object) -> requests.Response:
+        return requests.post(self.url + path, json=body, timeout=kwargs.pop("timeout", 120), **kwargs)
+
+    def get(self, path: str) -> requests.Response:
+        return requests.get(self.url + path, timeout=30)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode

@@ -1,0 +1,117 @@
+"""docker-compose.yml, run as local processes: the file users run is the file tested.
+
+Docker is not available here, so each compose service's command runs with its environment as a
+local process, two replicas of every scalable service, over tcp on loopback. Only what cannot
+hold outside Docker is rewritten: the `scheduler` host name becomes 127.0.0.1, ports become
+free ports, and 0.0.0.0 becomes loopback.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+import yaml
+
+from common.client import ZtgiClient
+from tests.e2e.server import free_port
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+REPLICAS = {"scheduler": 1, "worker": 2, "tokenizer": 2, "gateway": 2}
+
+
+def free_port_block(size: int) -> int:
+    """A base port with `size` consecutive free ports after it."""
+    for base in range(23000, 60000, 97):
+        try:
+            for port in range(base, base + size):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port block")
+
+
+def local_environment(env: dict, base_port: int) -> dict[str, str]:
+    out = {key: str(value) for key, value in env.items()}
+    url = out["ZTGI_SCHEDULER_URL"]
+    assert url.startswith("tcp://scheduler:"), url
+    out["ZTGI_SCHEDULER_URL"] = f"tcp://127.0.0.1:{base_port}"
+    for key in ("ZTGI_BIND_HOST", "ZTGI_HOST"):
+        if out.get(key) == "0.0.0.0":
+            out[key] = "127.0.0.1"
+    return out
+
+
+def local_command(command: list[str]) -> list[str]:
+    assert command[0] == "ztgi"
+    return [sys.executable, "-m", "common.cli", *command[1:]]
+
+
+@pytest.fixture(scope="module")
+def compose_stack(tmp_path_factory: pytest.TempPathFactory):
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = {name: s for name, s in spec["services"].items() if not s.get("profiles")}
+    assert set(services) == set(REPLICAS)
+    base_port = free_port_block(5)
+    processes, gateway_urls = [], []
+    logs = tmp_path_factory.mktemp("compose-logs")
+    for name, service in services.items():
+        for index in range(REPLICAS[name]):
+            env = local_environment(service["environment"], base_port)
+            if name == "gateway":
+                env["ZTGI_PORT"] = str(free_port())
+                gateway_urls.append(f"http://127.0.0.1:{env['ZTGI_PORT']}")
+            log = open(logs / f"{name}-{index}.log", "w")
+            processes.append(subprocess.Popen(local_command(service["command"]), cwd=ROOT, stdout=log,
+                                              stderr=subprocess.STDOUT, env={**os.environ, **env}))
+    try:
+        wait_healthy(gateway_urls, processes)
+        yield gateway_urls, f"tcp://127.0.0.1:{base_port}"
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        codes = [process.wait(timeout=60) for process in processes]
+        assert codes == [0] * len(processes), codes
+
+
+def wait_healthy(urls: list[str], processes: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert all(p.poll() is None for p in processes), "a compose service exited while starting"
+        try:
+            if all(requests.get(url + "/health", timeout=2).status_code == 200 for url in urls):
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError("compose services not healthy in time")
+
+
+@pytest.mark.slow
+def test_compose_topology_serves_on_every_replica(compose_stack) -> None:
+    """Two gateways, two tokenizers, two workers from docker-compose.yml: all serve, both workers used."""
+    gateway_urls, scheduler_url = compose_stack
+    body = {"inputs": "The capital of France is", "parameters": {"max_new_tokens": 8}}
+    expected = requests.post(gateway_urls[0] + "/generate", json=body, timeout=120).json()["generated_text"]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(lambda i: requests.post(gateway_urls[i % 2] + "/generate", json=body, timeout=120),
+                                  range(16)))
+    assert [r.status_code for r in responses] == [200] * 16
+    assert {r.json()["generated_text"] for r in responses} == {expected}
+    client = ZtgiClient(scheduler_url)
+    try:
+        stats = client.stats()
+    finally:
+        client.close()
+    assert stats.num_workers == 2 and stats.num_tokenizers == 2
+    assert all(served > 0 for served in stats.worker_requests_served.values()), stats

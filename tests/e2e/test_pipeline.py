@@ -1,0 +1,182 @@
+"""The whole pipeline as real processes serving SmolLM2: TGI's HTTP API end to end."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+
+import pytest
+import requests
+import torch
+
+from common.client import ZtgiClient
+from tests.e2e.server import LaunchedServer
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Translate to French: 'I would like a coffee, please.'\nFrench:",
+    "Emoji for happy: 😀, emoji for sad:",
+    "中文：你好，世界。English:",
+]
+NUM_NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """One launched pipeline for the module (1 worker, 1 tokenizer, 1 gateway)."""
+    launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--max-concurrent-requests", "24")
+    yield launched
+    assert launched.stop() == 0, launched.log
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2) -> dict[str, list[int]]:
+    """transformers' greedy `generate` ids for every prompt."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2.path)
+    model = AutoModelForCausalLM.from_pretrained(smollm2.path, dtype=torch.float32).eval()
+    out = {}
+    for prompt in PROMPTS:
+        inputs = tokenizer(prompt, return_tensors="pt")
+        with torch.inference_mode():
+            ids = model.generate(**inputs, max_new_tokens=NUM_NEW_TOKENS, do_sample=False)
+        out[prompt] = ids[0, inputs["input_ids"].shape[1]:].tolist()
+    return out
+
+
+def generate(server: LaunchedServer, prompt: str, **parameters: object) -> dict:
+    response = server.post("/generate", {"inputs": prompt, "parameters": {"details": True, **parameters}})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def stream(server: LaunchedServer, prompt: str, **parameters: object) -> list[dict]:
+    response = requests.post(server.url + "/generate_stream", json={"inputs": prompt, "parameters": parameters},
+                             stream=True, timeout=120)
+    assert response.status_code == 200, response.text
+    events = []
+    for line in response.iter_lines(decode_unicode=True):
+        if line and line.startswith("data:"):
+            events.append(json.loads(line[len("data:"):]))
+    return events
+
+
+def stats(server: LaunchedServer):
+    client = ZtgiClient(server.scheduler_url)
+    try:
+        return client.stats()
+    finally:
+        client.close()
+
+
+def test_greedy_equals_transformers(server: LaunchedServer, reference: dict[str, list[int]]) -> None:
+    """Greedy /generate ids equal transformers' generate token for token (5 prompts)."""
+    for prompt in PROMPTS:
+        body = generate(server, prompt, max_new_tokens=NUM_NEW_TOKENS)
+        ids = [token["id"] for token in body["details"]["tokens"]]
+        expected = reference[prompt]
+        if expected[-1] == 2 and len(expected) < NUM_NEW_TOKENS:  # stopped on EOS
+            assert body["details"]["finish_reason"] == "eos_token"
+        assert ids == expected, prompt
+
+
+def test_stream_text_equals_generate_text(server: LaunchedServer) -> None:
+    """Concatenated streamed token texts equal /generate's text, multi-byte outputs included."""
+    for prompt in PROMPTS:
+        expected = generate(server, prompt, max_new_tokens=NUM_NEW_TOKENS)["generated_text"]
+        events = stream(server, prompt, max_new_tokens=NUM_NEW_TOKENS)
+        texts = "".join(e["token"]["text"] for e in events if not e["token"]["special"])
+        assert texts == expected == events[-1]["generated_text"], prompt
+        assert "\ufffd" not in "".join(e["token"]["text"] for e in events)
+        assert all(e["generated_text"] is None for e in events[:-1])
+
+
+def test_concurrent_requests_match_solo_runs(server: LaunchedServer) -> None:
+    """16 concurrent requests with different max_new_tokens each get exactly their solo output."""
+    jobs = [(PROMPTS[i % len(PROMPTS)], 4 + 2 * i) for i in range(16)]
+    solo = {job: generate(server, job[0], max_new_tokens=job[1])["generated_text"] for job in set(jobs)}
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda job: generate(server, job[0], max_new_tokens=job[1]), jobs))
+    for job, body in zip(jobs, results):
+        assert body["generated_text"] == solo[job], job
+        assert body["details"]["generated_tokens"] <= job[1]
+
+
+def test_short_request_finishes_first(server: LaunchedServer) -> None:
+    """A short request sent while a long one runs finishes before it (continuous batching)."""
+    finished_at = {}
+
+    def run(name: str, max_new_tokens: int) -> None:
+        generate(server, PROMPTS[1], max_new_tokens=max_new_tokens, ignore_eos=True)
+        finished_at[name] = time.monotonic()
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        long_run = pool.submit(run, "long", 200)
+        time.sleep(1.0)
+        short_run = pool.submit(run, "short", 5)
+        long_run.result(), short_run.result()
+    assert finished_at["short"] < finished_at["long"]
+
+
+def test_stop_sequence(server: LaunchedServer) -> None:
+    """A stop sequence ends generation with stop_sequence and nothing is streamed after it."""
+    full = generate(server, PROMPTS[0], max_new_tokens=NUM_NEW_TOKENS)["generated_text"]
+    stop = full.split()[2]  # a word well inside the greedy output
+    events = stream(server, PROMPTS[0], max_new_tokens=NUM_NEW_TOKENS, stop=[stop])
+    final = events[-1]
+    assert final["details"]["finish_reason"] == "stop_sequence"
+    assert final["generated_text"].endswith(stop)
+    assert full.startswith(final["generated_text"])
+    assert "".join(e["token"]["text"] for e in events) == final["generated_text"]
+
+
+def test_disconnect_leaves_batch(server: LaunchedServer) -> None:
+    """A client that disconnects mid-stream leaves the batch (Stats show nothing running)."""
+    response = requests.post(server.url + "/generate_stream", stream=True, timeout=60, json={
+        "inputs": PROMPTS[1], "parameters": {"max_new_tokens": 1000, "ignore_eos": True}})
+    lines = response.iter_lines()
+    for _ in range(3):
+        next(lines)
+    assert stats(server).num_running == 1
+    response.close()
+    deadline = time.monotonic() + 10
+    while stats(server).num_running and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert stats(server).num_running == 0
+
+
+def test_overload_gets_429(server: LaunchedServer) -> None:
+    """max_concurrent_requests + 1 concurrent requests: the extra one gets 429 at once."""
+    body = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 150, "ignore_eos": True}}
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        running = [pool.submit(server.post, "/generate", body) for _ in range(24)]
+        deadline = time.monotonic() + 30
+        while stats(server).num_running + stats(server).num_queued < 24 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = time.monotonic()
+        extra = server.post("/generate", body)
+        assert time.monotonic() - started < 2.0
+        assert extra.status_code == 429 and extra.json()["error_type"] == "overloaded"
+        assert all(f.result().status_code == 200 for f in running)
+
+
+@pytest.mark.parametrize("payload, status", [
+    (b"{not json", 422),
+    (json.dumps({"parameters": {}}).encode(), 422),
+    (json.dumps({"inputs": 3}).encode(), 422),
+    (json.dumps({"inputs": "hi", "parameters": {"max_new_tokens": -1}}).encode(), 422),
+    (json.dumps({"inputs": "hi", "parameters": {"temperature": "hot"}}).encode(), 422),
+    (json.dumps({"inputs": "word " * 5000}).encode(), 422),
+])
+def test_bad_input_gets_4xx_json(server: LaunchedServer, payload: bytes, status: int) -> None:
+    """Bad input gets a 4xx TGI error JSON, and the server keeps serving."""
+    response = requests.post(server.url + "/generate", data=payload, timeout=30,
+                             headers={"Content-Type": "application/json"})
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["error"] and body["error_type"] == "validation"
+    assert generate(server, PROMPTS[0], max_new_tokens=2)["details"]["generated_tokens"] == 2
+    assert "restarting" not in server.log
