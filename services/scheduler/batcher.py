@@ -158,8 +158,8 @@ class Batcher:
     def schedule(self) -> None:
         """Moves every idle worker on; empty workers first, each taking a fair share of the queue."""
         empty = [slot for slot in self.ready_workers() if slot.idle and not slot.batches]
+        share = -(-len(self.queue) // len(empty)) if len(empty) > 1 else None
         for slot in empty:
-            share = -(-len(self.queue) // len(empty)) if len(empty) > 1 else None
             self.advance(slot, share)
         for slot in sorted(self.ready_workers(), key=lambda s: s.batch_size):
             self.advance(slot)
