@@ -84,8 +84,9 @@ class Hub:
         if len(self.table) >= self.config.max_concurrent_requests:
             self._send_error(key, "Model is overloaded", "overloaded")
             return
-        self.table.create(key)
-        self.outbox.to_tokenizer_pool(encode(EncodeJob(key, generate)))
+        request = self.table.create(key)
+        request.encode_job = encode(EncodeJob(key, generate))
+        self.outbox.to_tokenizer_pool(request.encode_job)
 
     def _cancel(self, key: RequestKey) -> None:
         request = self.table.by_key(key)
@@ -131,6 +132,7 @@ class Hub:
             self.outbox.to_tokenizer(msg.tokenizer_id, Forget([msg.key]))  # cancelled meanwhile
             return
         request.encoded = msg
+        request.encode_job = b""
         request.status = RequestStatus.QUEUED
         request.queued_at = time.monotonic()
         self.queue.append(request)
@@ -271,8 +273,7 @@ class Hub:
                 self.batcher.lose(worker.identity, "missed heartbeats")
         for tokenizer_id, last_seen in list(self.tokenizers.items()):
             if now - last_seen > timeout:
-                logger.warning("tokenizer %s lost (missed heartbeats)", tokenizer_id.decode(errors="replace"))
-                del self.tokenizers[tokenizer_id]
+                self._lose_tokenizer(tokenizer_id)
         for client_id, last_seen in list(self.clients.items()):
             if now - last_seen > timeout:
                 del self.clients[client_id]
@@ -280,6 +281,15 @@ class Hub:
                     self._cancel(request.key)
         if not self.batcher.ready_workers():
             self._fail_stale_queue(now)
+
+    def _lose_tokenizer(self, tokenizer_id: bytes) -> None:
+        """Sends every unanswered encode job again: one may have been queued for the lost tokenizer."""
+        del self.tokenizers[tokenizer_id]
+        pending = [r for r in self.table if r.status is RequestStatus.ENCODING]
+        logger.warning("tokenizer %s lost (missed heartbeats); re-sending %d encode jobs",
+                       tokenizer_id.decode(errors="replace"), len(pending))
+        for request in pending:
+            self.outbox.to_tokenizer_pool(request.encode_job)
 
     def _fail_stale_queue(self, now: float) -> None:
         stale = [r for r in self.queue if now - r.queued_at > self.config.no_worker_timeout_s]

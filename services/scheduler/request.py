@@ -23,6 +23,7 @@ class Request:
     key: RequestKey
     status: RequestStatus = RequestStatus.ENCODING
     encoded: Encoded | None = None
+    encode_job: bytes = b""  # kept until encoded: PUSH loses jobs queued for a tokenizer that dies
     worker_id: bytes | None = None
     generated_ids: list[int] = dataclasses.field(default_factory=list)
     created_at: float = dataclasses.field(default_factory=time.monotonic)

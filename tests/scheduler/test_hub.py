@@ -244,3 +244,18 @@ def test_data_parallel_workers_share_the_queue() -> None:
     prefills = h.step()
     assert sorted(w for w, _ in prefills) == [WORKER_A, WORKER_B]
     assert [len(p.batch.requests) for _, p in prefills] == [2, 2]
+
+
+def test_lost_tokenizer_encode_jobs_are_sent_again() -> None:
+    """When a tokenizer goes silent, unanswered encode jobs are pushed again; a late duplicate is forgotten."""
+    h = Harness(heartbeat_interval_ms=100, heartbeat_misses=2)
+    h.hub.on_client_frame(CLIENT, encode(m.Generate("r1", "x", None, m.GenerateParameters())))
+    (job,) = h.take("tokenize")
+    h.hub.tick(h.hub.tokenizers[TOKENIZER] + 1.0)
+    assert h.take("tokenize") == [job]
+    key = m.RequestKey(CLIENT, "r1")
+    answer = m.Encoded(key, [1], m.SamplingParameters(), 2, False, 0, False, b"tokenizer-2")
+    h.hub.on_tokenized_frame(encode(answer))
+    h.hub.on_tokenized_frame(encode(answer))
+    (_, forget), = h.messages_to("detokenize")
+    assert forget == m.Forget([key]) and len(h.hub.queue) == 1
