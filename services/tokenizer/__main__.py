@@ -1,0 +1,5 @@
+import sys
+
+from services.tokenizer.service import main
+
+sys.exit(main())

@@ -1,0 +1,130 @@
+"""Ids to text: one step's tokens for the requests this tokenizer owns become stream events."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+
+from transformers import PreTrainedTokenizerBase
+
+from common.codec import encode
+from common.messages import (
+    ClientOutput, DetokenizeJob, Encoded, FinalDetails, FinishReason, GenerateParameters, Generation,
+    RequestKey, StreamEvent, StreamEvents, TextBatch, Token,
+)
+from services.tokenizer.decode_state import DecodeState
+
+logger = logging.getLogger(__name__)
+
+
+class Detokenizer:
+    """Keeps each owned request's `DecodeState` and turns a `DetokenizeJob` into a `TextBatch`.
+
+    Every token becomes a `StreamEvent` (TGI: special tokens stream with their text and
+    `special=True`; `generated_text` skips them). A stop sequence found in the streamed text
+    ends the request there: the text stops right after the sequence, the finish reason is
+    `stop_sequence`, and the key goes to `TextBatch.finished`. A request whose last event was
+    sent is forgotten, so tokens still in flight for it are skipped.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.special_ids = frozenset(tokenizer.all_special_ids)
+        self.key_to_state: dict[RequestKey, DecodeState] = {}
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.key_to_state)
+
+    def start(self, encoded: Encoded, params: GenerateParameters) -> None:
+        """Owns the decode state of a request this tokenizer just encoded."""
+        self.key_to_state[encoded.key] = DecodeState.start(encoded, params)
+
+    def forget(self, keys: list[RequestKey]) -> None:
+        for key in keys:
+            self.key_to_state.pop(key, None)
+
+    def detokenize(self, job: DetokenizeJob) -> TextBatch:
+        """One step: events grouped into one `StreamEvents` per client, and stop-sequence hits."""
+        client_to_events: dict[bytes, list[StreamEvent]] = collections.defaultdict(list)
+        finished: list[RequestKey] = []
+        for step in job.steps:
+            state = self.key_to_state.get(step.key)
+            if state is None:
+                logger.debug("token for unknown request %r skipped", step.key)
+                continue
+            event, stopped = self._event(step.key, state, step.generation)
+            client_to_events[step.key.client_id].append(event)
+            if stopped:
+                finished.append(step.key)
+        outputs = [ClientOutput(client_id, encode(StreamEvents(events)))
+                   for client_id, events in client_to_events.items()]
+        return TextBatch(outputs=outputs, finished=finished)
+
+    # -- one request's step --------------------------------------------------------------------
+
+    def _event(self, key: RequestKey, state: DecodeState, generation: Generation) -> tuple[StreamEvent, bool]:
+        """This token's event; True when a stop sequence ended the request here."""
+        try:
+            return self._advance(key, state, generation)
+        except Exception as exc:  # one broken request must not take the step down
+            logger.exception("detokenizing %r failed", key)
+            self.key_to_state.pop(key, None)
+            return StreamEvent(request_id=key.request_id, error=f"detokenization failed: {exc}",
+                               error_type="generation"), generation.finish_reason is None
+
+    def _advance(self, key: RequestKey, state: DecodeState, generation: Generation) -> tuple[StreamEvent, bool]:
+        if generation.prefill_ids is not None and state.decoder_input_details:
+            state.prefill = self._prefill_tokens(generation.prefill_ids, generation.prefill_logprobs)
+        finish_reason: FinishReason | None = generation.finish_reason
+        text = state.next_text(generation.token_id, self._decode, flush=finish_reason is not None)
+        special = generation.token_id in self.special_ids
+        if finish_reason is None:  # TGI: length and EOS take precedence over a stop sequence
+            end = state.stop_sequences.find(text)
+            if end is not None:
+                text, finish_reason = text[:end], "stop_sequence"
+        if not special:
+            state.add_generated_text(text)
+        event = StreamEvent(
+            request_id=key.request_id,
+            token=Token(id=generation.token_id, text=text, logprob=generation.logprob, special=special),
+            top_tokens=self._top_tokens(state, generation),
+        )
+        if finish_reason is None:
+            return event, False
+        del self.key_to_state[key]
+        return self._final(event, state, finish_reason), finish_reason == "stop_sequence"
+
+    def _final(self, event: StreamEvent, state: DecodeState, finish_reason: FinishReason) -> StreamEvent:
+        details = FinalDetails(
+            finish_reason=finish_reason,
+            generated_tokens=state.num_generated_tokens,
+            input_tokens=len(state.input_ids),
+            seed=state.seed,
+            prefill=state.prefill,
+        )
+        return StreamEvent(request_id=event.request_id, token=event.token, top_tokens=event.top_tokens,
+                           generated_text=state.generated_text, details=details)
+
+    # -- token texts ---------------------------------------------------------------------------
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def _tokens(self, ids: list[int], logprobs: list[float | None]) -> list[Token]:
+        """Each id decoded on its own (TGI's texts for top and prefill tokens)."""
+        return [Token(id=token_id, text=self._decode([token_id]), logprob=logprob,
+                      special=token_id in self.special_ids)
+                for token_id, logprob in zip(ids, logprobs)]
+
+    def _top_tokens(self, state: DecodeState, generation: Generation) -> list[Token]:
+        if not state.top_n_tokens:
+            return []
+        return self._tokens(generation.top_ids, list(generation.top_logprobs))
+
+    def _prefill_tokens(self, prefill_ids: list[int], prefill_logprobs: list[float] | None) -> list[Token]:
+        # the first prompt token has no logprob (NaN on the wire): TGI reports null
+        logprobs = [None if math.isnan(lp) else lp for lp in (prefill_logprobs or [])]
+        logprobs += [None] * (len(prefill_ids) - len(logprobs))
+        return self._tokens(prefill_ids, logprobs)

@@ -1,0 +1,68 @@
+"""Text to ids: chat template, truncation, TGI's length limits and parameter resolution."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+from common.messages import ChatMessage, Encoded, Generate, RequestKey
+from common.parameters import (
+    ParameterLimits, ValidationError, resolve_sampling, validate_lengths, validate_parameters,
+)
+
+
+class Encoder:
+    """Turns a client's `Generate` into the `Encoded` request a worker can run.
+
+    Raises `ValidationError` (TGI's message) for anything the request cannot be served with.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, limits: ParameterLimits, tokenizer_id: bytes) -> None:
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.tokenizer_id = tokenizer_id
+
+    def encode(self, key: RequestKey, generate: Generate) -> Encoded:
+        params = generate.parameters
+        validate_parameters(params, self.limits)
+        input_ids = self.input_ids(generate)
+        if params.truncate is not None:
+            input_ids = input_ids[-params.truncate:]  # TGI truncates from the left
+        max_new_tokens = params.max_new_tokens
+        if max_new_tokens is None:
+            max_new_tokens = max(self.limits.max_total_tokens - len(input_ids), 0)
+        validate_lengths(len(input_ids), max_new_tokens, self.limits)
+        return Encoded(
+            key=key,
+            input_ids=input_ids,
+            sampling=resolve_sampling(params),
+            max_new_tokens=max_new_tokens,
+            ignore_eos=params.ignore_eos,
+            top_n_tokens=params.top_n_tokens or 0,
+            prefill_logprobs=params.decoder_input_details,
+            tokenizer_id=self.tokenizer_id,
+        )
+
+    def input_ids(self, generate: Generate) -> list[int]:
+        """The prompt's ids before truncation: raw `inputs`, or `messages` through the template."""
+        if generate.messages is not None:
+            # the template writes the special tokens itself
+            return self._tokenize(self.render_chat(generate.messages), add_special_tokens=False)
+        if not generate.inputs:
+            raise ValidationError("inputs", "`inputs` cannot be empty")
+        return self._tokenize(generate.inputs, generate.parameters.add_special_tokens)
+
+    def render_chat(self, messages: list[ChatMessage]) -> str:
+        """The prompt text of a conversation, ending with the assistant's generation prompt."""
+        if not messages:
+            raise ValidationError("messages", "`messages` cannot be empty")
+        conversation = [{"role": m.role, "content": m.content} for m in messages]
+        try:
+            return self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # jinja raises many types (raise_exception, TypeError, no template)
+            raise ValidationError("messages", f"Template error: {exc}") from None
+
+    def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        except Exception as exc:
+            raise ValidationError("inputs", f"tokenizer error {exc}") from None

@@ -1,0 +1,183 @@
+"""The tokenizer process: encode jobs in, encoded requests out; token steps in, text out."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import Any, Sequence
+
+import zmq
+from transformers import PreTrainedTokenizerBase
+
+from common.codec import MessageError, decode, encode
+from common.config import parse_config
+from common.identity import new_boot_nonce, new_identity
+from common.logs import setup_logging
+from common.messages import (
+    PROTOCOL_VERSION, DetokenizeJob, EncodeJob, Encoded, Forget, Heartbeat, Hello, Rejected,
+)
+from common.model_source import ModelNotFoundError
+from common.parameters import ValidationError
+from services.tokenizer.config import TokenizerConfig
+from services.tokenizer.detokenizer import Detokenizer
+from services.tokenizer.encoder import Encoder
+from services.tokenizer.loading import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGES_PER_PASS = 64
+MAX_WAIT_MS = 100  # how late a stop signal may be noticed
+SCHEDULER_MESSAGES = (Heartbeat, DetokenizeJob, Forget)
+
+
+class TokenizerService:
+    """Sockets and the loop: wait for a frame or the next heartbeat, drain (detokenize first:
+    it is on every stream's critical path), answer each message, heartbeat when due."""
+
+    def __init__(self, config: TokenizerConfig, tokenizer: PreTrainedTokenizerBase,
+                 stop_requested: threading.Event) -> None:
+        self.config = config
+        self.stop_requested = stop_requested
+        self.identity = new_identity("tokenizer")
+        self.boot_nonce = new_boot_nonce()
+        self.scheduler_nonce: str | None = None
+        self.encoder = Encoder(tokenizer, config.limits, self.identity)
+        self.detokenizer = Detokenizer(tokenizer)
+        self.context = zmq.Context()
+        endpoints = config.endpoints
+        self.tokenize = self._connect(zmq.PULL, endpoints.connect("tokenize"))
+        self.tokenized = self._connect(zmq.PUSH, endpoints.connect("tokenized"))
+        self.detokenize = self._connect(zmq.DEALER, endpoints.connect("detokenize"), self.identity)
+        self.poller = zmq.Poller()
+        self.poller.register(self.detokenize, zmq.POLLIN)
+        self.poller.register(self.tokenize, zmq.POLLIN)
+
+    def _connect(self, kind: int, address: str, identity: bytes | None = None) -> zmq.Socket:
+        socket = self.context.socket(kind)
+        socket.setsockopt(zmq.LINGER, 0)
+        if identity is not None:
+            socket.setsockopt(zmq.IDENTITY, identity)
+        socket.connect(address)
+        return socket
+
+    def run(self) -> None:
+        """The loop, until a stop signal."""
+        logger.info("tokenizer %s connected to %s", self.identity.decode(), self.config.scheduler_url)
+        self._send(self.detokenize, self._hello())
+        interval_s = self.config.heartbeat_interval_ms / 1000.0
+        next_heartbeat = time.monotonic() + interval_s
+        while not self.stop_requested.is_set():
+            wait_ms = min(MAX_WAIT_MS, max(0, int((next_heartbeat - time.monotonic()) * 1000)))
+            ready = dict(self.poller.poll(wait_ms))
+            if self.detokenize in ready:
+                for frames in self._receive(self.detokenize):
+                    self.on_scheduler_frames(frames)
+            if self.tokenize in ready:
+                for frames in self._receive(self.tokenize):
+                    self.on_encode_frames(frames)
+            if time.monotonic() >= next_heartbeat:
+                self._send(self.detokenize, Heartbeat(self.boot_nonce))
+                next_heartbeat = time.monotonic() + interval_s
+        logger.info("stopping with %d requests in flight", self.detokenizer.num_requests)
+
+    # -- encode --------------------------------------------------------------------------------
+
+    def on_encode_frames(self, frames: list[bytes]) -> None:
+        """An EncodeJob: answered with Encoded or Rejected on `tokenized`."""
+        job = self._decode(frames, EncodeJob, "tokenize")
+        if job is not None:
+            self._send(self.tokenized, self.encode(job))
+
+    def encode(self, job: EncodeJob) -> Encoded | Rejected:
+        try:
+            encoded = self.encoder.encode(job.key, job.generate)
+        except ValidationError as exc:
+            logger.debug("rejected %r: %s", job.key, exc)
+            return Rejected(job.key, str(exc), "validation")
+        except Exception as exc:  # a bug must cost one request, not the service
+            logger.exception("encoding %r failed", job.key)
+            return Rejected(job.key, f"encoding failed: {exc}", "validation")
+        self.detokenizer.start(encoded, job.generate.parameters)
+        logger.debug("encoded %r: %d input tokens", job.key, len(encoded.input_ids))
+        return encoded
+
+    # -- scheduler link ------------------------------------------------------------------------
+
+    def on_scheduler_frames(self, frames: list[bytes]) -> None:
+        """Heartbeat, DetokenizeJob (answered with exactly one TextBatch) or Forget."""
+        msg = self._decode(frames, SCHEDULER_MESSAGES, "detokenize")
+        match msg:
+            case Heartbeat():
+                self._on_heartbeat(msg.boot_nonce)
+            case DetokenizeJob():
+                self._send(self.detokenize, self.detokenizer.detokenize(msg))
+            case Forget():
+                self.detokenizer.forget(msg.keys)
+
+    def _on_heartbeat(self, scheduler_nonce: str) -> None:
+        if self.scheduler_nonce is not None and scheduler_nonce != self.scheduler_nonce:
+            logger.info("scheduler restarted: registering again (keeping %d requests)",
+                        self.detokenizer.num_requests)
+            self._send(self.detokenize, self._hello())
+        self.scheduler_nonce = scheduler_nonce
+
+    def _hello(self) -> Hello:
+        return Hello(role="tokenizer", protocol_version=PROTOCOL_VERSION, boot_nonce=self.boot_nonce)
+
+    # -- frames --------------------------------------------------------------------------------
+
+    def _receive(self, socket: zmq.Socket) -> list[list[bytes]]:
+        """Up to MAX_MESSAGES_PER_PASS messages without blocking."""
+        messages = []
+        for _ in range(MAX_MESSAGES_PER_PASS):
+            try:
+                messages.append(socket.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        return messages
+
+    def _decode(self, frames: list[bytes], expected: type | tuple[type, ...], where: str) -> Any:
+        """The message in a one-frame message, or None (logged) when it is malformed."""
+        if len(frames) != 1:
+            logger.warning("dropped a %d-frame message on %s (expected 1 frame)", len(frames), where)
+            return None
+        try:
+            return decode(frames[0], expected)
+        except MessageError as exc:
+            logger.warning("dropped a bad frame on %s: %s", where, exc)
+            return None
+
+    def _send(self, socket: zmq.Socket, msg: object) -> None:
+        try:
+            socket.send(encode(msg), zmq.NOBLOCK)
+        except zmq.Again:  # the scheduler is gone long enough to fill the queue
+            logger.warning("send queue full: a %s was dropped", type(msg).__name__)
+
+    def close(self) -> None:
+        self.context.destroy(linger=0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_config(TokenizerConfig, argv, prog="ztgi tokenizer")
+    setup_logging(f"tokenizer[{config.tokenizer_index}]", config.log_level)
+    stop_requested = threading.Event()
+
+    def stop(signum: int, _frame: object) -> None:
+        logger.info("signal %d: stopping", signum)
+        stop_requested.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        tokenizer = load_tokenizer(config.model_id)
+    except ModelNotFoundError as exc:
+        logger.error("%s", exc)
+        return 1
+    service = TokenizerService(config, tokenizer, stop_requested)
+    try:
+        service.run()
+    finally:
+        service.close()
+    return 0
