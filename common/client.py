@@ -1,0 +1,398 @@
+"""The direct ZMQ client: what users and the gateway both run to talk to the scheduler.
+
+`AsyncZtgiClient` is a DEALER on the scheduler's `frontend`. It says `Hello`, heartbeats, and
+runs one receive task that routes every `StreamEvent` to its request's queue by `request_id`
+and every query reply to its waiting future by `query_id`. A scheduler that restarts (its
+heartbeat nonce changes) or goes silent for `heartbeat_interval_ms * heartbeat_misses` fails
+every in-flight request at once with an `unhealthy` error, so nothing hangs.
+
+`ZtgiClient` is the same API, synchronous: it runs an `AsyncZtgiClient` on an event loop in a
+background thread.
+
+    async with AsyncZtgiClient("ipc:///tmp/ztgi") as client:
+        result = await client.generate("Hello", parameters=GenerateParameters(max_new_tokens=8))
+        async for event in client.stream("Hello"):
+            print(event.token.text)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from typing import Any, AsyncIterator, Awaitable, Coroutine, Iterator, TypeVar
+
+import zmq
+import zmq.asyncio
+
+from common.codec import MessageError, decode, encode
+from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
+from common.identity import new_boot_nonce, new_identity
+from common.messages import (
+    PROTOCOL_VERSION, Cancel, ChatMessage, ErrorReply, FinalDetails, Generate, GenerateParameters,
+    HealthReply, Heartbeat, Hello, InfoReply, Query, StatsReply, StreamEvent, StreamEvents, Token,
+)
+
+__all__ = ["AsyncZtgiClient", "ZtgiClient", "ZtgiError", "GenerateResult"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+INBOUND_MESSAGES = (StreamEvents, HealthReply, InfoReply, StatsReply, Heartbeat, ErrorReply)
+QueryReply = HealthReply | InfoReply | StatsReply
+
+
+class ZtgiError(Exception):
+    """A request failed; `error_type` is TGI's name (validation, overloaded, generation,
+    unhealthy, cancelled, timeout)."""
+
+    def __init__(self, message: str, error_type: str = "generation") -> None:
+        super().__init__(message)
+        self.message = message
+        self.error_type = error_type
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    """A whole generation: its text, every token (with top tokens when asked) and details."""
+
+    request_id: str
+    generated_text: str
+    tokens: list[Token]
+    top_tokens: list[list[Token]]
+    details: FinalDetails | None
+
+
+class AsyncZtgiClient:
+    """An asyncio client of the scheduler's `frontend` (one DEALER, one receive task).
+
+    Starts on first use (or `await start()`, or `async with`); `close()` fails what is in flight.
+    `query_timeout_s` bounds health/info/stats; `request_timeout_s` (None: no bound) is the
+    longest wait for a request's next event before it is cancelled.
+    """
+
+    def __init__(self, scheduler_url: str = DEFAULT_SCHEDULER_URL, *, heartbeat_interval_ms: int = 1000,
+                 heartbeat_misses: int = 5, query_timeout_s: float = 5.0,
+                 request_timeout_s: float | None = None) -> None:
+        if heartbeat_interval_ms <= 0 or heartbeat_misses <= 0:
+            raise ValueError("heartbeat_interval_ms and heartbeat_misses must be positive")
+        self.scheduler_url = scheduler_url
+        self.address = Endpoints(scheduler_url).connect("frontend")
+        self.identity = new_identity("client")
+        self.boot_nonce = new_boot_nonce()
+        self.heartbeat_interval_s = heartbeat_interval_ms / 1000.0
+        self.liveness_s = self.heartbeat_interval_s * heartbeat_misses
+        self.query_timeout_s = query_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self._context: zmq.asyncio.Context | None = None
+        self._socket: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._request_id_to_queue: dict[str, asyncio.Queue[StreamEvent]] = {}
+        self._query_id_to_future: dict[str, asyncio.Future] = {}
+        self._scheduler_nonce: str | None = None
+        self._last_heard = 0.0
+        self._connected: asyncio.Event | None = None
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> "AsyncZtgiClient":
+        """Connects, says Hello and starts the receive and heartbeat tasks (idempotent)."""
+        if self._closed:
+            raise ZtgiError("the client is closed", "unhealthy")
+        if self._socket is not None:
+            return self
+        self._context = zmq.asyncio.Context()
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.IDENTITY, self.identity)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(self.address)
+        self._socket = socket
+        self._connected = asyncio.Event()
+        self._last_heard = time.monotonic()
+        self._send(Hello(role="client", protocol_version=PROTOCOL_VERSION, boot_nonce=self.boot_nonce))
+        self._tasks = [asyncio.create_task(self._receive_loop(), name="ztgi-client-receive"),
+                       asyncio.create_task(self._heartbeat_loop(), name="ztgi-client-heartbeat")]
+        logger.info("client %s connecting to %s", self.identity.decode(), self.address)
+        return self
+
+    def close(self) -> None:
+        """Fails in-flight requests and queries, stops the tasks, closes the socket (linger 0)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._fail_in_flight("the client was closed", "cancelled", send_cancel=True)
+        for task in self._tasks:
+            task.cancel()
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._context.term()
+
+    async def aclose(self) -> None:
+        """`close()`, then waits for the background tasks to finish."""
+        self.close()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> "AsyncZtgiClient":
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def stream(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
+                     parameters: GenerateParameters | None = None,
+                     request_id: str | None = None) -> AsyncIterator[StreamEvent]:
+        """Yields a request's events up to and including the final one.
+
+        An error event raises `ZtgiError`. Leaving early (break, exception, task cancellation)
+        sends `Cancel`. With `return_full_text`, the final `generated_text` starts with `inputs`.
+        """
+        parameters = parameters or GenerateParameters()
+        request_id = request_id or uuid.uuid4().hex
+        # the client prepends the prompt itself, so the server never has to know the prompt text
+        generate = Generate(request_id, inputs, messages,
+                            dataclasses.replace(parameters, return_full_text=False))
+        await self.start()
+        await self._wait_reachable()
+        queue = self._open_request(request_id)
+        finished = False
+        try:
+            self._send(generate)
+            while not finished:
+                event = await self._next_event(request_id, queue)
+                finished = event.is_final
+                if event.error is not None:
+                    raise ZtgiError(event.error, event.error_type or "generation")
+                if finished and parameters.return_full_text and inputs is not None:
+                    event = dataclasses.replace(event, generated_text=inputs + event.generated_text)
+                yield event
+        finally:
+            self._request_id_to_queue.pop(request_id, None)
+            if not finished and not self._closed:
+                logger.debug("request %s left before its end: cancelling", request_id)
+                self._send(Cancel(request_id))
+
+    async def generate(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
+                       parameters: GenerateParameters | None = None,
+                       request_id: str | None = None) -> GenerateResult:
+        """Runs a request to its end and collects its tokens; errors raise `ZtgiError`."""
+        tokens: list[Token] = []
+        top_tokens: list[list[Token]] = []
+        final: StreamEvent | None = None
+        async for event in self.stream(inputs, messages, parameters, request_id):
+            if event.token is not None:
+                tokens.append(event.token)
+                top_tokens.append(event.top_tokens)
+            final = event
+        assert final is not None and final.generated_text is not None
+        return GenerateResult(final.request_id, final.generated_text, tokens, top_tokens, final.details)
+
+    async def cancel(self, request_id: str) -> None:
+        """Asks the scheduler to drop one of this client's requests (unknown ids are ignored)."""
+        await self.start()
+        self._send(Cancel(request_id))
+
+    async def health(self) -> HealthReply:
+        return await self._query("health")
+
+    async def info(self) -> InfoReply:
+        return await self._query("info")
+
+    async def stats(self) -> StatsReply:
+        return await self._query("stats")
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _open_request(self, request_id: str) -> asyncio.Queue[StreamEvent]:
+        if request_id in self._request_id_to_queue:
+            raise ZtgiError(f"request_id {request_id!r} is already in flight on this client", "validation")
+        queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        self._request_id_to_queue[request_id] = queue
+        return queue
+
+    async def _next_event(self, request_id: str, queue: asyncio.Queue[StreamEvent]) -> StreamEvent:
+        try:
+            return await asyncio.wait_for(queue.get(), self.request_timeout_s)
+        except TimeoutError:
+            raise ZtgiError(f"request {request_id} got no event for {self.request_timeout_s:g} s",
+                            "timeout") from None
+
+    async def _query(self, kind: str) -> Any:
+        await self.start()
+        await self._wait_reachable()
+        query_id = uuid.uuid4().hex
+        future = asyncio.get_running_loop().create_future()
+        self._query_id_to_future[query_id] = future
+        self._send(Query(query_id, kind))
+        try:
+            return await asyncio.wait_for(future, self.query_timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"the scheduler did not answer a {kind} query in {self.query_timeout_s:g} s") from None
+        finally:
+            self._query_id_to_future.pop(query_id, None)
+
+    async def _wait_reachable(self) -> None:
+        """Waits for a first word from the scheduler, or fails fast once it counts as gone."""
+        if self._connected.is_set():
+            return
+        remaining_s = self._last_heard + self.liveness_s - time.monotonic()
+        try:
+            await asyncio.wait_for(self._connected.wait(), max(0.0, remaining_s))
+        except TimeoutError:
+            raise ZtgiError(f"the scheduler at {self.scheduler_url} is unreachable", "unhealthy") from None
+
+    def _send(self, msg: object) -> None:
+        """Queues a frame on the socket without waiting (the DEALER queues while disconnected)."""
+        future = self._socket.send(encode(msg), zmq.NOBLOCK)
+        future.add_done_callback(lambda done: self._check_sent(done, msg))
+
+    @staticmethod
+    def _check_sent(future: asyncio.Future, msg: object) -> None:
+        if future.cancelled() or future.exception() is None:
+            return
+        # Again: the high-water mark is reached (a long outage); heartbeats are expendable
+        level = logging.DEBUG if isinstance(msg, Heartbeat) else logging.WARNING
+        logger.log(level, "could not send %s: %s", type(msg).__name__, future.exception())
+
+    async def _receive_loop(self) -> None:
+        """Decodes every frame from the scheduler and routes it; bad frames are logged."""
+        while True:
+            frames = await self._socket.recv_multipart()
+            self._last_heard = time.monotonic()
+            self._connected.set()
+            if len(frames) != 1:
+                logger.warning("dropped a message of %d frames from the scheduler", len(frames))
+                continue
+            try:
+                msg = decode(frames[0], INBOUND_MESSAGES)
+            except MessageError as exc:
+                logger.warning("bad frame from the scheduler: %s", exc)
+                continue
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: object) -> None:
+        match msg:
+            case StreamEvents():
+                for event in msg.events:
+                    self._route_event(event)
+            case HealthReply() | InfoReply() | StatsReply():
+                future = self._query_id_to_future.get(msg.query_id)
+                if future is not None and not future.done():
+                    future.set_result(msg)
+            case Heartbeat():
+                self._on_scheduler_heartbeat(msg.boot_nonce)
+            case ErrorReply():
+                logger.warning("the scheduler could not read a frame of ours: %s", msg.error)
+
+    def _route_event(self, event: StreamEvent) -> None:
+        queue = self._request_id_to_queue.get(event.request_id)
+        if queue is None:
+            logger.debug("event for request %s that is no longer in flight: dropped", event.request_id)
+            return
+        queue.put_nowait(event)
+
+    def _on_scheduler_heartbeat(self, nonce: str) -> None:
+        if self._scheduler_nonce is not None and nonce != self._scheduler_nonce:
+            logger.warning("the scheduler restarted: failing %d in-flight requests",
+                           len(self._request_id_to_queue))
+            self._fail_in_flight("scheduler restarted", "unhealthy", send_cancel=True)
+            self._send(Hello(role="client", protocol_version=PROTOCOL_VERSION, boot_nonce=self.boot_nonce))
+        self._scheduler_nonce = nonce
+
+    async def _heartbeat_loop(self) -> None:
+        """Heartbeats every interval and fails in-flight work when the scheduler goes silent."""
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            self._send(Heartbeat(self.boot_nonce))
+            silent_s = time.monotonic() - self._last_heard
+            if silent_s > self.liveness_s and self._connected.is_set():
+                logger.warning("no word from the scheduler for %.1f s", silent_s)
+                self._connected.clear()
+                self._fail_in_flight(f"the scheduler at {self.scheduler_url} did not answer for "
+                                     f"{silent_s:.1f} s", "unhealthy", send_cancel=True)
+
+    def _fail_in_flight(self, error: str, error_type: str, send_cancel: bool) -> None:
+        """Ends every open stream with an error event and every pending query with ZtgiError."""
+        for request_id, queue in list(self._request_id_to_queue.items()):
+            queue.put_nowait(StreamEvent(request_id=request_id, error=error, error_type=error_type))
+            if send_cancel and self._socket is not None and not self._socket.closed:
+                self._send(Cancel(request_id))  # the request may still be alive somewhere
+        for future in self._query_id_to_future.values():
+            if not future.done():
+                future.set_exception(ZtgiError(error, error_type))
+
+
+class ZtgiClient:
+    """The synchronous client: `AsyncZtgiClient` on an event loop in a background thread.
+
+    Same methods; `stream` returns a plain iterator (closing it early cancels the request).
+    """
+
+    def __init__(self, scheduler_url: str = DEFAULT_SCHEDULER_URL, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="ztgi-client", daemon=True)
+        self._thread.start()
+        self._client: AsyncZtgiClient = self._call(self._open(scheduler_url, options))
+
+    @staticmethod
+    async def _open(scheduler_url: str, options: dict[str, Any]) -> AsyncZtgiClient:
+        return await AsyncZtgiClient(scheduler_url, **options).start()
+
+    def _call(self, coroutine: Coroutine[Any, Any, T] | Awaitable[T]) -> T:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # e.g. KeyboardInterrupt: the request must not run on unseen
+            raise
+
+    def stream(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
+               parameters: GenerateParameters | None = None,
+               request_id: str | None = None) -> Iterator[StreamEvent]:
+        events = self._client.stream(inputs, messages, parameters, request_id)
+        try:
+            while True:
+                try:
+                    event = self._call(events.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield event
+        finally:
+            self._call(events.aclose())
+
+    def generate(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
+                 parameters: GenerateParameters | None = None,
+                 request_id: str | None = None) -> GenerateResult:
+        return self._call(self._client.generate(inputs, messages, parameters, request_id))
+
+    def cancel(self, request_id: str) -> None:
+        self._call(self._client.cancel(request_id))
+
+    def health(self) -> HealthReply:
+        return self._call(self._client.health())
+
+    def info(self) -> InfoReply:
+        return self._call(self._client.info())
+
+    def stats(self) -> StatsReply:
+        return self._call(self._client.stats())
+
+    def close(self) -> None:
+        """Closes the client, stops the loop and joins its thread."""
+        if self._loop.is_closed():
+            return
+        self._call(self._client.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> "ZtgiClient":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
