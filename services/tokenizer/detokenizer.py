@@ -77,35 +77,37 @@ class Detokenizer:
     def _advance(self, key: RequestKey, state: DecodeState, generation: Generation) -> tuple[StreamEvent, bool]:
         if generation.prefill_ids is not None and state.decoder_input_details:
             state.prefill = self._prefill_tokens(generation.prefill_ids, generation.prefill_logprobs)
-        finish_reason: FinishReason | None = generation.finish_reason
-        text = state.next_text(generation.token_id, self._decode, flush=finish_reason is not None)
+        text, finish_reason = self._next_text(state, generation)
         special = generation.token_id in self.special_ids
+        if not special:
+            state.add_generated_text(text)
+        token = Token(id=generation.token_id, text=text, logprob=generation.logprob, special=special)
+        top_tokens = self._top_tokens(state, generation)
+        if finish_reason is None:
+            return StreamEvent(request_id=key.request_id, token=token, top_tokens=top_tokens), False
+        del self.key_to_state[key]
+        event = StreamEvent(request_id=key.request_id, token=token, top_tokens=top_tokens,
+                            generated_text=state.generated_text, details=self._details(state, finish_reason))
+        return event, finish_reason == "stop_sequence"
+
+    def _next_text(self, state: DecodeState, generation: Generation) -> tuple[str, FinishReason | None]:
+        """The token's text and the request's finish reason, a stop sequence cutting the text."""
+        finish_reason = generation.finish_reason
+        text = state.next_text(generation.token_id, self._decode, flush=finish_reason is not None)
         if finish_reason is None:  # TGI: length and EOS take precedence over a stop sequence
             end = state.stop_sequences.find(text)
             if end is not None:
-                text, finish_reason = text[:end], "stop_sequence"
-        if not special:
-            state.add_generated_text(text)
-        event = StreamEvent(
-            request_id=key.request_id,
-            token=Token(id=generation.token_id, text=text, logprob=generation.logprob, special=special),
-            top_tokens=self._top_tokens(state, generation),
-        )
-        if finish_reason is None:
-            return event, False
-        del self.key_to_state[key]
-        return self._final(event, state, finish_reason), finish_reason == "stop_sequence"
+                return text[:end], "stop_sequence"
+        return text, finish_reason
 
-    def _final(self, event: StreamEvent, state: DecodeState, finish_reason: FinishReason) -> StreamEvent:
-        details = FinalDetails(
+    def _details(self, state: DecodeState, finish_reason: FinishReason) -> FinalDetails:
+        return FinalDetails(
             finish_reason=finish_reason,
             generated_tokens=state.num_generated_tokens,
             input_tokens=len(state.input_ids),
             seed=state.seed,
             prefill=state.prefill,
         )
-        return StreamEvent(request_id=event.request_id, token=event.token, top_tokens=event.top_tokens,
-                           generated_text=state.generated_text, details=details)
 
     # -- token texts ---------------------------------------------------------------------------
 
@@ -114,9 +116,12 @@ class Detokenizer:
 
     def _tokens(self, ids: list[int], logprobs: list[float | None]) -> list[Token]:
         """Each id decoded on its own (TGI's texts for top and prefill tokens)."""
-        return [Token(id=token_id, text=self._decode([token_id]), logprob=logprob,
-                      special=token_id in self.special_ids)
-                for token_id, logprob in zip(ids, logprobs)]
+        if not ids:
+            return []  # batch_decode([]) answers [""]
+        texts = self.tokenizer.batch_decode([[token_id] for token_id in ids], skip_special_tokens=False,
+                                            clean_up_tokenization_spaces=False)
+        return [Token(id=token_id, text=text, logprob=logprob, special=token_id in self.special_ids)
+                for token_id, text, logprob in zip(ids, texts, logprobs)]
 
     def _top_tokens(self, state: DecodeState, generation: Generation) -> list[Token]:
         if not state.top_n_tokens:

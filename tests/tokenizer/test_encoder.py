@@ -57,7 +57,8 @@ def test_template_error_is_a_validation_error_on_messages(tokenizer):
     """A chat template that raises becomes a ValidationError naming `messages`."""
     strict = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
     strict.chat_template = "{{ raise_exception('roles must alternate') }}"
-    error = _rejection(Encoder(strict, ParameterLimits(), TOKENIZER_ID), _generate(None, [ChatMessage("user", "x")]))
+    encoder = Encoder(strict, ParameterLimits(), TOKENIZER_ID)
+    error = _rejection(encoder, _generate(None, [ChatMessage("user", "x")]))
     assert error.field == "messages"
     assert str(error) == "Template error: roles must alternate"
 
@@ -97,7 +98,8 @@ def test_total_tokens_limit_gets_tgis_message(tokenizer):
     """Prompt + max_new_tokens over max_total_tokens is rejected with TGI's message."""
     encoder = Encoder(tokenizer, ParameterLimits(max_input_tokens=8, max_total_tokens=10), TOKENIZER_ID)
     error = _rejection(encoder, _generate("Hello world", max_new_tokens=9))
-    assert str(error) == "`inputs` tokens + `max_new_tokens` must be <= 10. Given: 2 `inputs` tokens and 9 `max_new_tokens`"
+    assert str(error) == (
+        "`inputs` tokens + `max_new_tokens` must be <= 10. Given: 2 `inputs` tokens and 9 `max_new_tokens`")
 
 
 def test_truncation_happens_before_the_length_checks(tokenizer):
