@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from common.codec import message, record
-from common.messages.records import Generation, RequestKey
-from common.messages.scheduler import Generate
+from common.messages.records import GenerateParameters, Generation, RequestKey
+from common.messages.scheduler import Encoded, Generate
 
-__all__ = ["EncodeJob", "TokenStep", "DetokenizeJob", "Forget"]
+__all__ = ["EncodeJob", "TokenStep", "DetokenizeJob", "Forget", "Adopt"]
 
 
 @message("encode_job")
@@ -37,3 +37,16 @@ class Forget:
     """Drop the decode state of these requests (cancelled or failed elsewhere)."""
 
     keys: list[RequestKey]
+
+
+@message("adopt")
+class Adopt:
+    """Take over a request whose tokenizer was lost.
+
+    `emitted_ids` are the tokens whose text the client already has: the new owner replays them
+    silently to rebuild the decode state, then streams the tokens that follow.
+    """
+
+    encoded: Encoded
+    parameters: GenerateParameters
+    emitted_ids: list[int]

@@ -13,7 +13,7 @@ import time
 
 from common.codec import MessageError, decode, encode
 from common.messages import (
-    Cancel, CommandDone, CommandFailed, DetokenizeJob, EncodeJob, Encoded, ErrorReply, FilterResult,
+    Adopt, Cancel, CommandDone, CommandFailed, DetokenizeJob, EncodeJob, Encoded, ErrorReply, FilterResult,
     Forget, Generate, Generation, HealthReply, Heartbeat, Hello, InfoReply, PROTOCOL_VERSION, Query,
     Rejected, RequestKey, StatsReply, StepResult, StreamEvent, StreamEvents, TextBatch, TokenStep,
     WarmupResult,
@@ -51,6 +51,9 @@ class Hub:
         self.queue = RequestQueue()
         self.counters = Counters()
         self.tokenizers: dict[bytes, float] = {}
+        # per tokenizer, the DetokenizeJobs not yet answered (one TextBatch per job, in order)
+        self.unacknowledged: dict[bytes, collections.deque[list[tuple[Request, TokenStep]]]] = (
+            collections.defaultdict(collections.deque))
         self.clients: dict[bytes, float] = {}
         self.batcher = Batcher(config, self.table, self.queue, self.outbox,
                                self._on_generations, self._fail_requests)
@@ -86,6 +89,7 @@ class Hub:
             return
         request = self.table.create(key)
         request.encode_job = encode(EncodeJob(key, generate))
+        request.parameters = generate.parameters
         self.outbox.to_tokenizer_pool(request.encode_job)
 
     def _cancel(self, key: RequestKey) -> None:
@@ -150,9 +154,13 @@ class Hub:
             case Hello() | Heartbeat():
                 self.outbox.to_tokenizer(tokenizer_id, Heartbeat(self.boot_nonce))
             case TextBatch():
-                self._on_text_batch(msg)
+                self._on_text_batch(tokenizer_id, msg)
 
-    def _on_text_batch(self, batch: TextBatch) -> None:
+    def _on_text_batch(self, tokenizer_id: bytes, batch: TextBatch) -> None:
+        pending = self.unacknowledged.get(tokenizer_id)
+        if pending:
+            for request, _ in pending.popleft():
+                request.num_acknowledged += 1
         for output in batch.outputs:
             self.outbox.to_client(output.client_id, output.payload)
         for key in batch.finished:
@@ -186,7 +194,7 @@ class Hub:
 
     def _on_generations(self, slot: WorkerSlot, generations: list[Generation]) -> None:
         """Sends one DetokenizeJob per owning tokenizer for this step's tokens."""
-        steps_by_tokenizer: dict[bytes, list[TokenStep]] = collections.defaultdict(list)
+        steps_by_tokenizer: dict[bytes, list[tuple[Request, TokenStep]]] = collections.defaultdict(list)
         for generation in generations:
             request = self.table.get(generation.request_id)
             if request is None or request.worker_id != slot.identity:
@@ -195,13 +203,17 @@ class Hub:
             if request.num_resumed_tokens:
                 generation = dataclasses.replace(
                     generation, generated_tokens=generation.generated_tokens + request.num_resumed_tokens)
-            steps_by_tokenizer[request.tokenizer_id].append(TokenStep(request.key, generation))
+            steps_by_tokenizer[request.tokenizer_id].append((request, TokenStep(request.key, generation)))
             if generation.finish_reason is not None:
                 self.table.remove(request)
                 self.counters.num_requests_finished += 1
-        self.counters.num_generated_tokens += sum(len(steps) for steps in steps_by_tokenizer.values())
         for tokenizer_id, steps in steps_by_tokenizer.items():
-            self.outbox.to_tokenizer(tokenizer_id, DetokenizeJob(steps))
+            self._send_detokenize(tokenizer_id, steps)
+
+    def _send_detokenize(self, tokenizer_id: bytes, steps: list[tuple[Request, TokenStep]]) -> None:
+        self.counters.num_generated_tokens += len(steps)
+        self.unacknowledged[tokenizer_id].append(steps)
+        self.outbox.to_tokenizer(tokenizer_id, DetokenizeJob([step for _, step in steps]))
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -283,13 +295,40 @@ class Hub:
             self._fail_stale_queue(now)
 
     def _lose_tokenizer(self, tokenizer_id: bytes) -> None:
-        """Sends every unanswered encode job again: one may have been queued for the lost tokenizer."""
+        """Hands a lost tokenizer's requests to another one and re-sends what it never answered.
+
+        Unanswered encode jobs are pushed again (one may have been queued for the lost
+        tokenizer). Each request it owned is adopted by a live tokenizer, which replays the
+        tokens the client already has; unacknowledged steps are then sent to the adopter.
+        """
         del self.tokenizers[tokenizer_id]
-        pending = [r for r in self.table if r.status is RequestStatus.ENCODING]
-        logger.warning("tokenizer %s lost (missed heartbeats); re-sending %d encode jobs",
-                       tokenizer_id.decode(errors="replace"), len(pending))
-        for request in pending:
+        encoding = [r for r in self.table if r.status is RequestStatus.ENCODING]
+        for request in encoding:
             self.outbox.to_tokenizer_pool(request.encode_job)
+        pending = self.unacknowledged.pop(tokenizer_id, collections.deque())
+        owned = {r.request_id: r for r in self.table if r.encoded is not None and r.tokenizer_id == tokenizer_id}
+        # finished requests whose last tokens were never answered still need their final event
+        owned.update((r.request_id, r) for steps in pending for r, step in steps if step.generation.finish_reason)
+        pending = collections.deque([(r, step) for r, step in steps if r.request_id in owned] for steps in pending)
+        logger.warning("tokenizer %s lost (missed heartbeats): re-sending %d encode jobs, %d requests to adopt",
+                       tokenizer_id.decode(errors="replace"), len(encoding), len(owned))
+        if owned:
+            self._adopt(list(owned.values()), pending)
+
+    def _adopt(self, requests: list[Request], pending: collections.deque) -> None:
+        if not self.tokenizers:
+            self._fail_requests([r for r in requests if r.request_id in self.table],
+                                "The tokenizer serving this request was lost", "unhealthy")
+            return
+        adopter = min(self.tokenizers, key=lambda t: len(self.unacknowledged.get(t, ())))
+        for request in requests:
+            assert request.encoded is not None and request.parameters is not None
+            request.encoded = dataclasses.replace(request.encoded, tokenizer_id=adopter)
+            emitted_ids = request.generated_ids[:request.num_acknowledged]
+            self.outbox.to_tokenizer(adopter, Adopt(request.encoded, request.parameters, emitted_ids))
+        for steps in pending:
+            self._send_detokenize(adopter, steps)
+        self.counters.num_generated_tokens -= sum(len(steps) for steps in pending)  # counted once already
 
     def _fail_stale_queue(self, now: float) -> None:
         stale = [r for r in self.queue if now - r.queued_at > self.config.no_worker_timeout_s]

@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import time
 
-from common.messages import Encoded, RequestKey, WorkerRequest
+from common.messages import Encoded, GenerateParameters, RequestKey, WorkerRequest
 
 
 class RequestStatus(enum.Enum):
@@ -24,6 +24,8 @@ class Request:
     status: RequestStatus = RequestStatus.ENCODING
     encoded: Encoded | None = None
     encode_job: bytes = b""  # kept until encoded: PUSH loses jobs queued for a tokenizer that dies
+    parameters: GenerateParameters | None = None  # what another tokenizer needs to adopt it
+    num_acknowledged: int = 0  # generated tokens whose text reached the client
     worker_id: bytes | None = None
     generated_ids: list[int] = dataclasses.field(default_factory=list)
     created_at: float = dataclasses.field(default_factory=time.monotonic)

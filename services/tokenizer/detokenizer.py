@@ -10,7 +10,7 @@ from transformers import PreTrainedTokenizerBase
 
 from common.codec import encode
 from common.messages import (
-    ClientOutput, DetokenizeJob, Encoded, FinalDetails, FinishReason, GenerateParameters, Generation,
+    Adopt, ClientOutput, DetokenizeJob, Encoded, FinalDetails, FinishReason, GenerateParameters, Generation,
     RequestKey, StreamEvent, StreamEvents, TextBatch, Token,
 )
 from services.tokenizer.decode_state import DecodeState
@@ -40,6 +40,16 @@ class Detokenizer:
     def start(self, encoded: Encoded, params: GenerateParameters) -> None:
         """Owns the decode state of a request this tokenizer just encoded."""
         self.key_to_state[encoded.key] = DecodeState.start(encoded, params)
+
+    def adopt(self, adopt: Adopt) -> None:
+        """Rebuilds the state of a lost tokenizer's request from the tokens its client has seen."""
+        state = DecodeState.start(adopt.encoded, adopt.parameters)
+        for token_id in adopt.emitted_ids:
+            text = state.next_text(token_id, self._decode)
+            if token_id not in self.special_ids:
+                state.add_generated_text(text)
+            state.stop_sequences.find(text)
+        self.key_to_state[adopt.encoded.key] = state
 
     def forget(self, keys: list[RequestKey]) -> None:
         for key in keys:

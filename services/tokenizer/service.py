@@ -16,7 +16,7 @@ from common.config import parse_config
 from common.identity import new_boot_nonce, new_identity
 from common.logs import setup_logging
 from common.messages import (
-    PROTOCOL_VERSION, DetokenizeJob, EncodeJob, Encoded, Forget, Heartbeat, Hello, Rejected,
+    PROTOCOL_VERSION, Adopt, DetokenizeJob, EncodeJob, Encoded, Forget, Heartbeat, Hello, Rejected,
 )
 from common.model_source import ModelNotFoundError
 from common.parameters import ValidationError
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 MAX_MESSAGES_PER_PASS = 64
 MAX_WAIT_MS = 100  # how late a stop signal may be noticed
-SCHEDULER_MESSAGES = (Heartbeat, DetokenizeJob, Forget)
+SCHEDULER_MESSAGES = (Heartbeat, DetokenizeJob, Forget, Adopt)
 
 
 class TokenizerService:
@@ -115,6 +115,8 @@ class TokenizerService:
                 self._send(self.detokenize, self.detokenizer.detokenize(msg))
             case Forget():
                 self.detokenizer.forget(msg.keys)
+            case Adopt():
+                self.detokenizer.adopt(msg)
 
     def _on_heartbeat(self, scheduler_nonce: str) -> None:
         if self.scheduler_nonce is not None and scheduler_nonce != self.scheduler_nonce:

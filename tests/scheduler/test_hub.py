@@ -259,3 +259,27 @@ def test_lost_tokenizer_encode_jobs_are_sent_again() -> None:
     h.hub.on_tokenized_frame(encode(answer))
     (_, forget), = h.messages_to("detokenize")
     assert forget == m.Forget([key]) and len(h.hub.queue) == 1
+
+
+def test_lost_tokenizer_requests_are_adopted() -> None:
+    """A lost tokenizer's request is adopted by another with the tokens its client has seen,
+    and the unanswered steps are sent again to the adopter."""
+    h = Harness(heartbeat_interval_ms=100, heartbeat_misses=2)
+    h.add_worker(WORKER_A)
+    h.submit("r1", max_new_tokens=10)
+    (_, prefill), = h.step()
+    rid = prefill.batch.requests[0].request_id
+    h.answer_step(WORKER_A, prefill, 1, [rid])  # token 1 -> tokenizer-1
+    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch([], [])))  # token 1 acknowledged
+    (_, decode_cmd), = h.messages_to("workers")
+    h.answer_step(WORKER_A, decode_cmd, 1, [rid])  # token 2 -> never answered
+    h.take("detokenize")
+    h.hub.on_tokenizer_frame(b"tokenizer-2", encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
+    h.take("detokenize")
+    h.hub.tokenizers[TOKENIZER] -= 10.0
+    h.hub.tick(h.hub.tokenizers[b"tokenizer-2"] + 0.1)
+    sent = h.messages_to("detokenize")
+    assert [(t, type(msg).__name__) for t, msg in sent] == [(b"tokenizer-2", "Adopt"), (b"tokenizer-2", "DetokenizeJob")]
+    adopt, job = sent[0][1], sent[1][1]
+    assert adopt.emitted_ids == [7] and adopt.encoded.tokenizer_id == b"tokenizer-2"
+    assert [s.generation.generated_tokens for s in job.steps] == [1]

@@ -219,3 +219,23 @@ def test_finished_request_state_is_dropped(detokenizer, tokenizer):
     events, finished = _stream(detokenizer, key, tokenizer.encode("a b c d"), None)
     assert finished == [key] and events[-1].generated_text == "a b"
     assert detokenizer.num_requests == 0
+
+
+def test_adopted_request_continues_the_stream(detokenizer, tokenizer):
+    """A request adopted from a lost tokenizer streams exactly the texts the original would have."""
+    from common.messages import Adopt
+
+    key = RequestKey(b"client", "adopted")
+    ids = tokenizer.encode(MULTILINGUAL_OUTPUTS[0], add_special_tokens=False)
+    _start(detokenizer, key)
+    original, _ = _stream(detokenizer, key, ids)
+    encoder = Encoder(tokenizer, ParameterLimits(), b"tokenizer-test")
+    generate = Generate(key.request_id, PROMPT, None, GenerateParameters())
+    successor = Detokenizer(tokenizer)
+    successor.adopt(Adopt(encoder.encode(key, generate), generate.parameters, ids[:3]))
+    events = []
+    for index, token_id in enumerate(ids[3:], start=4):
+        step = Generation(0, token_id, -0.25, "length" if index == len(ids) else None, index)
+        events += _events(successor.detokenize(DetokenizeJob([TokenStep(key, step)])), key.client_id)
+    assert [e.token.text for e in events] == [e.token.text for e in original[3:]]
+    assert events[-1].generated_text == original[-1].generated_text == MULTILINGUAL_OUTPUTS[0]
