@@ -27,6 +27,7 @@ class SchedulerConfig:
     heartbeat_interval_ms: int = 1000
     heartbeat_misses: int = 5
     no_worker_timeout_s: float = 30.0
+    drain_timeout_s: float = 30.0
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:

@@ -50,6 +50,7 @@ class Hub:
         self.table = RequestTable()
         self.queue = RequestQueue()
         self.counters = Counters()
+        self.draining = False
         self.tokenizers: dict[bytes, float] = {}
         # per tokenizer, the DetokenizeJobs not yet answered (one TextBatch per job, in order)
         self.unacknowledged: dict[bytes, collections.deque[list[tuple[Request, TokenStep]]]] = (
@@ -83,6 +84,9 @@ class Hub:
         key = RequestKey(client_id, generate.request_id)
         if self.table.by_key(key) is not None:
             self._send_error(key, f"request_id {generate.request_id!r} is already in use", "validation")
+            return
+        if self.draining:
+            self._send_error(key, "The server is shutting down", "unhealthy")
             return
         if len(self.table) >= self.config.max_concurrent_requests:
             self._send_error(key, "Model is overloaded", "overloaded")
@@ -228,6 +232,8 @@ class Hub:
                 return self._stats(query.query_id)
 
     def health(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "shutting down"
         if not self.batcher.ready_workers():
             return False, "no worker is ready"
         if not self.tokenizers:
@@ -329,6 +335,10 @@ class Hub:
         for steps in pending:
             self._send_detokenize(adopter, steps)
         self.counters.num_generated_tokens -= sum(len(steps) for steps in pending)  # counted once already
+
+    def cancel_all(self, reason: str) -> None:
+        """Ends every request with an explicit reason (the end of a drain)."""
+        self._fail_requests(list(self.table), reason, "cancelled")
 
     def _fail_stale_queue(self, now: float) -> None:
         stale = [r for r in self.queue if now - r.queued_at > self.config.no_worker_timeout_s]

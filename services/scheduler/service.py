@@ -29,6 +29,7 @@ class SchedulerService:
         self.hub = Hub(config, new_boot_nonce())
         self.context = zmq.Context()
         self.running = True
+        self.drain_deadline: float | None = None
         endpoints = config.endpoints
         if endpoints.is_ipc:
             os.makedirs(endpoints.run_dir, exist_ok=True)
@@ -63,6 +64,24 @@ class SchedulerService:
                 next_tick = now + tick_s
             self.hub.schedule()
             self._flush()
+            if self.drain_deadline is not None:
+                self._check_drain(now)
+
+    def drain(self) -> None:
+        """SIGTERM: admit nothing new, let running requests finish within drain_timeout_s."""
+        if self.drain_deadline is None:
+            self.hub.draining = True
+            self.drain_deadline = time.monotonic() + self.config.drain_timeout_s
+            logger.info("draining %d requests (at most %.0f s)", len(self.hub.table), self.config.drain_timeout_s)
+
+    def _check_drain(self, now: float) -> None:
+        if len(self.hub.table) and now < self.drain_deadline:
+            return
+        if len(self.hub.table):
+            logger.warning("drain timeout: cancelling %d requests", len(self.hub.table))
+            self.hub.cancel_all("Request cancelled: the server is shutting down")
+            self._flush()
+        self.running = False
 
     def _drain(self, ready: dict) -> None:
         hub = self.hub
@@ -110,7 +129,9 @@ class SchedulerService:
             logger.debug("peer %r unreachable: %s", frames[0], exc)
 
     def close(self) -> None:
-        self.context.destroy(linger=0)
+        for socket in (self.frontend, self.detokenize):
+            socket.setsockopt(zmq.LINGER, 1000)  # let the last events reach clients
+        self.context.destroy()
         for path in self.config.endpoints.socket_files():
             try:
                 os.unlink(path)
@@ -125,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def stop(signum: int, _frame: object) -> None:
         logger.info("signal %d: stopping", signum)
-        service.running = False
+        service.drain()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
