@@ -216,11 +216,21 @@ class AsyncZtgiClient:
         return queue
 
     async def _next_event(self, request_id: str, queue: asyncio.Queue[StreamEvent]) -> StreamEvent:
+        if self.request_timeout_s is None:
+            return await queue.get()
+        # a timer that posts a timeout event, not wait_for: before 3.12, wait_for can swallow a
+        # cancellation that lands as the event arrives, and a cancelled request must stop
+        timer = asyncio.get_running_loop().call_later(self.request_timeout_s, self._expire, request_id, queue)
         try:
-            return await asyncio.wait_for(queue.get(), self.request_timeout_s)
-        except TimeoutError:
-            raise ZtgiError(f"request {request_id} got no event for {self.request_timeout_s:g} s",
-                            "timeout") from None
+            return await queue.get()
+        finally:
+            timer.cancel()
+
+    def _expire(self, request_id: str, queue: asyncio.Queue[StreamEvent]) -> None:
+        if queue.empty():
+            error = f"request {request_id} got no event for {self.request_timeout_s:g} s"
+            queue.put_nowait(StreamEvent(request_id=request_id, error=error, error_type="timeout"))
+            self._send(Cancel(request_id))
 
     async def _query(self, kind: str) -> Any:
         await self.start()
@@ -230,9 +240,9 @@ class AsyncZtgiClient:
         self._query_id_to_future[query_id] = future
         self._send(Query(query_id, kind))
         try:
-            return await asyncio.wait_for(future, self.query_timeout_s)
-        except TimeoutError:
-            raise TimeoutError(f"the scheduler did not answer a {kind} query in {self.query_timeout_s:g} s") from None
+            if not await _wait(future, self.query_timeout_s):
+                raise TimeoutError(f"the scheduler did not answer a {kind} query in {self.query_timeout_s:g} s")
+            return future.result()
         finally:
             self._query_id_to_future.pop(query_id, None)
 
@@ -241,10 +251,12 @@ class AsyncZtgiClient:
         if self._connected.is_set():
             return
         remaining_s = self._last_heard + self.liveness_s - time.monotonic()
+        waiter = asyncio.ensure_future(self._connected.wait())
         try:
-            await asyncio.wait_for(self._connected.wait(), max(0.0, remaining_s))
-        except TimeoutError:
-            raise ZtgiError(f"the scheduler at {self.scheduler_url} is unreachable", "unhealthy") from None
+            if not await _wait(waiter, max(0.0, remaining_s)):
+                raise ZtgiError(f"the scheduler at {self.scheduler_url} is unreachable", "unhealthy")
+        finally:
+            waiter.cancel()
 
     def _send(self, msg: object) -> None:
         """Queues a frame on the socket without waiting (the DEALER queues while disconnected)."""
@@ -325,6 +337,13 @@ class AsyncZtgiClient:
         for future in self._query_id_to_future.values():
             if not future.done():
                 future.set_exception(ZtgiError(error, error_type))
+
+
+async def _wait(future: asyncio.Future, timeout_s: float) -> bool:
+    """Whether `future` is done within `timeout_s`; unlike `wait_for` before Python 3.12, never
+    swallows a cancellation of the caller."""
+    done, _ = await asyncio.wait({future}, timeout=timeout_s)
+    return bool(done)
 
 
 class ZtgiClient:

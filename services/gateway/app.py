@@ -1,0 +1,64 @@
+"""The gateway's aiohttp application: state keys, the client's lifetime, the route table."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from typing import AsyncIterator
+
+from aiohttp import web
+
+from common.client import AsyncZtgiClient
+from services.gateway import handlers
+from services.gateway.config import GatewayConfig
+from services.gateway.errors import error_middleware
+from services.gateway.sse import EventStream
+from services.gateway.state import CLIENT, CONFIG, STREAMS
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_REASON = "the gateway is shutting down"
+
+
+def make_app(config: GatewayConfig) -> web.Application:
+    """The TGI HTTP API over one `AsyncZtgiClient` connected to the scheduler."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=config.max_payload_bytes)
+    app[CONFIG] = config
+    app[STREAMS] = weakref.WeakSet()
+    app.cleanup_ctx.append(_client_context)
+    app.on_shutdown.append(_drain_streams)
+    app.add_routes([
+        web.post("/", handlers.compat_generate),
+        web.post("/generate", handlers.generate),
+        web.post("/generate_stream", handlers.generate_stream),
+        web.get("/health", handlers.health),
+        web.get("/info", handlers.info),
+        web.get("/ping", handlers.ping),
+    ])
+    return app
+
+
+async def _client_context(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG]
+    client = AsyncZtgiClient(
+        config.scheduler_url, heartbeat_interval_ms=config.heartbeat_interval_ms,
+        heartbeat_misses=config.heartbeat_misses, query_timeout_s=config.query_timeout_s,
+        request_timeout_s=config.request_timeout_s)
+    app[CLIENT] = await client.start()
+    yield
+    await client.aclose()
+
+
+async def _drain_streams(app: web.Application) -> None:
+    """Lets open streams finish for `shutdown_timeout_s`, then ends the rest with a reason."""
+    streams: weakref.WeakSet[EventStream] = app[STREAMS]
+    deadline = time.monotonic() + app[CONFIG].shutdown_timeout_s
+    if streams:
+        logger.info("draining %d open streams", len(streams))
+    while streams and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    tasks = [stream.abort(SHUTDOWN_REASON, "unhealthy") for stream in list(streams)]
+    if tasks:
+        await asyncio.wait(tasks, timeout=1.0)  # let each write its last event before the server closes

@@ -1,0 +1,61 @@
+"""Gateway configuration (flags `--x-y`, environment `ZTGI_X_Y`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from common.config import require
+from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
+from common.parameters import ParameterLimits
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayConfig:
+    """One HTTP gateway replica: TGI's HTTP API over the scheduler's frontend.
+
+    The limits are the ones requests are validated against before anything is queued (HTTP
+    422); they should match the scheduler's (the launcher passes the same ZTGI_* values to both).
+    """
+
+    scheduler_url: str = DEFAULT_SCHEDULER_URL
+    host: str = "127.0.0.1"
+    port: int = 8080
+    reuse_port: bool = False
+    gateway_index: int = 0
+    max_input_tokens: int = 4095
+    max_total_tokens: int = 4096
+    max_stop_sequences: int = 4
+    max_top_n_tokens: int = 5
+    max_best_of: int = 2
+    max_client_batch_size: int = 4
+    max_payload_bytes: int = 2 * 1024 * 1024
+    request_timeout_s: float = 600.0
+    query_timeout_s: float = 5.0
+    heartbeat_interval_ms: int = 1000
+    heartbeat_misses: int = 5
+    compute_type: str = "ztgi"
+    shutdown_timeout_s: float = 10.0
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        Endpoints(self.scheduler_url)  # validates the URL
+        require(0 <= self.port < 65536, f"--port {self.port} is not a TCP port")
+        require(self.gateway_index >= 0, "--gateway-index must be >= 0")
+        require(0 < self.max_input_tokens < self.max_total_tokens,
+                f"--max-input-tokens ({self.max_input_tokens}) must be positive and less than "
+                f"--max-total-tokens ({self.max_total_tokens})")
+        for name in ("max_stop_sequences", "max_top_n_tokens", "max_best_of", "max_client_batch_size"):
+            require(getattr(self, name) >= 0, f"--{name.replace('_', '-')} must be >= 0")
+        require(self.max_payload_bytes > 0, "--max-payload-bytes must be positive")
+        require(self.request_timeout_s > 0, "--request-timeout-s must be positive")
+        require(self.query_timeout_s > 0, "--query-timeout-s must be positive")
+        require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
+                "--heartbeat-interval-ms and --heartbeat-misses must be positive")
+        require(self.shutdown_timeout_s >= 0, "--shutdown-timeout-s must be >= 0")
+
+    @property
+    def limits(self) -> ParameterLimits:
+        return ParameterLimits(
+            max_best_of=self.max_best_of, max_stop_sequences=self.max_stop_sequences,
+            max_top_n_tokens=self.max_top_n_tokens, max_input_tokens=self.max_input_tokens,
+            max_total_tokens=self.max_total_tokens)

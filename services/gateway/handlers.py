@@ -1,0 +1,117 @@
+"""TGI's HTTP routes: parse the body, call the client, render the answer.
+
+Errors travel as exceptions to `errors.error_middleware`. A stream answers an error that comes
+before its first token with an HTTP status (422, 429...), and one that comes later as a last
+`data: {"error": ...}` event. A client that leaves cancels its request: aiohttp cancels the
+handler (`handler_cancellation`), and closing the client's stream sends `Cancel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any, AsyncIterator
+
+from aiohttp import web
+
+from common.client import ZtgiError
+from common.messages import GenerateParameters, StreamEvent
+from services.gateway import render
+from services.gateway.errors import HttpError
+from services.gateway.schemas import TextRequest, parse_text_request, read_json
+from services.gateway.sse import EventStream
+from services.gateway.state import CLIENT, CONFIG, STREAMS
+
+logger = logging.getLogger(__name__)
+
+
+async def generate(request: web.Request) -> web.Response:
+    """POST /generate: the whole generation as one JSON object."""
+    return await _generate_json(request, await _text_request(request, stream=False))
+
+
+async def generate_stream(request: web.Request) -> web.StreamResponse:
+    """POST /generate_stream: one SSE event per token, the last with the text and details."""
+    return await _generate_sse(request, await _text_request(request, stream=True))
+
+
+async def compat_generate(request: web.Request) -> web.StreamResponse:
+    """POST /: `/generate` wrapped in a list (TGI's api-inference shape), or a stream."""
+    text_request = await _text_request(request, stream=None)
+    if text_request.stream:
+        return await _generate_sse(request, text_request)
+    return await _generate_json(request, text_request, wrap_in_list=True)
+
+
+async def health(request: web.Request) -> web.Response:
+    """GET /health: 200 when the scheduler says it can serve, else 503 with its reason."""
+    reply = await request.app[CLIENT].health()
+    if not reply.healthy:
+        raise HttpError(503, reply.reason, "healthcheck")
+    return web.Response(status=200)
+
+
+async def info(request: web.Request) -> web.Response:
+    """GET /info: TGI's Info."""
+    reply = await request.app[CLIENT].info()
+    return web.json_response(render.info_json(reply, request.app[CONFIG]))
+
+
+async def ping(request: web.Request) -> web.Response:
+    """GET /ping: the gateway itself is up (asks nothing of the scheduler)."""
+    return web.Response(status=200)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+async def _text_request(request: web.Request, stream: bool | None) -> TextRequest:
+    config = request.app[CONFIG]
+    return parse_text_request(await read_json(request, config.max_payload_bytes), config.limits, stream)
+
+
+async def _generate_json(request: web.Request, text_request: TextRequest,
+                         wrap_in_list: bool = False) -> web.Response:
+    started = time.monotonic()
+    result = await request.app[CLIENT].generate(text_request.inputs, parameters=text_request.parameters)
+    body: Any = render.generate_response(result, text_request.parameters)
+    headers = render.timing_headers(result, text_request.inputs, time.monotonic() - started,
+                                    request.app[CONFIG].compute_type)
+    return web.json_response([body] if wrap_in_list else body, headers=headers)
+
+
+async def _generate_sse(request: web.Request, text_request: TextRequest) -> web.StreamResponse:
+    events = request.app[CLIENT].stream(text_request.inputs, parameters=text_request.parameters)
+    async with contextlib.aclosing(events):
+        first = await anext(events)  # an error before the first token raises: an HTTP error
+        headers = {"x-compute-type": request.app[CONFIG].compute_type,
+                   "x-compute-characters": str(len(text_request.inputs))}
+        stream = await EventStream(request, headers).open()
+        request.app[STREAMS].add(stream)
+        try:
+            await _pump(stream, first, events, text_request.parameters)
+        except ConnectionError:
+            logger.info("HTTP client left the stream of a request; cancelling it")
+        finally:
+            request.app[STREAMS].discard(stream)
+    return stream.response
+
+
+async def _pump(stream: EventStream, first: StreamEvent, events: AsyncIterator[StreamEvent],
+                parameters: GenerateParameters) -> None:
+    """Writes every event as TGI's StreamResponse (index from 1, as TGI counts)."""
+    await stream.send(render.stream_event_json(first, 1, parameters))
+    index = 1
+    try:
+        async for event in events:
+            index += 1
+            await stream.send(render.stream_event_json(event, index, parameters))
+    except ZtgiError as exc:
+        await stream.send({"error": exc.message, "error_type": exc.error_type})
+    except asyncio.CancelledError:
+        if stream.abort_reason is None:
+            raise  # the HTTP client left (or a second cancel): nobody to tell
+        asyncio.current_task().uncancel()
+        await stream.send(stream.abort_reason)
+    await stream.close()

@@ -1,0 +1,158 @@
+"""TGI's HTTP request schemas: a JSON body in, a checked `TextRequest` out.
+
+Types are checked field by field (a JSON body error is a 422 naming the field, as TGI answers
+for bodies its JSON extractor rejects); ranges are checked by `common.parameters`, the same
+rules the tokenizer applies to direct clients. `null` means "the default" everywhere, as in TGI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from aiohttp import web
+
+from common.messages import GenerateParameters
+from common.parameters import ParameterLimits, ValidationError, validate_parameters
+from services.gateway.errors import HttpError
+
+_INT_FIELDS = ("max_new_tokens", "top_k", "seed", "truncate", "top_n_tokens")
+_FLOAT_FIELDS = ("temperature", "top_p", "typical_p", "repetition_penalty", "frequency_penalty")
+_BOOL_FIELDS = ("do_sample", "watermark", "details", "decoder_input_details", "return_full_text",
+                "ignore_eos")
+_UNSUPPORTED_FIELDS = ("grammar", "adapter_id")
+_MIN_INT, _MAX_INT = -(2**63), 2**64 - 1  # what msgpack carries (seeds are u64)
+
+
+@dataclasses.dataclass(frozen=True)
+class TextRequest:
+    """A TGI generate request: the prompt, its parameters, and whether to stream."""
+
+    inputs: str
+    parameters: GenerateParameters
+    stream: bool = False
+
+
+async def read_json(request: web.Request, max_payload_bytes: int) -> Any:
+    """The body as JSON; 413 before reading anything larger than the limit, 422 for bad JSON."""
+    if request.content_length is not None and request.content_length > max_payload_bytes:
+        raise _too_large(max_payload_bytes)
+    try:
+        body = await request.read()  # the app's client_max_size stops bodies without a length
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(max_payload_bytes) from None
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValidationError("body", f"Failed to parse the request body as JSON: {exc}") from None
+
+
+def _too_large(max_payload_bytes: int) -> HttpError:
+    return HttpError(413, f"the request body is larger than the {max_payload_bytes} byte limit "
+                          f"(--max-payload-bytes)", "payload_too_large")
+
+
+def parse_text_request(body: Any, limits: ParameterLimits, stream: bool | None = None) -> TextRequest:
+    """TGI's GenerateRequest (`stream` None: read it from the body, as `POST /` does)."""
+    if not isinstance(body, dict):
+        raise ValidationError("body", "the request body must be a JSON object")
+    inputs = body.get("inputs")
+    if inputs is None:
+        raise ValidationError("inputs", "missing field `inputs`")
+    if not isinstance(inputs, str):
+        raise ValidationError("inputs", f"`inputs` must be a string, got {_json_type(inputs)}")
+    if not inputs:
+        raise ValidationError("inputs", "`inputs` cannot be empty")
+    if stream is None:
+        stream = _optional(body, "stream", bool, "a boolean") or False
+    raw = body.get("parameters")
+    if raw is not None and not isinstance(raw, dict):
+        raise ValidationError("parameters", f"`parameters` must be an object, got {_json_type(raw)}")
+    parameters = parse_parameters(raw or {}, limits, stream)
+    add_special_tokens = _optional(body, "add_special_tokens", bool, "a boolean")
+    if add_special_tokens is not None:
+        parameters = dataclasses.replace(parameters, add_special_tokens=add_special_tokens)
+    return TextRequest(inputs, parameters, stream)
+
+
+def parse_parameters(raw: dict[str, Any], limits: ParameterLimits, stream: bool) -> GenerateParameters:
+    """TGI's `parameters` object, type-checked and validated against `limits`."""
+    values: dict[str, Any] = {}
+    for name in _INT_FIELDS:
+        values[name] = _optional_integer(raw, name)
+    for name in _FLOAT_FIELDS:
+        values[name] = _optional_number(raw, name)
+    for name in _BOOL_FIELDS:
+        value = _optional(raw, name, bool, "a boolean")
+        if value is not None:
+            values[name] = value
+    values["stop"] = _stop_sequences(raw)
+    _check_unsupported(raw, limits, stream)
+    parameters = GenerateParameters(**values)
+    if stream and parameters.decoder_input_details:
+        raise ValidationError("decoder_input_details",
+                              "`decoder_input_details` == true is not supported when streaming tokens")
+    validate_parameters(parameters, limits)
+    return parameters
+
+
+def _check_unsupported(raw: dict[str, Any], limits: ParameterLimits, stream: bool) -> None:
+    best_of = _optional_integer(raw, "best_of")
+    if best_of is not None:
+        if not 0 < best_of <= limits.max_best_of:
+            raise ValidationError("best_of", f"`best_of` must be > 0 and <= {limits.max_best_of}. Given: {best_of}")
+        if best_of > 1 and stream:
+            raise ValidationError("best_of", "`best_of` != 1 is not supported when streaming tokens")
+        if best_of > 1:
+            raise ValidationError("best_of", "`best_of` != 1 is not allowed for this endpoint")
+    for name in _UNSUPPORTED_FIELDS:
+        if raw.get(name) is not None:
+            raise ValidationError(name, f"`{name}` is not supported by this server")
+
+
+def _stop_sequences(raw: dict[str, Any]) -> list[str]:
+    stop = raw.get("stop")
+    if stop is None:
+        return []
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise ValidationError("stop", f"`stop` must be an array of strings, got {_json_type(stop)}")
+    return stop
+
+
+def _optional(raw: dict[str, Any], name: str, kind: type, described: str) -> Any:
+    value = raw.get(name)
+    # bool is an int in Python, never in JSON
+    if value is not None and (type(value) is not kind):
+        raise ValidationError(name, f"`{name}` must be {described}, got {_json_type(value)}")
+    return value
+
+
+def _optional_integer(raw: dict[str, Any], name: str) -> int | None:
+    value = _optional(raw, name, int, "an integer")
+    if value is not None and not _MIN_INT <= value <= _MAX_INT:
+        raise ValidationError(name, f"`{name}` must fit in 64 bits. Given: {value}")
+    return value
+
+
+def _optional_number(raw: dict[str, Any], name: str) -> float | None:
+    value = raw.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValidationError(name, f"`{name}` must be a number, got {_json_type(value)}")
+    return float(value)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"

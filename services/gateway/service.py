@@ -1,0 +1,38 @@
+"""The gateway process: TGI's HTTP API on aiohttp + uvloop, one client of the scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Sequence
+
+from aiohttp import web
+
+from common.config import parse_config
+from common.logs import setup_logging
+from services.gateway.app import make_app
+from services.gateway.config import GatewayConfig
+
+logger = logging.getLogger(__name__)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # uvloop does not exist on Windows
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serves until SIGTERM/SIGINT, then drains for `shutdown_timeout_s` and exits 0."""
+    config = parse_config(GatewayConfig, argv, prog="ztgi gateway")
+    setup_logging(f"gateway[{config.gateway_index}]", config.log_level)
+    logger.info("serving http://%s:%d for the scheduler at %s", config.host, config.port, config.scheduler_url)
+    debug = logging.getLogger().isEnabledFor(logging.DEBUG)
+    web.run_app(
+        make_app(config), host=config.host, port=config.port, reuse_port=config.reuse_port or None,
+        shutdown_timeout=config.shutdown_timeout_s, handler_cancellation=True, print=None,
+        access_log=logging.getLogger("aiohttp.access") if debug else None, loop=new_event_loop())
+    logger.info("stopped")
+    return 0

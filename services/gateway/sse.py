@@ -1,0 +1,49 @@
+"""Server-sent events: a `text/event-stream` response that writes one JSON object per event."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "Connection": "keep-alive",
+    "X-Accel-Buffering": "no",  # proxies must not hold tokens back
+}
+
+
+class EventStream:
+    """One SSE response: `open`, then `send` JSON events (`data: {...}\\n\\n`), then `close`.
+
+    `abort` (gateway shutdown) cancels the task that serves the stream; that task then sends
+    `abort_reason` as a last error event.
+    """
+
+    def __init__(self, request: web.Request, headers: dict[str, str] | None = None) -> None:
+        self.request = request
+        self.response = web.StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
+        self.task: asyncio.Task | None = None
+        self.abort_reason: dict[str, str] | None = None
+
+    async def open(self) -> "EventStream":
+        self.task = asyncio.current_task()
+        await self.response.prepare(self.request)
+        return self
+
+    async def send(self, data: Any) -> None:
+        """Writes one event; raises ConnectionResetError once the HTTP client has gone."""
+        payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+        await self.response.write(f"data: {payload}\n\n".encode())
+
+    async def close(self) -> None:
+        await self.response.write_eof()
+
+    def abort(self, error: str, error_type: str) -> asyncio.Task:
+        """Cancels the serving task, which then ends the stream with this error; returns it."""
+        self.abort_reason = {"error": error, "error_type": error_type}
+        self.task.cancel()
+        return self.task
