@@ -11,11 +11,12 @@ from typing import AsyncIterator
 from aiohttp import web
 
 from common.client import AsyncZtgiClient
-from services.gateway import handlers
+from services.gateway import handlers, openai_handlers
 from services.gateway.config import GatewayConfig
 from services.gateway.errors import error_middleware
 from services.gateway.sse import EventStream
-from services.gateway.state import CLIENT, CONFIG, STREAMS
+from services.gateway.served_model import ServedModel
+from services.gateway.state import CLIENT, CONFIG, SERVED_MODEL, STREAMS
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ def make_app(config: GatewayConfig) -> web.Application:
         web.get("/health", handlers.health),
         web.get("/info", handlers.info),
         web.get("/ping", handlers.ping),
+        web.post("/v1/chat/completions", openai_handlers.chat_completions),
+        web.post("/v1/completions", openai_handlers.completions),
+        web.get("/v1/models", openai_handlers.models),
     ])
     return app
 
@@ -47,6 +51,7 @@ async def _client_context(app: web.Application) -> AsyncIterator[None]:
         heartbeat_misses=config.heartbeat_misses, query_timeout_s=config.query_timeout_s,
         request_timeout_s=config.request_timeout_s)
     app[CLIENT] = await client.start()
+    app[SERVED_MODEL] = ServedModel(client)
     yield
     await client.aclose()
 

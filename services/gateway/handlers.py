@@ -1,28 +1,23 @@
 """TGI's HTTP routes: parse the body, call the client, render the answer.
 
-Errors travel as exceptions to `errors.error_middleware`. A stream answers an error that comes
-before its first token with an HTTP status (422, 429...), and one that comes later as a last
-`data: {"error": ...}` event. A client that leaves cancels its request: aiohttp cancels the
-handler (`handler_cancellation`), and closing the client's stream sends `Cancel`.
+Errors travel as exceptions to `errors.error_middleware`; streams are served by
+`streaming.serve_sse` (errors before the first token are HTTP errors, later ones a last event).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import itertools
 import logging
 import time
-from typing import Any, AsyncIterator
+from typing import Any
 
 from aiohttp import web
 
-from common.client import ZtgiError
-from common.messages import GenerateParameters, StreamEvent
 from services.gateway import render
 from services.gateway.errors import HttpError
 from services.gateway.schemas import TextRequest, parse_text_request, read_json
-from services.gateway.sse import EventStream
-from services.gateway.state import CLIENT, CONFIG, STREAMS
+from services.gateway.state import CLIENT, CONFIG
+from services.gateway.streaming import serve_sse
 
 logger = logging.getLogger(__name__)
 
@@ -83,35 +78,9 @@ async def _generate_json(request: web.Request, text_request: TextRequest,
 
 async def _generate_sse(request: web.Request, text_request: TextRequest) -> web.StreamResponse:
     events = request.app[CLIENT].stream(text_request.inputs, parameters=text_request.parameters)
-    async with contextlib.aclosing(events):
-        first = await anext(events)  # an error before the first token raises: an HTTP error
-        headers = {"x-compute-type": request.app[CONFIG].compute_type,
-                   "x-compute-characters": str(len(text_request.inputs))}
-        stream = await EventStream(request, headers).open()
-        request.app[STREAMS].add(stream)
-        try:
-            await _pump(stream, first, events, text_request.parameters)
-        except ConnectionError:
-            logger.info("HTTP client left the stream of a request; cancelling it")
-        finally:
-            request.app[STREAMS].discard(stream)
-    return stream.response
-
-
-async def _pump(stream: EventStream, first: StreamEvent, events: AsyncIterator[StreamEvent],
-                parameters: GenerateParameters) -> None:
-    """Writes every event as TGI's StreamResponse (index from 1, as TGI counts)."""
-    await stream.send(render.stream_event_json(first, 1, parameters))
-    index = 1
-    try:
-        async for event in events:
-            index += 1
-            await stream.send(render.stream_event_json(event, index, parameters))
-    except ZtgiError as exc:
-        await stream.send({"error": exc.message, "error_type": exc.error_type})
-    except asyncio.CancelledError:
-        if stream.abort_reason is None:
-            raise  # the HTTP client left (or a second cancel): nobody to tell
-        asyncio.current_task().uncancel()
-        await stream.send(stream.abort_reason)
-    await stream.close()
+    indexes = itertools.count(1)  # TGI counts stream events from 1
+    headers = {"x-compute-type": request.app[CONFIG].compute_type,
+               "x-compute-characters": str(len(text_request.inputs))}
+    return await serve_sse(
+        request, events, lambda event: [render.stream_event_json(event, next(indexes), text_request.parameters)],
+        headers=headers)

@@ -61,16 +61,16 @@ def parse_text_request(body: Any, limits: ParameterLimits, stream: bool | None =
     if inputs is None:
         raise ValidationError("inputs", "missing field `inputs`")
     if not isinstance(inputs, str):
-        raise ValidationError("inputs", f"`inputs` must be a string, got {_json_type(inputs)}")
+        raise ValidationError("inputs", f"`inputs` must be a string, got {json_type(inputs)}")
     if not inputs:
         raise ValidationError("inputs", "`inputs` cannot be empty")
     if stream is None:
-        stream = _optional(body, "stream", bool, "a boolean") or False
+        stream = optional_value(body, "stream", bool, "a boolean") or False
     raw = body.get("parameters")
     if raw is not None and not isinstance(raw, dict):
-        raise ValidationError("parameters", f"`parameters` must be an object, got {_json_type(raw)}")
+        raise ValidationError("parameters", f"`parameters` must be an object, got {json_type(raw)}")
     parameters = parse_parameters(raw or {}, limits, stream)
-    add_special_tokens = _optional(body, "add_special_tokens", bool, "a boolean")
+    add_special_tokens = optional_value(body, "add_special_tokens", bool, "a boolean")
     if add_special_tokens is not None:
         parameters = dataclasses.replace(parameters, add_special_tokens=add_special_tokens)
     return TextRequest(inputs, parameters, stream)
@@ -80,11 +80,11 @@ def parse_parameters(raw: dict[str, Any], limits: ParameterLimits, stream: bool)
     """TGI's `parameters` object, type-checked and validated against `limits`."""
     values: dict[str, Any] = {}
     for name in _INT_FIELDS:
-        values[name] = _optional_integer(raw, name)
+        values[name] = optional_integer(raw, name)
     for name in _FLOAT_FIELDS:
-        values[name] = _optional_number(raw, name)
+        values[name] = optional_number(raw, name)
     for name in _BOOL_FIELDS:
-        value = _optional(raw, name, bool, "a boolean")
+        value = optional_value(raw, name, bool, "a boolean")
         if value is not None:
             values[name] = value
     values["stop"] = _stop_sequences(raw)
@@ -98,7 +98,7 @@ def parse_parameters(raw: dict[str, Any], limits: ParameterLimits, stream: bool)
 
 
 def _check_unsupported(raw: dict[str, Any], limits: ParameterLimits, stream: bool) -> None:
-    best_of = _optional_integer(raw, "best_of")
+    best_of = optional_integer(raw, "best_of")
     if best_of is not None:
         if not 0 < best_of <= limits.max_best_of:
             raise ValidationError("best_of", f"`best_of` must be > 0 and <= {limits.max_best_of}. Given: {best_of}")
@@ -116,35 +116,35 @@ def _stop_sequences(raw: dict[str, Any]) -> list[str]:
     if stop is None:
         return []
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise ValidationError("stop", f"`stop` must be an array of strings, got {_json_type(stop)}")
+        raise ValidationError("stop", f"`stop` must be an array of strings, got {json_type(stop)}")
     return stop
 
 
-def _optional(raw: dict[str, Any], name: str, kind: type, described: str) -> Any:
+def optional_value(raw: dict[str, Any], name: str, kind: type, described: str) -> Any:
     value = raw.get(name)
     # bool is an int in Python, never in JSON
     if value is not None and (type(value) is not kind):
-        raise ValidationError(name, f"`{name}` must be {described}, got {_json_type(value)}")
+        raise ValidationError(name, f"`{name}` must be {described}, got {json_type(value)}")
     return value
 
 
-def _optional_integer(raw: dict[str, Any], name: str) -> int | None:
-    value = _optional(raw, name, int, "an integer")
+def optional_integer(raw: dict[str, Any], name: str) -> int | None:
+    value = optional_value(raw, name, int, "an integer")
     if value is not None and not _MIN_INT <= value <= _MAX_INT:
         raise ValidationError(name, f"`{name}` must fit in 64 bits. Given: {value}")
     return value
 
 
-def _optional_number(raw: dict[str, Any], name: str) -> float | None:
+def optional_number(raw: dict[str, Any], name: str) -> float | None:
     value = raw.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValidationError(name, f"`{name}` must be a number, got {_json_type(value)}")
+        raise ValidationError(name, f"`{name}` must be a number, got {json_type(value)}")
     return float(value)
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):

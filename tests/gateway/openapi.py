@@ -31,6 +31,8 @@ def _check(value: Any, schema: dict[str, Any], schemas: dict[str, Any], path: st
         return
     for part in schema.get("allOf", []):
         _check(value, part, schemas, path)
+    if "oneOf" in schema:
+        _check_one_of(value, schema["oneOf"], schemas, path)
     if "enum" in schema:
         assert value in schema["enum"], f"{path}: {value!r} not in {schema['enum']}"
     kind = schema.get("type")
@@ -49,3 +51,14 @@ def _check(value: Any, schema: dict[str, Any], schemas: dict[str, Any], path: st
     if kind == "array":
         for index, item in enumerate(value):
             _check(item, schema["items"], schemas, f"{path}[{index}]")
+
+
+def _check_one_of(value: Any, options: list[dict[str, Any]], schemas: dict[str, Any], path: str) -> None:
+    failures = []
+    for option in options:
+        try:
+            _check(value, option, schemas, path)
+            return
+        except AssertionError as exc:
+            failures.append(str(exc))
+    raise AssertionError(f"{path}: matches none of its options: {failures}")

@@ -1,0 +1,93 @@
+"""OpenAI's HTTP routes: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from typing import Any, Iterable
+
+from aiohttp import web
+
+from common.client import AsyncZtgiClient
+from common.messages import FinalDetails, InfoReply, StreamEvent
+from services.gateway import openai_render as render
+from services.gateway.openai_render import Envelope
+from services.gateway.openai_schemas import OpenAIRequest, parse_chat_request, parse_completion_request
+from services.gateway.schemas import read_json
+from services.gateway.state import CLIENT, CONFIG, SERVED_MODEL
+from services.gateway.streaming import gather_all, merge, serve_sse
+
+DONE = "[DONE]"
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """POST /v1/chat/completions: one chat completion, or its chunks as SSE."""
+    config = request.app[CONFIG]
+    chat = parse_chat_request(await read_json(request, config.max_payload_bytes), config.limits)
+    envelope = await _envelope(request, "chatcmpl")
+    client = request.app[CLIENT]
+    if chat.stream:
+        return await _stream_chat(request, client, chat, envelope)
+    result = await client.generate(messages=chat.messages, parameters=chat.parameters)
+    return web.json_response(render.chat_completion_json(envelope, result, chat.logprobs))
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    """POST /v1/completions: one choice per prompt, or their chunks as SSE."""
+    config = request.app[CONFIG]
+    completion = parse_completion_request(await read_json(request, config.max_payload_bytes), config.limits,
+                                          config.max_client_batch_size)
+    envelope = await _envelope(request, "cmpl")
+    client = request.app[CLIENT]
+    if completion.stream:
+        return await _stream_completion(request, client, completion, envelope)
+    parameters = dataclasses.replace(completion.parameters, return_full_text=completion.echo)
+    results = await gather_all(client.generate(prompt, parameters=parameters) for prompt in completion.prompts)
+    return web.json_response(render.completion_json(envelope, results, completion.logprobs))
+
+
+async def models(request: web.Request) -> web.Response:
+    """GET /v1/models: the one served model."""
+    return web.json_response(render.models_json(await request.app[SERVED_MODEL].info()))
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+async def _envelope(request: web.Request, prefix: str) -> Envelope:
+    info: InfoReply = await request.app[SERVED_MODEL].info()
+    return Envelope(prefix, uuid.uuid4().hex, int(time.time()), info)
+
+
+async def _stream_chat(request: web.Request, client: AsyncZtgiClient, chat: OpenAIRequest,
+                       envelope: Envelope) -> web.StreamResponse:
+    final: list[FinalDetails] = []
+
+    def chunks(event: StreamEvent) -> Iterable[Any]:
+        if event.details is not None:
+            final.append(event.details)
+        return [render.chat_chunk_json(envelope, event, chat.logprobs)]
+
+    def trailer() -> Iterable[Any]:
+        usage = [render.chat_usage_chunk_json(envelope, final[0])] if chat.include_usage and final else []
+        return [*usage, DONE]
+
+    events = client.stream(messages=chat.messages, parameters=chat.parameters)
+    return await serve_sse(request, events, chunks, trailer)
+
+
+async def _stream_completion(request: web.Request, client: AsyncZtgiClient, completion: OpenAIRequest,
+                             envelope: Envelope) -> web.StreamResponse:
+    echoed: set[int] = set()
+
+    def chunks(item: tuple[int, StreamEvent]) -> Iterable[Any]:
+        index, event = item
+        rendered = []
+        if completion.echo and index not in echoed:
+            echoed.add(index)
+            rendered.append(render.completion_echo_chunk_json(envelope, index, completion.prompts[index]))
+        rendered.append(render.completion_chunk_json(envelope, index, event, completion.logprobs))
+        return rendered
+
+    streams = [client.stream(prompt, parameters=completion.parameters) for prompt in completion.prompts]
+    return await serve_sse(request, merge(streams), chunks, lambda: [DONE])

@@ -1,0 +1,98 @@
+"""OpenAI's response schemas (TGI's flavour): completions, chunks, usage and the model list."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from common.client import GenerateResult
+from common.messages import FinalDetails, InfoReply, StreamEvent, Token
+
+_FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
+
+
+class Envelope:
+    """What every object of one OpenAI answer shares: id, creation time, model, fingerprint."""
+
+    def __init__(self, prefix: str, request_id: str, created: int, info: InfoReply) -> None:
+        self.fields = {"id": f"{prefix}-{request_id}", "created": created, "model": info.model_id,
+                       "system_fingerprint": f"{info.version}-native"}
+
+    def wrap(self, kind: str, **body: Any) -> dict[str, Any]:
+        return {**self.fields, "object": kind, **body}
+
+
+def finish_reason(details: FinalDetails | None) -> str | None:
+    return None if details is None else _FINISH_REASONS.get(details.finish_reason, details.finish_reason)
+
+
+def usage_json(details: list[FinalDetails | None]) -> dict[str, int]:
+    details = [d for d in details if d is not None]
+    prompt_tokens = sum(d.input_tokens for d in details)
+    completion_tokens = sum(d.generated_tokens for d in details)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _logprob(token: Token) -> float:
+    return token.logprob if token.logprob is not None and math.isfinite(token.logprob) else -9999.0
+
+
+def chat_logprobs_json(tokens: list[Token], top_tokens: list[list[Token]]) -> dict[str, Any]:
+    return {"content": [
+        {"token": token.text, "logprob": _logprob(token),
+         "top_logprobs": [{"token": t.text, "logprob": _logprob(t)} for t in top]}
+        for token, top in zip(tokens, top_tokens)]}
+
+
+def chat_completion_json(envelope: Envelope, result: GenerateResult, logprobs: bool) -> dict[str, Any]:
+    choice = {"index": 0, "message": {"role": "assistant", "content": result.generated_text},
+              "logprobs": chat_logprobs_json(result.tokens, result.top_tokens) if logprobs else None,
+              "finish_reason": finish_reason(result.details)}
+    return envelope.wrap("chat.completion", choices=[choice], usage=usage_json([result.details]))
+
+
+def chat_chunk_json(envelope: Envelope, event: StreamEvent, logprobs: bool) -> dict[str, Any]:
+    """One token as a delta; special tokens (EOS) add no text."""
+    text = "" if event.token is None or event.token.special else event.token.text
+    choice = {"index": 0, "delta": {"role": "assistant", "content": text},
+              "logprobs": (chat_logprobs_json([event.token], [event.top_tokens])
+                           if logprobs and event.token is not None else None),
+              "finish_reason": finish_reason(event.details)}
+    return envelope.wrap("chat.completion.chunk", choices=[choice], usage=None)
+
+
+def chat_usage_chunk_json(envelope: Envelope, details: FinalDetails) -> dict[str, Any]:
+    return envelope.wrap("chat.completion.chunk", choices=[], usage=usage_json([details]))
+
+
+def completion_choice_json(index: int, text: str, tokens: list[Token], details: FinalDetails | None,
+                           logprobs: bool) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": [_logprob(t) for t in tokens] if logprobs else None,
+            "finish_reason": finish_reason(details)}
+
+
+def completion_json(envelope: Envelope, results: list[GenerateResult], logprobs: bool) -> dict[str, Any]:
+    choices = [completion_choice_json(i, r.generated_text, r.tokens, r.details, logprobs)
+               for i, r in enumerate(results)]
+    return envelope.wrap("text_completion", choices=choices, usage=usage_json([r.details for r in results]))
+
+
+def completion_chunk_json(envelope: Envelope, index: int, event: StreamEvent, logprobs: bool) -> dict[str, Any]:
+    """One token of one choice; TGI's schema wants a string finish_reason, "" until the last."""
+    text = "" if event.token is None or event.token.special else event.token.text
+    tokens = [event.token] if event.token is not None else []
+    choice = completion_choice_json(index, text, tokens, event.details, logprobs)
+    choice["finish_reason"] = choice["finish_reason"] or ""
+    return envelope.wrap("text_completion", choices=[choice])
+
+
+def completion_echo_chunk_json(envelope: Envelope, index: int, prompt: str) -> dict[str, Any]:
+    """`echo`: the prompt, as the first chunk of its choice."""
+    choice = {**completion_choice_json(index, prompt, [], None, False), "finish_reason": ""}
+    return envelope.wrap("text_completion", choices=[choice])
+
+
+def models_json(info: InfoReply) -> dict[str, Any]:
+    return {"object": "list",
+            "data": [{"id": info.model_id, "object": "model", "created": 0, "owned_by": info.model_id}]}

@@ -1,0 +1,166 @@
+"""OpenAI's request schemas (chat completions, completions) to `GenerateParameters`, TGI's way.
+
+As in TGI: temperature 0 means greedy, any other (or none) samples; completions default to
+100 new tokens; `suffix`, tools and grammars are refused. `top_p: 1.0` (OpenAI's "off") is
+treated as unset, and `n` must be 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from common.messages import ChatMessage, GenerateParameters
+from common.parameters import ParameterLimits, ValidationError, validate_parameters
+from services.gateway.schemas import json_type, optional_integer, optional_number, optional_value
+
+COMPLETION_MAX_NEW_TOKENS = 100
+"""TGI's default for /v1/completions when `max_tokens` is not given."""
+
+_UNSUPPORTED_CHAT_FIELDS = ("tools", "tool_choice", "response_format", "logit_bias", "functions")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenAIRequest:
+    """A chat (`messages`) or completion (`prompts`) request, with how to answer it."""
+
+    parameters: GenerateParameters
+    messages: list[ChatMessage] | None = None
+    prompts: list[str] | None = None
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    echo: bool = False
+
+
+def parse_chat_request(body: Any, limits: ParameterLimits) -> OpenAIRequest:
+    """POST /v1/chat/completions."""
+    body = _object(body)
+    for name in _UNSUPPORTED_CHAT_FIELDS:
+        if body.get(name) is not None:
+            raise ValidationError(name, f"`{name}` is not supported by this server")
+    logprobs = optional_value(body, "logprobs", bool, "a boolean") or False
+    top_logprobs = optional_integer(body, "top_logprobs")
+    max_tokens = optional_integer(body, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = optional_integer(body, "max_tokens")
+    parameters = _parameters(body, limits, max_tokens, details=logprobs,
+                             top_n_tokens=top_logprobs if logprobs else None)
+    return OpenAIRequest(parameters, messages=_messages(body.get("messages")), stream=_stream(body),
+                         include_usage=_include_usage(body), logprobs=logprobs)
+
+
+def parse_completion_request(body: Any, limits: ParameterLimits, max_client_batch_size: int) -> OpenAIRequest:
+    """POST /v1/completions (several prompts become several requests, one choice each)."""
+    body = _object(body)
+    if body.get("suffix") is not None:
+        raise ValidationError("suffix", "Suffix is not supported and can be achieved by preprocessing the prompt.")
+    prompts = _prompts(body.get("prompt"), max_client_batch_size)
+    max_tokens = optional_integer(body, "max_tokens")
+    logprobs = optional_integer(body, "logprobs") is not None
+    parameters = _parameters(body, limits, COMPLETION_MAX_NEW_TOKENS if max_tokens is None else max_tokens,
+                             details=logprobs, top_n_tokens=None)
+    echo = optional_value(body, "echo", bool, "a boolean") or False
+    return OpenAIRequest(parameters, prompts=prompts, stream=_stream(body), include_usage=_include_usage(body),
+                         logprobs=logprobs, echo=echo)
+
+
+def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: int | None, details: bool,
+                top_n_tokens: int | None) -> GenerateParameters:
+    n = optional_integer(body, "n")
+    if n is not None and n != 1:
+        raise ValidationError("n", f"`n` must be 1 on this server. Given: {n}")
+    presence_penalty = optional_number(body, "presence_penalty")
+    if presence_penalty:
+        raise ValidationError("presence_penalty", "`presence_penalty` is not supported by this server")
+    temperature = optional_number(body, "temperature")
+    top_p = optional_number(body, "top_p")
+    parameters = GenerateParameters(
+        max_new_tokens=max_new_tokens,
+        temperature=None if temperature == 0.0 else temperature,
+        do_sample=temperature != 0.0,
+        top_p=None if top_p == 1.0 else top_p,
+        seed=optional_integer(body, "seed"),
+        frequency_penalty=optional_number(body, "frequency_penalty"),
+        repetition_penalty=optional_number(body, "repetition_penalty"),
+        stop=_stop(body.get("stop")),
+        details=details,
+        top_n_tokens=top_n_tokens,
+    )
+    validate_parameters(parameters, limits)
+    return parameters
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ValidationError("body", "the request body must be a JSON object")
+    return body
+
+
+def _messages(raw: Any) -> list[ChatMessage]:
+    if raw is None:
+        raise ValidationError("messages", "missing field `messages`")
+    if not isinstance(raw, list) or not raw:
+        raise ValidationError("messages", "`messages` must be a non-empty array of messages")
+    return [_message(item, index) for index, item in enumerate(raw)]
+
+
+def _message(item: Any, index: int) -> ChatMessage:
+    where = f"messages[{index}]"
+    if not isinstance(item, dict):
+        raise ValidationError("messages", f"`{where}` must be an object, got {json_type(item)}")
+    role = item.get("role")
+    if not isinstance(role, str) or not role:
+        raise ValidationError("messages", f"`{where}.role` must be a non-empty string")
+    return ChatMessage(role, _content(item.get("content"), where, has_tool_calls="tool_calls" in item))
+
+
+def _content(content: Any, where: str, has_tool_calls: bool) -> str:
+    """Flattens OpenAI content (a string, or an array of text parts) to text."""
+    if content is None and has_tool_calls:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValidationError("messages", f"`{where}.content` must be a string or an array of parts")
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise ValidationError("messages", f"`{where}.content` may hold only text parts "
+                                              f"({{\"type\": \"text\", \"text\": ...}}) on this server")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _prompts(raw: Any, max_client_batch_size: int) -> list[str]:
+    if raw is None:
+        raise ValidationError("prompt", "missing field `prompt`")
+    prompts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p for p in prompts):
+        raise ValidationError("prompt", "`prompt` must be a non-empty string or array of non-empty strings")
+    if len(prompts) > max_client_batch_size:
+        raise ValidationError("prompt", f"Number of prompts exceeds the maximum allowed batch size of "
+                                        f"{max_client_batch_size}")
+    return prompts
+
+
+def _stop(raw: Any) -> list[str]:
+    if raw is None:
+        return []
+    stop = [raw] if isinstance(raw, str) else raw
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise ValidationError("stop", f"`stop` must be a string or an array of strings, got {json_type(raw)}")
+    return stop
+
+
+def _stream(body: dict[str, Any]) -> bool:
+    return optional_value(body, "stream", bool, "a boolean") or False
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise ValidationError("stream_options", "`stream_options` must be an object")
+    return optional_value(options, "include_usage", bool, "a boolean") or False

@@ -1,0 +1,152 @@
+"""The OpenAI routes, driven by the official `openai` client and checked against TGI's schemas."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+import requests
+
+from common.messages import ChatMessage, Generate
+from tests.gateway.conftest import GatewayProcess
+from tests.gateway.openapi import validate
+from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps
+
+CHAT = [{"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]
+
+
+@pytest.fixture
+def client(gateway: GatewayProcess) -> openai.OpenAI:
+    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=10) as client:
+        yield client
+
+
+def test_chat_completion(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """A chat completion carries the text, finish reason, usage and the served model's id."""
+    completion = client.chat.completions.create(model="any", messages=CHAT, max_tokens=3, temperature=0)
+    choice = completion.choices[0]
+    assert (choice.message.role, choice.message.content, choice.finish_reason) == ("assistant", " a b c", "length")
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == (2, 3, 5)
+    assert completion.model == "test/tiny" and completion.object == "chat.completion"
+    sent = scheduler.messages(Generate)[-1]
+    assert sent.inputs is None
+    assert sent.messages == [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi there")]
+    assert (sent.parameters.max_new_tokens, sent.parameters.do_sample) == (3, False)
+
+
+def test_chat_completion_samples_unless_temperature_is_0(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """As in TGI: no temperature means sampling; top_p 1.0 means no nucleus filter."""
+    client.chat.completions.create(model="any", messages=CHAT, max_tokens=1, top_p=1.0, seed=4)
+    sent = scheduler.messages(Generate)[-1].parameters
+    assert (sent.do_sample, sent.top_p, sent.seed) == (True, None, 4)
+
+
+def test_chat_completion_logprobs(client: openai.OpenAI) -> None:
+    """logprobs + top_logprobs give per-token logprobs with the top alternatives."""
+    completion = client.chat.completions.create(model="any", messages=CHAT, max_tokens=2, logprobs=True,
+                                                top_logprobs=2)
+    content = completion.choices[0].logprobs.content
+    assert [c.token for c in content] == [" a", " b"] and content[0].logprob == -0.5
+    assert [len(c.top_logprobs) for c in content] == [2, 2]
+
+
+def test_chat_stream_with_usage(client: openai.OpenAI) -> None:
+    """Streaming chat: one delta per token, finish_reason on the last, then a usage chunk."""
+    chunks = list(client.chat.completions.create(model="any", messages=CHAT, max_tokens=3, stream=True,
+                                                 stream_options={"include_usage": True}))
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices]
+    assert deltas == [" a", " b", " c"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices] == [None, None, "length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3
+
+
+def test_chat_answers_match_tgi_schemas(gateway: GatewayProcess, schemas: dict) -> None:
+    """Raw chat JSON and chunks validate against TGI's ChatCompletion and ChatCompletionChunk."""
+    body = {"messages": CHAT, "max_tokens": 2, "logprobs": True, "top_logprobs": 1}
+    validate(requests.post(gateway.url + "/v1/chat/completions", json=body, timeout=5).json(),
+             "ChatCompletion", schemas)
+    response = requests.post(gateway.url + "/v1/chat/completions", json={**body, "stream": True}, stream=True,
+                             timeout=5)
+    lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == b"data: [DONE]"
+    for event in read_events_before_done(lines):
+        validate(event, "ChatCompletionChunk", schemas)
+
+
+def read_events_before_done(lines: list[bytes]) -> list[dict]:
+    return [json.loads(line[len(b"data:"):]) for line in lines if line != b"data: [DONE]"]
+
+
+def test_completions_one_choice_per_prompt(client: openai.OpenAI, gateway: GatewayProcess, schemas: dict) -> None:
+    """/v1/completions answers each prompt of a batch as its own choice; echo prepends it."""
+    completion = client.completions.create(model="any", prompt=["One", "Two"], max_tokens=2, echo=True)
+    assert [(c.index, c.text) for c in completion.choices] == [(0, "One a b"), (1, "Two a b")]
+    assert completion.usage.completion_tokens == 4
+    raw = requests.post(gateway.url + "/v1/completions", json={"prompt": "One", "max_tokens": 1}, timeout=5).json()
+    validate(raw, "CompletionFinal", schemas)
+
+
+def test_completions_default_to_100_new_tokens(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """Without max_tokens a completion asks for TGI's default of 100 new tokens."""
+    scheduler.script = lambda g: error_steps(g.request_id, "enough", "generation", after_texts=[" a"])
+    with pytest.raises(openai.APIError):
+        client.completions.create(model="any", prompt="One")
+    assert scheduler.messages(Generate)[-1].parameters.max_new_tokens == 100
+
+
+def test_completions_stream_merges_prompts(client: openai.OpenAI, gateway: GatewayProcess, schemas: dict) -> None:
+    """Streaming several prompts interleaves their chunks, each tagged with its choice index."""
+    chunks = list(client.completions.create(model="any", prompt=["One", "Two"], max_tokens=2, stream=True))
+    texts = {0: "", 1: ""}
+    for chunk in chunks:
+        texts[chunk.choices[0].index] += chunk.choices[0].text
+    assert texts == {0: " a b", 1: " a b"}
+    response = requests.post(gateway.url + "/v1/completions", json={"prompt": "One", "max_tokens": 2,
+                                                                      "stream": True}, stream=True, timeout=5)
+    for event in read_events_before_done([line for line in response.iter_lines() if line]):
+        validate(event, "Chunk", schemas)
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
+    """/v1/models lists the model the scheduler reports."""
+    assert [m.id for m in client.models.list().data] == ["test/tiny"]
+
+
+@pytest.mark.parametrize("extra,field", [
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"n": 2}, "n"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+])
+def test_chat_bad_input_is_422(client: openai.OpenAI, scheduler: ScriptedScheduler, extra: dict, field: str) -> None:
+    """Unsupported or out-of-range chat parameters are refused with 422 naming the field."""
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client.chat.completions.create(model="any", messages=CHAT, **extra)
+    assert field in str(caught.value.body)  # the client unwraps {"error": ...} into body
+    assert not scheduler.messages(Generate)
+
+
+def test_chat_messages_must_be_text(gateway: GatewayProcess) -> None:
+    """Image parts and malformed messages are 422 naming `messages`."""
+    for messages in ([], [{"content": "x"}], [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]):
+        response = requests.post(gateway.url + "/v1/chat/completions", json={"messages": messages}, timeout=5)
+        assert response.status_code == 422 and "messages" in response.json()["error"]
+
+
+def test_overloaded_is_a_rate_limit_error(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """A 429 from an overloaded scheduler reaches the openai client as RateLimitError."""
+    scheduler.script = lambda g: error_steps(g.request_id, "Model is overloaded", "overloaded")
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(model="any", messages=CHAT)
+
+
+def test_error_mid_stream_raises_in_the_openai_client(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """An error after some chunks ends the stream with an error the openai client raises."""
+    scheduler.script = lambda g: error_steps(g.request_id, "worker lost", "generation", after_texts=[" a"])
+    stream = client.chat.completions.create(model="any", messages=CHAT, stream=True)
+    with pytest.raises(openai.APIError) as caught:
+        list(stream)
+    assert caught.value.body == "worker lost"  # TGI's {"error": "...", "error_type": ...} event
