@@ -154,7 +154,8 @@ class AsyncZtgiClient:
         """
         parameters = parameters or GenerateParameters()
         request_id = request_id or uuid.uuid4().hex
-        # the client prepends the prompt itself, so the server never has to know the prompt text
+        # return_full_text is applied here, once, for gateway and direct users alike: the
+        # scheduler is sent False so nothing downstream prepends the prompt a second time
         generate = Generate(request_id, inputs, messages,
                             dataclasses.replace(parameters, return_full_text=False))
         await self.start()
@@ -382,7 +383,8 @@ class ZtgiClient:
                     return
                 yield event
         finally:
-            self._call(events.aclose())
+            if not self._loop.is_closed():  # an iterator may outlive its client
+                self._call(events.aclose())
 
     def generate(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
                  parameters: GenerateParameters | None = None,
