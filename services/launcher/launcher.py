@@ -41,8 +41,10 @@ class Launcher:
                      for i in range(config.num_workers)]
         children += [Child(f"tokenizer[{i}]", "tokenizer", ["--tokenizer-index", str(i)], env)
                      for i in range(config.num_tokenizers)]
-        children += [Child(f"gateway[{i}]", "gateway", ["--gateway-index", str(i), "--host", config.host,
-                                                         "--port", str(config.port)], env)
+        # several gateways share one port: the kernel spreads connections (SO_REUSEPORT)
+        gateway_args = ["--host", config.host, "--port", str(config.port)]
+        gateway_args += ["--reuse-port"] if config.num_gateways > 1 else []
+        children += [Child(f"gateway[{i}]", "gateway", ["--gateway-index", str(i), *gateway_args], env)
                      for i in range(config.num_gateways)]
         return children
 
