@@ -1,0 +1,5 @@
+import sys
+
+from services.worker.service import main
+
+sys.exit(main())

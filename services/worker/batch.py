@@ -1,0 +1,272 @@
+"""A padded batch of requests and its KV cache (TGI's CausalLMBatch).
+
+Layout: every row is left-padded to `max_input_length` (the longest sequence so far, including
+the token fed at the next step), followed by `padding_right_offset` columns reserved for tokens
+still to come (always exactly `max_input_length + padding_right_offset` columns). The attention mask and `token_ids` (every token so far, for penalties) share this
+layout; each step fills one more column. The KV cache holds `max_input_length - 1` positions per
+layer after every step, right-aligned. Filter slices rows and trims padding nobody needs any
+more; concatenate re-pads every batch to the longest one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from common.messages import CachedBatch, WorkerRequest
+from services.worker.kv_cache import LayerKV
+from services.worker.next_token_chooser import NextTokenChooser
+from services.worker.stopping_criteria import StoppingCriteria
+
+if TYPE_CHECKING:
+    from services.worker.model import Model
+
+
+@dataclasses.dataclass(eq=False)
+class CausalLMBatch:
+    """Requests stepped together, their tensors on the model's device, and per-request state."""
+
+    batch_id: int
+    requests: list[WorkerRequest]
+    request_id_to_index: dict[int, int]
+    input_ids: torch.Tensor  # [batch, max_input_length] before prefill, [batch, 1] after
+    position_ids: torch.Tensor  # same shape as input_ids
+    attention_mask: torch.Tensor  # [batch, max_input_length + padding_right_offset]
+    token_ids: torch.Tensor  # same layout as attention_mask
+    past: list[LayerKV] | None
+    input_lengths: list[int]
+    stopping_criterias: list[StoppingCriteria]
+    chooser: NextTokenChooser
+    top_n_tokens: list[int]
+    max_input_length: int
+    padding_right_offset: int
+    max_tokens: int
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def request_ids(self) -> list[int]:
+        return [r.request_id for r in self.requests]
+
+    @property
+    def all_stopped(self) -> bool:
+        return all(s.stopped for s in self.stopping_criterias)
+
+    def to_cached(self) -> CachedBatch:
+        return CachedBatch(self.batch_id, self.request_ids, self.max_tokens)
+
+    # -- prefill -------------------------------------------------------------------------------
+
+    @classmethod
+    def from_requests(cls, requests: Sequence[WorkerRequest], batch_id: int, max_tokens: int,
+                      model: "Model") -> "CausalLMBatch":
+        """A batch ready for prefill; raises ValueError naming a bad request and field."""
+        if not requests:
+            raise ValueError(f"batch {batch_id} has no requests")
+        for request in requests:
+            _validate_request(request, model)
+        _require_unique([r.request_id for r in requests])
+        chooser = _chooser(requests, model.device)
+        lengths = [len(r.input_ids) for r in requests]
+        max_input_length = max(lengths)
+        padding_right_offset = max(r.max_new_tokens for r in requests)
+        token_ids = torch.zeros((len(requests), max_input_length + padding_right_offset), dtype=torch.int64)
+        attention_mask = torch.zeros_like(token_ids)
+        for i, request in enumerate(requests):
+            token_ids[i, max_input_length - lengths[i]:max_input_length] = torch.tensor(request.input_ids)
+            attention_mask[i, max_input_length - lengths[i]:max_input_length] = 1
+        position_ids = (attention_mask[:, :max_input_length].cumsum(-1) - 1).clamp_min(0)
+        device = model.device
+        return cls(
+            batch_id=batch_id,
+            requests=list(requests),
+            request_id_to_index={r.request_id: i for i, r in enumerate(requests)},
+            input_ids=token_ids[:, :max_input_length].to(device),
+            position_ids=position_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            token_ids=token_ids.to(device),
+            past=None,
+            input_lengths=lengths,
+            stopping_criterias=[StoppingCriteria(model.eos_token_ids, r.max_new_tokens, r.ignore_eos)
+                                for r in requests],
+            chooser=chooser,
+            top_n_tokens=[r.top_n_tokens for r in requests],
+            max_input_length=max_input_length,
+            padding_right_offset=padding_right_offset,
+            max_tokens=max_tokens,
+        )
+
+    # -- after a step --------------------------------------------------------------------------
+
+    def advance(self, next_ids: torch.Tensor, past: list[LayerKV]) -> None:
+        """Feeds `next_ids` `[batch]` at the next step: one more column of mask and tokens."""
+        column = self.max_input_length
+        self.input_ids = next_ids.unsqueeze(1)
+        self.position_ids = self.position_ids[:, -1:] + 1
+        self.attention_mask[:, column] = 1
+        self.token_ids[:, column] = next_ids
+        self.past = past
+        self.input_lengths = [n + 1 for n in self.input_lengths]
+        self.max_input_length += 1
+        self.padding_right_offset -= 1
+
+    @property
+    def forward_attention_mask(self) -> torch.Tensor:
+        """The mask over the cached positions plus the ones fed now."""
+        return self.attention_mask[:, :self.max_input_length]
+
+    def token_history(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's tokens so far and their mask (for penalties)."""
+        return self.token_ids[:, :self.max_input_length], self.attention_mask[:, :self.max_input_length]
+
+    # -- filter --------------------------------------------------------------------------------
+
+    def filter(self, request_ids: Sequence[int]) -> "CausalLMBatch | None":
+        """The batch keeping only `request_ids` (in that order); None when the list is empty.
+
+        Raises ValueError for an id that is not in the batch; `self` is left as it was.
+        """
+        if not request_ids:
+            return None
+        _require_unique(request_ids)
+        missing = [rid for rid in request_ids if rid not in self.request_id_to_index]
+        if missing:
+            raise ValueError(f"requests {missing} are not in batch {self.batch_id}")
+        if list(request_ids) == self.request_ids:
+            return self
+        if self.past is None:
+            raise ValueError(f"batch {self.batch_id} was never prefilled: nothing to filter")
+        indices = [self.request_id_to_index[rid] for rid in request_ids]
+        return self._select(indices)
+
+    def _select(self, indices: list[int]) -> "CausalLMBatch":
+        stopping = [self.stopping_criterias[i] for i in indices]
+        input_lengths = [self.input_lengths[i] for i in indices]
+        max_input_length = max(input_lengths)
+        padding_right_offset = max(s.num_remaining for s in stopping)
+        # columns: keep the last `max_input_length` used ones and the room the kept rows still need
+        start = self.max_input_length - max_input_length
+        end = self.max_input_length + padding_right_offset
+        rows = torch.tensor(indices, device=self.input_ids.device)
+        num_past = max_input_length - 1
+        requests = [self.requests[i] for i in indices]
+        return dataclasses.replace(
+            self,
+            requests=requests,
+            request_id_to_index={r.request_id: i for i, r in enumerate(requests)},
+            input_ids=self.input_ids[rows],
+            position_ids=self.position_ids[rows],
+            attention_mask=self.attention_mask[rows, start:end],
+            token_ids=self.token_ids[rows, start:end],
+            past=[(k[rows, :, -num_past:], v[rows, :, -num_past:]) for k, v in self.past],
+            input_lengths=input_lengths,
+            stopping_criterias=stopping,
+            chooser=self.chooser.select(indices),
+            top_n_tokens=[self.top_n_tokens[i] for i in indices],
+            max_input_length=max_input_length,
+            padding_right_offset=padding_right_offset,
+            max_tokens=len(indices) * max_input_length + sum(s.num_remaining for s in stopping),
+        )
+
+    # -- concatenate ---------------------------------------------------------------------------
+
+    @classmethod
+    def concatenate(cls, batches: Sequence["CausalLMBatch"]) -> "CausalLMBatch":
+        """One batch of all requests, under the first batch's id; the inputs are left as they were."""
+        if len(batches) == 1:
+            return batches[0]
+        if any(b.past is None for b in batches):
+            raise ValueError("only prefilled batches can be concatenated")
+        _require_unique([rid for b in batches for rid in b.request_ids])
+        max_input_length = max(b.max_input_length for b in batches)
+        padding_right_offset = max(b.padding_right_offset for b in batches)
+        requests = [r for b in batches for r in b.requests]
+        return cls(
+            batch_id=batches[0].batch_id,
+            requests=requests,
+            request_id_to_index={r.request_id: i for i, r in enumerate(requests)},
+            input_ids=torch.cat([b.input_ids for b in batches]),
+            position_ids=torch.cat([b.position_ids for b in batches]),
+            attention_mask=_pad_columns([b.live_columns(b.attention_mask) for b in batches],
+                                        max_input_length, padding_right_offset),
+            token_ids=_pad_columns([b.live_columns(b.token_ids) for b in batches],
+                                   max_input_length, padding_right_offset),
+            past=_pad_past(batches, max_input_length - 1),
+            input_lengths=[n for b in batches for n in b.input_lengths],
+            stopping_criterias=[s for b in batches for s in b.stopping_criterias],
+            chooser=NextTokenChooser.concatenate([b.chooser for b in batches]),
+            top_n_tokens=[n for b in batches for n in b.top_n_tokens],
+            max_input_length=max_input_length,
+            padding_right_offset=padding_right_offset,
+            max_tokens=sum(b.max_tokens + (max_input_length - b.max_input_length) * len(b) for b in batches),
+        )
+
+    def live_columns(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The used columns of a mask-layout tensor (the room for tokens to come left out)."""
+        return tensor[:, :self.max_input_length]
+
+def _pad_columns(parts: list[torch.Tensor], max_input_length: int, padding_right_offset: int) -> torch.Tensor:
+    """Stacks left-padded `[rows, length]` parts right-aligned at `max_input_length`, with room after."""
+    total_rows = sum(p.shape[0] for p in parts)
+    out = parts[0].new_zeros((total_rows, max_input_length + padding_right_offset))
+    start = 0
+    for part in parts:
+        rows, length = part.shape
+        out[start:start + rows, max_input_length - length:max_input_length] = part
+        start += rows
+    return out
+
+
+def _pad_past(batches: Sequence[CausalLMBatch], num_past: int) -> list[LayerKV]:
+    """Every layer's keys and values of all batches, left-padded with zeros to `num_past`."""
+    past: list[LayerKV] = []
+    num_rows = sum(len(b) for b in batches)
+    for layer in range(len(batches[0].past)):
+        padded = []
+        for t in (0, 1):
+            first = batches[0].past[layer][t]
+            out = first.new_zeros((num_rows, first.shape[1], num_past, first.shape[3]))
+            start = 0
+            for batch in batches:
+                length = batch.max_input_length - 1
+                out[start:start + len(batch), :, num_past - length:] = batch.past[layer][t][:, :, -length:]
+                start += len(batch)
+            padded.append(out)
+        past.append((padded[0], padded[1]))
+    return past
+
+
+def _chooser(requests: Sequence[WorkerRequest], device: torch.device) -> NextTokenChooser:
+    try:
+        return NextTokenChooser.from_params([r.sampling for r in requests], device)
+    except ValueError:
+        for request in requests:  # name the request whose parameters are wrong
+            try:
+                NextTokenChooser.from_params([request.sampling], torch.device("cpu"))
+            except ValueError as exc:
+                raise ValueError(f"request {request.request_id}: {exc}") from None
+        raise
+
+
+def _validate_request(request: WorkerRequest, model: "Model") -> None:
+    where = f"request {request.request_id}"
+    if not request.input_ids:
+        raise ValueError(f"{where}: `input_ids` is empty")
+    if min(request.input_ids) < 0 or max(request.input_ids) >= model.vocab_size:
+        raise ValueError(f"{where}: `input_ids` has a token id outside the vocabulary [0, {model.vocab_size})")
+    if request.max_new_tokens < 1:
+        raise ValueError(f"{where}: `max_new_tokens` must be >= 1, got {request.max_new_tokens}")
+    if request.top_n_tokens < 0:
+        raise ValueError(f"{where}: `top_n_tokens` must be >= 0, got {request.top_n_tokens}")
+    total = len(request.input_ids) + request.max_new_tokens
+    if total > model.max_position_embeddings:
+        raise ValueError(f"{where}: {len(request.input_ids)} input tokens + `max_new_tokens` "
+                         f"{request.max_new_tokens} exceed the model's {model.max_position_embeddings} positions")
+
+
+def _require_unique(request_ids: Sequence[int]) -> None:
+    if len(set(request_ids)) != len(request_ids):
+        raise ValueError(f"duplicate request ids in {list(request_ids)}")

@@ -1,0 +1,38 @@
+"""Worker configuration (flags `--x-y`, environment `ZTGI_X_Y`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from common.config import require
+from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
+from common.model_source import DEFAULT_MODEL_ID
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    """One model worker: the model, its cached batches, sampling and token-level stopping."""
+
+    scheduler_url: str = DEFAULT_SCHEDULER_URL
+    model_id: str = DEFAULT_MODEL_ID
+    dtype: str = "auto"
+    device: str = "auto"
+    worker_index: int = 0
+    memory_budget_mb: int = 4096
+    heartbeat_interval_ms: int = 1000
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        Endpoints(self.scheduler_url)  # validates the URL
+        require(self.dtype in DTYPES, f"--dtype {self.dtype!r} must be one of {', '.join(DTYPES)}")
+        require(self.device in DEVICES, f"--device {self.device!r} must be one of {', '.join(DEVICES)}")
+        require(self.worker_index >= 0, "--worker-index must be >= 0")
+        require(self.memory_budget_mb > 0, "--memory-budget-mb (KV cache budget on CPU) must be positive")
+        require(self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive")
+
+    @property
+    def endpoints(self) -> Endpoints:
+        return Endpoints(self.scheduler_url)

@@ -1,0 +1,141 @@
+"""The worker's verbs as engine calls, each answered with one message (no sockets here).
+
+A command that fails answers CommandFailed with the requests it takes down; the worker's other
+cached batches are never touched. A bad Decode (an unknown batch id) changes nothing; a Decode
+whose step fails drops the batches it named, which are the ones that failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Sequence
+
+from common.messages import (
+    Clear, CommandDone, CommandFailed, Decode, Filter, FilterResult, HealthCheck, Prefill, StepResult,
+    Timings, Warmup, WarmupResult,
+)
+from services.worker.batch import CausalLMBatch
+from services.worker.cache import BatchCache
+from services.worker.model import Model
+from services.worker.warmup import run_warmup
+
+logger = logging.getLogger(__name__)
+
+
+class CommandError(Exception):
+    """A command failed; `request_ids` are the requests it takes down."""
+
+    def __init__(self, error: str, request_ids: Sequence[int] = ()) -> None:
+        super().__init__(error)
+        self.request_ids = list(request_ids)
+
+
+class Engine:
+    """The model and its cached batches; one method per verb."""
+
+    def __init__(self, model: Model, memory_budget_mb: int) -> None:
+        self.model = model
+        self.memory_budget_mb = memory_budget_mb
+        self.cache: BatchCache[CausalLMBatch] = BatchCache()
+
+    def warmup(self, command: Warmup) -> WarmupResult | CommandFailed:
+        def run() -> WarmupResult:
+            self.cache.clear()
+            max_batch_total_tokens = run_warmup(self.model, command, self.memory_budget_mb)
+            return WarmupResult(command.command_id, max_batch_total_tokens)
+        return self._guarded(command.command_id, run)
+
+    def prefill(self, command: Prefill) -> StepResult | CommandFailed:
+        request_ids = [r.request_id for r in command.batch.requests]
+
+        def run() -> StepResult:
+            spec = command.batch
+            if spec.batch_id in self.cache:
+                raise CommandError(f"batch {spec.batch_id} is already cached", request_ids)
+            batch = CausalLMBatch.from_requests(spec.requests, spec.batch_id, spec.max_tokens, self.model)
+            return self._step(command.command_id, batch, concatenate_ns=0)
+        return self._guarded(command.command_id, run, request_ids)
+
+    def decode(self, command: Decode) -> StepResult | CommandFailed:
+        def run() -> StepResult:
+            batches = self._cached(command.batch_ids)
+            started = time.perf_counter_ns()
+            try:
+                batch = CausalLMBatch.concatenate(batches)
+                concatenate_ns = time.perf_counter_ns() - started
+                result = self._step(command.command_id, batch, concatenate_ns)
+            except Exception as exc:
+                logger.exception("decode of batches %s failed: dropping them", command.batch_ids)
+                for batch_id in command.batch_ids:
+                    self.cache.delete(batch_id)
+                raise CommandError(_describe(exc), [rid for b in batches for rid in b.request_ids]) from exc
+            for batch_id in command.batch_ids[1:]:
+                self.cache.delete(batch_id)
+            return result
+        return self._guarded(command.command_id, run)
+
+    def filter(self, command: Filter) -> FilterResult | CommandFailed:
+        def run() -> FilterResult:
+            [batch] = self._cached([command.batch_id])
+            filtered = batch.filter(command.request_ids)
+            if filtered is None:
+                self.cache.delete(command.batch_id)
+                return FilterResult(command.command_id, None)
+            self.cache.set(command.batch_id, filtered)
+            return FilterResult(command.command_id, filtered.to_cached())
+        return self._guarded(command.command_id, run)
+
+    def clear(self, command: Clear) -> CommandDone:
+        if command.batch_id is None:
+            self.cache.clear()
+        else:
+            self.cache.delete(command.batch_id)
+        return CommandDone(command.command_id)
+
+    def health_check(self, command: HealthCheck) -> CommandDone:
+        return CommandDone(command.command_id)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _step(self, command_id: int, batch: CausalLMBatch, concatenate_ns: int) -> StepResult:
+        """One generate_token; the next batch replaces `batch` in the cache (or leaves it)."""
+        started = time.perf_counter_ns()
+        generations, next_batch, timings = self.model.generate_token(batch)
+        if next_batch is None:
+            self.cache.delete(batch.batch_id)
+        else:
+            self.cache.set(batch.batch_id, next_batch)
+        total_ns = time.perf_counter_ns() - started + concatenate_ns
+        timings = Timings(timings.forward_ns, timings.decode_ns, concatenate_ns, total_ns)
+        return StepResult(command_id, generations, next_batch.to_cached() if next_batch else None, timings)
+
+    def _cached(self, batch_ids: Sequence[int]) -> list[CausalLMBatch]:
+        """The cached batches, or CommandError (nothing changed) when one is unknown."""
+        if not batch_ids:
+            raise CommandError("no batch ids given")
+        if len(set(batch_ids)) != len(batch_ids):
+            raise CommandError(f"batch ids {list(batch_ids)} repeat")
+        missing = [batch_id for batch_id in batch_ids if batch_id not in self.cache]
+        if missing:
+            raise CommandError(f"unknown batch ids {missing} (cached: {sorted(self.cache)})")
+        return [self.cache.get(batch_id) for batch_id in batch_ids]
+
+    def _guarded(self, command_id: int, run: Callable[[], object],
+                 request_ids: Sequence[int] = ()) -> object:
+        """Runs a command; any exception becomes CommandFailed naming the requests it takes down."""
+        try:
+            return run()
+        except CommandError as exc:
+            logger.warning("command %d failed: %s", command_id, exc)
+            return CommandFailed(command_id, str(exc), exc.request_ids)
+        except ValueError as exc:  # bad input: the message names the request and field
+            logger.warning("command %d rejected: %s", command_id, exc)
+            return CommandFailed(command_id, str(exc), list(request_ids))
+        except Exception as exc:
+            logger.exception("command %d failed", command_id)
+            return CommandFailed(command_id, _describe(exc), list(request_ids))
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"

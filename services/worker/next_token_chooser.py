@@ -1,0 +1,140 @@
+"""Per-request next-token choice for a whole batch (TGI's HeterogeneousNextTokenChooser).
+
+Order, as TGI: repetition penalty, frequency penalty, then temperature, top_k, top_p, typical_p
+(watermark is accepted and ignored for now). A processor runs only when some row needs it, and
+then on every row at once with that row's own parameter (neutral for the others). Rows choose by
+argmax unless they sample; a sampling row draws from its own `torch.Generator`, seeded with the
+request's seed, so its tokens do not depend on which other requests share the batch. The logprob
+reported for a token is the log-softmax of the processed scores.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from common.messages import SamplingParameters
+from services.worker import logits_processors as processors
+
+MAX_SEED = 2**64 - 1
+
+
+def validate_sampling(params: SamplingParameters) -> None:
+    """Raises ValueError naming the first field out of range."""
+    _require(math.isfinite(params.temperature), "temperature", "must be finite", params.temperature)
+    if params.do_sample:
+        _require(params.temperature > 0, "temperature", "must be strictly positive when sampling",
+                 params.temperature)
+    _require(params.top_k >= 0, "top_k", "must be >= 0 (0 disables it)", params.top_k)
+    _require(0 < params.top_p <= 1, "top_p", "must be > 0 and <= 1", params.top_p)
+    _require(0 < params.typical_p <= 1, "typical_p", "must be > 0 and <= 1", params.typical_p)
+    _require(math.isfinite(params.repetition_penalty) and params.repetition_penalty > 0,
+             "repetition_penalty", "must be strictly positive", params.repetition_penalty)
+    _require(-2 <= params.frequency_penalty <= 2, "frequency_penalty", "must be >= -2 and <= 2",
+             params.frequency_penalty)
+    _require(0 <= params.seed <= MAX_SEED, "seed", f"must be >= 0 and <= {MAX_SEED}", params.seed)
+
+
+def _require(condition: bool, field: str, rule: str, value: object) -> None:
+    if not condition:
+        raise ValueError(f"`{field}` {rule}, got {value!r}")
+
+
+class NextTokenChooser:
+    """The sampling state of a batch: per-row parameter columns and one generator per sampling row."""
+
+    def __init__(self, params: Sequence[SamplingParameters], device: torch.device,
+                 generators: Sequence[torch.Generator | None] | None = None) -> None:
+        self.params = list(params)
+        self.device = device
+        self.generators = list(generators) if generators is not None else [
+            _seeded_generator(p.seed, device) if p.do_sample else None for p in self.params]
+        self.sample_rows = [i for i, p in enumerate(self.params) if p.do_sample]
+        self.repetition_penalty = self._column("repetition_penalty", 1.0)
+        self.frequency_penalty = self._column("frequency_penalty", 0.0)
+        # a greedy row ignores its temperature: it may be 0, which means greedy to many clients
+        temperatures = [p.temperature if p.do_sample else 1.0 for p in self.params]
+        self.temperature = self._tensor(temperatures, 1.0, torch.float32)
+        self.top_k = self._column("top_k", 0, torch.int64)
+        self.top_p = self._column("top_p", 1.0)
+        self.typical_p = self._column("typical_p", 1.0)
+
+    @classmethod
+    def from_params(cls, params: Sequence[SamplingParameters], device: torch.device) -> "NextTokenChooser":
+        """Validates every request's parameters first (ValueError naming the field)."""
+        for p in params:
+            validate_sampling(p)
+        return cls(params, device)
+
+    def _column(self, name: str, neutral: float, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+        return self._tensor([getattr(p, name) for p in self.params], neutral, dtype)
+
+    def _tensor(self, values: list, neutral: float, dtype: torch.dtype) -> torch.Tensor | None:
+        """A [batch, 1] column, or None when every row is neutral (the processor is skipped)."""
+        if all(v == neutral for v in values):
+            return None
+        return torch.tensor(values, dtype=dtype, device=self.device).unsqueeze(1)
+
+    @property
+    def needs_token_counts(self) -> bool:
+        return self.repetition_penalty is not None or self.frequency_penalty is not None
+
+    def __call__(self, scores: torch.Tensor, token_ids: torch.Tensor | None = None,
+                 token_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token ids `[batch]` and the log-softmax of the processed scores `[batch, vocab]`.
+
+        `token_ids`/`token_mask` (each row's tokens so far) are needed only for penalties.
+        """
+        scores = self.process(scores, token_ids, token_mask)
+        return self.choose(scores), torch.log_softmax(scores, dim=-1)
+
+    def process(self, scores: torch.Tensor, token_ids: torch.Tensor | None,
+                token_mask: torch.Tensor | None) -> torch.Tensor:
+        scores = scores.float()
+        if self.needs_token_counts:
+            counts = processors.token_counts(scores, token_ids, token_mask)
+            if self.repetition_penalty is not None:
+                scores = processors.repetition_penalty(scores, counts, self.repetition_penalty)
+            if self.frequency_penalty is not None:
+                scores = processors.frequency_penalty(scores, counts, self.frequency_penalty)
+        if self.temperature is not None:
+            scores = processors.temperature(scores, self.temperature)
+        if self.top_k is not None:
+            scores = processors.top_k(scores, self.top_k)
+        if self.top_p is not None:
+            scores = processors.top_p(scores, self.top_p)
+        if self.typical_p is not None:
+            scores = processors.typical_p(scores, self.typical_p)
+        return scores
+
+    def choose(self, scores: torch.Tensor) -> torch.Tensor:
+        """Argmax for every row, then the sampling rows drawn from their own generators."""
+        next_ids = scores.argmax(dim=-1)
+        if self.sample_rows:
+            rows = torch.tensor(self.sample_rows, device=scores.device)
+            probs = torch.softmax(scores.index_select(0, rows), dim=-1)
+            # exponential race (Gumbel-max): argmax(p / q), q ~ Exp(1), samples from p without
+            # the host sync torch.multinomial does
+            noise = torch.empty_like(probs)
+            for j, i in enumerate(self.sample_rows):
+                noise[j].exponential_(generator=self.generators[i])
+            next_ids[rows] = (probs / noise).argmax(dim=-1)
+        return next_ids
+
+    def select(self, indices: Sequence[int]) -> "NextTokenChooser":
+        """The chooser of the rows `indices` (in that order), generators carried over."""
+        return NextTokenChooser([self.params[i] for i in indices], self.device,
+                                [self.generators[i] for i in indices])
+
+    @classmethod
+    def concatenate(cls, choosers: Sequence["NextTokenChooser"]) -> "NextTokenChooser":
+        return cls([p for c in choosers for p in c.params], choosers[0].device,
+                   [g for c in choosers for g in c.generators])
+
+
+def _seeded_generator(seed: int, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device)
+    generator.manual_seed(seed)
+    return generator

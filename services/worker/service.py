@@ -1,0 +1,234 @@
+"""The worker process: commands in from the scheduler, answers out, heartbeats throughout.
+
+Two threads. The IO thread owns the DEALER to the scheduler: it says Hello, heartbeats, decodes
+every frame, answers malformed ones itself and hands each command to the engine thread in
+order. The engine thread runs commands one at a time (a prefill may take seconds) and passes the
+encoded answer back over an inproc PAIR, which the IO thread forwards. So a long step never
+delays a heartbeat, and each socket is used by one thread only.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import queue
+import signal
+import threading
+import time
+from typing import Sequence
+
+import zmq
+
+from common.codec import MessageError, decode, encode
+from common.config import parse_config
+from common.identity import new_boot_nonce, new_identity
+from common.logs import setup_logging
+from common.messages import (
+    PROTOCOL_VERSION, Clear, CommandFailed, Decode, Filter, HealthCheck, Heartbeat, Hello, Prefill, Warmup,
+    WarmupResult,
+)
+from common.model_source import ModelNotFoundError
+from services.worker.config import WorkerConfig
+from services.worker.engine import Engine
+from services.worker.model import Model
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER_MESSAGES = (Heartbeat, Warmup, Prefill, Decode, Filter, Clear, HealthCheck)
+MAX_MESSAGES_PER_PASS = 64
+MAX_WAIT_MS = 100  # how late a stop signal may be noticed
+STOP_TIMEOUT_S = 5.0  # how long a command in progress may take to finish on shutdown
+RESET = object()  # engine thread: the scheduler restarted, drop every cached batch
+
+
+class EngineThread(threading.Thread):
+    """Runs commands from `commands` one at a time; sends each encoded answer on an inproc PAIR."""
+
+    def __init__(self, engine: Engine, context: zmq.Context, answers_address: str) -> None:
+        super().__init__(name="engine", daemon=True)
+        self.engine = engine
+        self.context = context
+        self.answers_address = answers_address
+        self.commands: queue.Queue[object] = queue.Queue()
+
+    def run(self) -> None:
+        """Until a None command: execute, answer."""
+        answers = self.context.socket(zmq.PAIR)
+        answers.setsockopt(zmq.LINGER, 0)
+        answers.connect(self.answers_address)
+        try:
+            while (command := self.commands.get()) is not None:
+                if command is RESET:
+                    self.engine.cache.clear()
+                    continue
+                answers.send(encode(self.execute(command)))
+        finally:
+            answers.close()
+
+    def execute(self, command: object) -> object:
+        """One verb, one engine call, one answer."""
+        logger.debug("command %s", type(command).__name__)
+        try:
+            match command:
+                case Warmup():
+                    return self._warmup(command)
+                case Prefill():
+                    return self.engine.prefill(command)
+                case Decode():
+                    return self.engine.decode(command)
+                case Filter():
+                    return self.engine.filter(command)
+                case Clear():
+                    return self.engine.clear(command)
+                case HealthCheck():
+                    return self.engine.health_check(command)
+        except Exception as exc:  # the engine answers its own failures; this is the last resort
+            logger.exception("command %s failed", type(command).__name__)
+            return CommandFailed(command.command_id, f"{type(exc).__name__}: {exc}", [])
+        raise AssertionError(f"not a command: {command!r}")
+
+    def _warmup(self, command: Warmup) -> object:
+        answer = self.engine.warmup(command)
+        if isinstance(answer, WarmupResult):
+            gc.collect()
+            gc.freeze()  # the model and everything alive now stay: keep them out of later collections
+        return answer
+
+    def reset(self) -> None:
+        """Drops the commands not started yet, then every cached batch."""
+        while True:
+            try:
+                self.commands.get_nowait()
+            except queue.Empty:
+                break
+        self.commands.put(RESET)
+
+
+class WorkerService:
+    """The IO thread: scheduler socket, heartbeats, and the hand-off to the engine thread."""
+
+    def __init__(self, config: WorkerConfig, engine: Engine, stop_requested: threading.Event) -> None:
+        self.config = config
+        self.info = engine.model.info()
+        self.stop_requested = stop_requested
+        self.identity = new_identity("worker")
+        self.boot_nonce = new_boot_nonce()
+        self.scheduler_nonce: str | None = None
+        self.context = zmq.Context()
+        self.scheduler = self.context.socket(zmq.DEALER)
+        self.scheduler.setsockopt(zmq.LINGER, 0)
+        self.scheduler.setsockopt(zmq.IDENTITY, self.identity)
+        self.scheduler.connect(config.endpoints.connect("workers"))
+        answers_address = f"inproc://answers-{self.boot_nonce}"
+        self.answers = self.context.socket(zmq.PAIR)
+        self.answers.setsockopt(zmq.LINGER, 0)
+        self.answers.bind(answers_address)
+        self.engine_thread = EngineThread(engine, self.context, answers_address)
+        self.poller = zmq.Poller()
+        self.poller.register(self.scheduler, zmq.POLLIN)
+        self.poller.register(self.answers, zmq.POLLIN)
+
+    def run(self) -> None:
+        """The loop, until a stop signal."""
+        self.engine_thread.start()
+        logger.info("worker %s connected to %s", self.identity.decode(), self.config.scheduler_url)
+        self._send(self._hello())
+        interval_s = self.config.heartbeat_interval_ms / 1000.0
+        next_heartbeat = time.monotonic() + interval_s
+        while not self.stop_requested.is_set():
+            wait_ms = min(MAX_WAIT_MS, max(0, int((next_heartbeat - time.monotonic()) * 1000)))
+            ready = dict(self.poller.poll(wait_ms))
+            if self.answers in ready:
+                for frames in self._receive(self.answers):
+                    self._forward(frames)
+            if self.scheduler in ready:
+                for frames in self._receive(self.scheduler):
+                    self.on_scheduler_frames(frames)
+            if time.monotonic() >= next_heartbeat:
+                self._send(Heartbeat(self.boot_nonce))
+                next_heartbeat = time.monotonic() + interval_s
+            if not self.engine_thread.is_alive():
+                raise RuntimeError("the engine thread died")
+
+    def on_scheduler_frames(self, frames: list[bytes]) -> None:
+        """A heartbeat is handled here; a command goes to the engine thread; a bad frame is answered."""
+        try:
+            if len(frames) != 1:
+                raise MessageError(f"expected a one-frame message, got {len(frames)} frames")
+            msg = decode(frames[0], SCHEDULER_MESSAGES)
+        except MessageError as exc:
+            logger.warning("bad frame from the scheduler: %s", exc)
+            self._send(CommandFailed(command_id=-1, error=f"malformed message: {exc}", request_ids=[]))
+            return
+        match msg:
+            case Heartbeat():
+                self._on_heartbeat(msg.boot_nonce)
+            case _:
+                self.engine_thread.commands.put(msg)
+
+    def _on_heartbeat(self, scheduler_nonce: str) -> None:
+        if self.scheduler_nonce is not None and scheduler_nonce != self.scheduler_nonce:
+            logger.info("scheduler restarted: dropping cached batches and registering again")
+            self.engine_thread.reset()
+            self._send(self._hello())
+        self.scheduler_nonce = scheduler_nonce
+
+    def _hello(self) -> Hello:
+        return Hello(role="worker", protocol_version=PROTOCOL_VERSION, boot_nonce=self.boot_nonce,
+                     worker=self.info)
+
+    def _receive(self, socket: zmq.Socket) -> list[list[bytes]]:
+        """Up to MAX_MESSAGES_PER_PASS messages without blocking."""
+        messages = []
+        for _ in range(MAX_MESSAGES_PER_PASS):
+            try:
+                messages.append(socket.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        return messages
+
+    def _send(self, msg: object) -> None:
+        self._forward([encode(msg)])
+
+    def _forward(self, frames: list[bytes]) -> None:
+        try:
+            self.scheduler.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:  # the scheduler is gone long enough to fill the queue
+            logger.warning("send queue full: a message to the scheduler was dropped")
+
+    def close(self) -> None:
+        """Lets a command in progress finish (bounded), then closes the sockets."""
+        self.engine_thread.commands.put(None)
+        if self.engine_thread.is_alive():
+            self.engine_thread.join(STOP_TIMEOUT_S)
+        self.scheduler.close(linger=0)
+        self.answers.close(linger=0)
+        if not self.engine_thread.is_alive():
+            self.context.term()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_config(WorkerConfig, argv, prog="ztgi worker")
+    setup_logging(f"worker[{config.worker_index}]", config.log_level)
+    stop_requested = threading.Event()
+
+    def stop(signum: int, _frame: object) -> None:
+        logger.info("signal %d: stopping", signum)
+        stop_requested.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        model = Model(config.model_id, config.dtype, config.device)
+    except (ModelNotFoundError, ValueError, TypeError) as exc:
+        logger.error("cannot load %s: %s", config.model_id, exc)
+        return 1
+    if stop_requested.is_set():
+        return 0
+    service = WorkerService(config, Engine(model, config.memory_budget_mb), stop_requested)
+    try:
+        service.run()
+    finally:
+        service.close()
+    logger.info("stopped")
+    return 0

@@ -1,0 +1,50 @@
+"""Small builders for engine tests: requests, batches, and running a batch to the end."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from common.messages import Generation, SamplingParameters, WorkerRequest
+from services.worker.batch import CausalLMBatch
+from services.worker.model import Model
+
+
+def request(request_id: int, input_ids: list[int], max_new_tokens: int = 8, *, ignore_eos: bool = False,
+            top_n_tokens: int = 0, prefill_logprobs: bool = False, **sampling: object) -> WorkerRequest:
+    return WorkerRequest(request_id, list(input_ids), SamplingParameters(**sampling), max_new_tokens,
+                         ignore_eos, top_n_tokens, prefill_logprobs)
+
+
+def batch_of(model: Model, requests: Iterable[WorkerRequest], batch_id: int = 1) -> CausalLMBatch:
+    requests = list(requests)
+    max_tokens = len(requests) * max(len(r.input_ids) for r in requests) + sum(r.max_new_tokens for r in requests)
+    return CausalLMBatch.from_requests(requests, batch_id, max_tokens, model)
+
+
+def step(model: Model, batch: CausalLMBatch, into: dict[int, list[Generation]]) -> CausalLMBatch | None:
+    """One generate_token; appends each generation to `into[request_id]`."""
+    generations, next_batch, _ = model.generate_token(batch)
+    for generation in generations:
+        into.setdefault(generation.request_id, []).append(generation)
+    return next_batch
+
+
+def run_to_end(model: Model, batch: CausalLMBatch | None,
+               into: dict[int, list[Generation]] | None = None) -> dict[int, list[Generation]]:
+    """Steps until every request stopped; request id -> its generations in order."""
+    into = {} if into is None else into
+    while batch is not None:
+        batch = step(model, batch, into)
+    return into
+
+
+def token_ids(generations: dict[int, list[Generation]]) -> dict[int, list[int]]:
+    return {rid: [g.token_id for g in gens] for rid, gens in generations.items()}
+
+
+def alone(model: Model, requests: Iterable[WorkerRequest]) -> dict[int, list[int]]:
+    """Each request's tokens when it runs in a batch of its own."""
+    result: dict[int, list[int]] = {}
+    for r in requests:
+        result.update(token_ids(run_to_end(model, batch_of(model, [r]))))
+    return result

@@ -1,0 +1,51 @@
+"""Greedy generation through the engine equals transformers' own `generate` for SmolLM2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
+
+MAX_NEW_TOKENS = 32
+RAW_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village at the edge of a great forest, there lived an old "
+    "clockmaker who had never once left the valley. Every morning he",
+]
+CHAT_PROMPTS = [
+    "What is 2+2?",
+    "Write a haiku about the sea.",
+]
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(smollm2.path)
+    encoded = [tokenizer(p)["input_ids"] for p in RAW_PROMPTS]
+    for content in CHAT_PROMPTS:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                             add_generation_prompt=True)
+        encoded.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return encoded
+
+
+def reference(model, input_ids: list[int]) -> list[int]:
+    ids = torch.tensor([input_ids])
+    out = model.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW_TOKENS,
+                               do_sample=False, pad_token_id=2)
+    return out[0, len(input_ids):].tolist()
+
+
+def test_greedy_batch_equals_transformers_generate(smollm2_model, prompts):
+    """Five prompts (raw and chat-templated, 5 to 38 tokens) in one batch: every request's 32 greedy
+    tokens (or fewer, up to EOS) equal `generate(do_sample=False)` run on that prompt alone."""
+    assert len({len(p) for p in prompts}) >= 5
+    requests = [request(i, ids, MAX_NEW_TOKENS) for i, ids in enumerate(prompts)]
+    got = token_ids(run_to_end(smollm2_model, batch_of(smollm2_model, requests)))
+    for i, ids in enumerate(prompts):
+        assert got[i] == reference(smollm2_model, ids), f"prompt {i} diverged"
+    assert any(len(tokens) == MAX_NEW_TOKENS for tokens in got.values())
+    assert any(len(tokens) < MAX_NEW_TOKENS for tokens in got.values())  # some stopped on EOS
