@@ -1,0 +1,46 @@
+"""One measured run of one system at one load level, with `ztgi bench`'s figures, and its JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Sequence
+
+from benchmarks.load_generator import RunResult
+from benchmarks.metrics import RequestRecord, Summary
+
+
+@dataclasses.dataclass
+class BaselineRun:
+    """`system` (static, engine or ztgi) at `concurrency` (the batch size for static batching).
+
+    `extra` holds figures only one system has, e.g. static batching's per-batch times.
+    """
+
+    system: str
+    concurrency: int
+    records: list[RequestRecord]
+    summary: Summary
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_bench(cls, system: str, run: RunResult) -> "BaselineRun":
+        return cls(system, run.concurrency or 0, run.records, run.summary)
+
+    def to_json(self, with_requests: bool = True) -> dict[str, Any]:
+        result = {"system": self.system, "concurrency": self.concurrency, "summary": self.summary.to_json(),
+                  **self.extra}
+        if with_requests:
+            result["requests"] = [r.to_json() for r in self.records]
+        return result
+
+
+def results_json(config: Any, runs: Sequence[BaselineRun], with_requests: bool = True) -> dict[str, Any]:
+    """`{config, runs: [{system, concurrency, summary, ..., requests}]}`; times in seconds."""
+    return {"config": dataclasses.asdict(config), "runs": [run.to_json(with_requests) for run in runs]}
+
+
+def write_results(path: str, results: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(results, file, indent=1)
+        file.write("\n")

@@ -1,0 +1,196 @@
+"""Side by side in one run: static batching, the engine alone, and ztgi over HTTP.
+
+    python -m benchmarks.compare --dataset mixed --dtype float32 --repeats 3 \\
+        --output results.json --plot sweep.png
+
+On one machine, one after the other, each repeat runs: static batching (`transformers`
+`generate`, batch `--static-batch-size`), the worker engine in-process at concurrency 1 and each
+of `--concurrencies`, and ztgi (`ztgi launch` started here on a free port, loaded by `ztgi bench`'s
+load generator over `/generate_stream`) at the same levels. The workload is identical for all:
+the same prompts in the same order, the same `max_new_tokens`, the ids ztgi's tokenizer makes,
+greedy, the same model and dtype, and `--ignore-eos` (on by default, so every system generates
+exactly the same number of tokens). The concurrency-1 runs measure TTFT and use only the first
+`--ttft-requests` prompts. Each figure is the median over `--repeats`; the table ends with the
+ratios the product claims (see `benchmarks/comparison.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import sys
+from typing import Sequence
+
+from benchmarks.baseline_config import BaselineConfig
+from benchmarks.baseline_model import load_model, load_tokenizer
+from benchmarks.baseline_run import BaselineRun, write_results
+from benchmarks.comparison import TTFT_CONCURRENCY, Comparison
+from benchmarks.config import BenchConfig, parse_sweep
+from benchmarks.engine_alone import BatchingPolicy, EngineAlone
+from benchmarks.launched_server import LaunchedServer, ServerStartError
+from benchmarks.load_generator import LoadGenerator, RunResult
+from benchmarks.offline_workload import OfflineRequest, encode_prompts, load_prompts
+from benchmarks.static_batching import StaticBatching
+from benchmarks.workload import Prompt, WorkloadError
+from common.config import ConfigError, parse_config, require
+from common.logs import setup_logging
+from services.worker.model import Model
+
+logger = logging.getLogger(__name__)
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareConfig(BaselineConfig):
+    """Static batching, the engine alone and ztgi over HTTP on the same workload, side by side."""
+
+    ignore_eos: bool = dataclasses.field(default=True, metadata=_help(
+        "every request generates exactly its max_new_tokens on every system"))
+    static_batch_size: int = dataclasses.field(default=16, metadata=_help("batch size of static batching"))
+    concurrencies: str = dataclasses.field(default="16,32", metadata=_help(
+        "throughput levels for the engine and ztgi (concurrency 1 is always run, for TTFT)"))
+    ttft_requests: int = dataclasses.field(default=8, metadata=_help(
+        "requests of the concurrency-1 runs (the first N prompts)"))
+    repeats: int = dataclasses.field(default=1, metadata=_help("runs of everything; figures are medians"))
+    plot: str | None = dataclasses.field(default=None, metadata=_help("write a PNG of the comparison here"))
+    port: int | None = dataclasses.field(default=None, metadata=_help("ztgi's HTTP port (default: a free one)"))
+    startup_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.static_batch_size >= 1, f"--static-batch-size must be >= 1, got {self.static_batch_size}")
+        parse_sweep(self.concurrencies)
+        require(self.ttft_requests >= 1, f"--ttft-requests must be >= 1, got {self.ttft_requests}")
+        require(self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}")
+        require(self.startup_timeout_s > 0, "--startup-timeout-s must be positive")
+
+    @property
+    def levels(self) -> list[int]:
+        """Concurrency 1 (TTFT), then the throughput levels."""
+        return [TTFT_CONCURRENCY, *(c for c in parse_sweep(self.concurrencies) if c != TTFT_CONCURRENCY)]
+
+    def launch_flags(self) -> list[str]:
+        return ["--model-id", self.model_id, "--dtype", self.dtype, "--device", self.device,
+                "--log-level", self.log_level]
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The prompts (for HTTP) and the same prompts encoded (in process), in the same order."""
+
+    prompts: list[Prompt]
+    requests: list[OfflineRequest]
+
+    def at(self, concurrency: int, ttft_requests: int) -> "Workload":
+        """All of it for a throughput level, the first `ttft_requests` for the TTFT level."""
+        if concurrency != TTFT_CONCURRENCY:
+            return self
+        return Workload(self.prompts[:ttft_requests], self.requests[:ttft_requests])
+
+
+class ZtgiOverHttp:
+    """`ztgi bench`'s load generator against a launched server, one level at a time."""
+
+    def __init__(self, url: str, config: CompareConfig) -> None:
+        self.url = url
+        self.config = config
+
+    def warmup(self, prompt: Prompt) -> None:
+        """One short request, so the first timed one finds warm connections and code paths."""
+        self._run([dataclasses.replace(prompt, max_new_tokens=2)], 1)
+
+    def run(self, prompts: list[Prompt], concurrency: int) -> BaselineRun:
+        return BaselineRun.from_bench("ztgi", self._run(prompts, concurrency))
+
+    def _run(self, prompts: list[Prompt], concurrency: int) -> RunResult:
+        bench = BenchConfig(url=self.url, dataset=self.config.dataset, output_tokens=self.config.output_tokens,
+                            num_requests=len(prompts), ignore_eos=self.config.ignore_eos, progress=False)
+        return _run_event_loop(LoadGenerator(bench, prompts).run(concurrency))
+
+
+def _run_event_loop(coroutine):
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
+def run_comparison(config: CompareConfig, workload: Workload, tokenizer) -> list[BaselineRun]:
+    """Loads both in-process baselines, starts ztgi, and runs every level `repeats` times."""
+    static = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
+                            config.static_batch_size, config.ignore_eos)
+    engine = EngineAlone(Model(config.model_id, config.dtype, config.device), BatchingPolicy(), config.ignore_eos)
+    static.warmup(workload.requests[0])
+    engine.warmup(workload.requests[0])
+    gc.collect()
+    gc.freeze()  # as the worker does after its warmup: the models stay out of later collections
+    runs: list[BaselineRun] = []
+    with LaunchedServer(config.launch_flags(), config.startup_timeout_s, config.port) as server:
+        ztgi = ZtgiOverHttp(server.url, config)
+        ztgi.warmup(workload.prompts[0])
+        for repeat in range(config.repeats):
+            runs += _one_repeat(config, workload, static, engine, ztgi, repeat)
+    return runs
+
+
+def _one_repeat(config: CompareConfig, workload: Workload, static: StaticBatching, engine: EngineAlone,
+                ztgi: ZtgiOverHttp, repeat: int) -> list[BaselineRun]:
+    logger.info("repeat %d/%d: static batching at batch %d", repeat + 1, config.repeats, config.static_batch_size)
+    runs = [static.run(workload.requests)]
+    for level in config.levels:
+        logger.info("repeat %d/%d: engine alone at concurrency %d", repeat + 1, config.repeats, level)
+        runs.append(engine.run(workload.at(level, config.ttft_requests).requests, level))
+    for level in config.levels:
+        logger.info("repeat %d/%d: ztgi over HTTP at concurrency %d", repeat + 1, config.repeats, level)
+        runs.append(ztgi.run(workload.at(level, config.ttft_requests).prompts, level))
+    for run in runs:
+        run.extra["repeat"] = repeat
+        logger.info("%s@%d: %.1f tok/s", run.system, run.concurrency, run.summary.output_token_throughput)
+    return runs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit 0 when every run completed, 1 when ztgi failed (to start, or requests), 2 for a bad flag."""
+    try:
+        config = parse_config(CompareConfig, argv, prog="python -m benchmarks.compare")
+        setup_logging("compare", config.log_level)
+        prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
+    except (ConfigError, WorkloadError) as exc:
+        setup_logging("compare")
+        logger.error("%s", exc)
+        return 2
+    tokenizer = load_tokenizer(config.model_id)
+    workload = Workload(prompts, encode_prompts(tokenizer, prompts))
+    try:
+        runs = run_comparison(config, workload, tokenizer)
+    except ServerStartError as exc:
+        logger.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        logger.warning("interrupted: no results")
+        return 130
+    comparison = Comparison(runs, config.static_batch_size, parse_sweep(config.concurrencies))
+    sys.stdout.write(comparison.render_text())
+    _write_outputs(config, runs, comparison)
+    return 1 if any(run.summary.num_failures for run in runs) else 0
+
+
+def _write_outputs(config: CompareConfig, runs: list[BaselineRun], comparison: Comparison) -> None:
+    if config.output:
+        write_results(config.output, {"config": dataclasses.asdict(config), **comparison.to_json(),
+                                      "runs": [run.to_json() for run in runs]})
+        logger.info("wrote %s", config.output)
+    if config.plot:
+        from benchmarks.comparison_plot import write_plot
+        write_plot(config.plot, comparison)
+        logger.info("wrote %s", config.plot)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""`ztgi launch` as a child process on a free loopback port, for a benchmark to load."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Sequence
+
+logger = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 60.0
+LOG_TAIL_LINES = 40
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not get healthy in time; the message carries its log's tail."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LaunchedServer:
+    """`python -m services.launcher --port P FLAGS`, ready once `/health` answers 200; SIGTERM on exit."""
+
+    def __init__(self, flags: Sequence[str], startup_timeout_s: float = 600.0, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.flags = ["--host", "127.0.0.1", "--port", str(self.port), "--no-restart", *flags]
+        self.startup_timeout_s = startup_timeout_s
+        self.log_file = tempfile.NamedTemporaryFile("w+", prefix="ztgi-launch-", suffix=".log", delete=False)
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "LaunchedServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Starts the launcher and waits until it serves; ServerStartError otherwise."""
+        logger.info("starting ztgi launch %s (log %s)", " ".join(self.flags), self.log_file.name)
+        self.process = subprocess.Popen([sys.executable, "-m", "services.launcher", *self.flags],
+                                        stdout=self.log_file, stderr=subprocess.STDOUT,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        started = time.monotonic()
+        while time.monotonic() - started < self.startup_timeout_s:
+            if self.process.poll() is not None:
+                message = f"ztgi launch exited with code {self.process.returncode}:\n{self.log_tail()}"
+                self.stop()
+                raise ServerStartError(message)
+            if self._healthy():
+                logger.info("ztgi serving on %s after %.1f s", self.url, time.monotonic() - started)
+                return
+            time.sleep(0.25)
+        message = f"ztgi launch not healthy after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}"
+        self.stop()
+        raise ServerStartError(message)
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after a minute; the log file is removed."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                logger.warning("ztgi launch ignored SIGTERM for %.0f s: killing it", STOP_TIMEOUT_S)
+                self.process.kill()
+                self.process.wait()
+        self.log_file.close()
+        if os.path.exists(self.log_file.name):
+            os.unlink(self.log_file.name)
+        return None if self.process is None else self.process.returncode
+
+    def log_tail(self) -> str:
+        self.log_file.flush()
+        with open(self.log_file.name, encoding="utf-8", errors="replace") as file:
+            return "".join(file.readlines()[-LOG_TAIL_LINES:])
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
