@@ -286,7 +286,10 @@ class AsyncZtgiClient:
             except MessageError as exc:
                 logger.warning("bad frame from the scheduler: %s", exc)
                 continue
-            self._dispatch(msg)
+            try:
+                self._dispatch(msg)
+            except Exception:  # one bad message must not stop the routing of every other
+                logger.exception("could not route %s", type(msg).__name__)
 
     def _dispatch(self, msg: object) -> None:
         match msg:

@@ -82,5 +82,5 @@ async def _generate_sse(request: web.Request, text_request: TextRequest) -> web.
     headers = {"x-compute-type": request.app[CONFIG].compute_type,
                "x-compute-characters": str(len(text_request.inputs))}
     return await serve_sse(
-        request, events, lambda event: [render.stream_event_json(event, next(indexes), text_request.parameters)],
+        request, events, lambda event: [render.stream_event_json(event, next(indexes))],
         headers=headers)

@@ -49,10 +49,14 @@ def details_json(result: GenerateResult, details: FinalDetails,
     return rendered
 
 
-def stream_event_json(event: StreamEvent, index: int, parameters: GenerateParameters) -> dict[str, Any]:
-    """TGI's StreamResponse for one event; the last carries the text and, when asked, details."""
+def stream_event_json(event: StreamEvent, index: int) -> dict[str, Any]:
+    """TGI's StreamResponse for one event; the last carries the text and the details.
+
+    TGI sends the last event's details only when asked; they are small and streaming clients
+    want the finish reason, so they always come here (clients treat the field as optional).
+    """
     details = None
-    if event.details is not None and parameters.details:
+    if event.details is not None:
         details = {
             "finish_reason": event.details.finish_reason,
             "generated_tokens": event.details.generated_tokens,

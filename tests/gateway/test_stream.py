@@ -32,10 +32,11 @@ def test_stream_events_follow_tgi_schema_and_order(gateway: GatewayProcess, sche
     assert events[-1]["details"] == {"finish_reason": "length", "generated_tokens": 3, "input_length": 2, "seed": 3}
 
 
-def test_stream_without_details_ends_with_text_only(gateway: GatewayProcess) -> None:
-    """Without details the last event has generated_text and details null, as in TGI."""
+def test_stream_always_ends_with_details(gateway: GatewayProcess) -> None:
+    """Even without details, the last event carries the finish reason and token counts."""
     events = read_events(stream(gateway, {"inputs": "Hi", "parameters": {"max_new_tokens": 2}}))
-    assert (events[-1]["generated_text"], events[-1]["details"]) == (" a b", None)
+    assert events[-1]["generated_text"] == " a b"
+    assert events[-1]["details"]["finish_reason"] == "length" and events[-1]["details"]["input_length"] == 2
 
 
 def test_stream_carries_top_tokens(gateway: GatewayProcess) -> None:
