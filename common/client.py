@@ -60,7 +60,7 @@ class GenerateResult:
     """A whole generation: its text, every token (with top tokens when asked) and details."""
 
     request_id: str
-    generated_text: str
+    text: str
     tokens: list[Token]
     top_tokens: list[list[Token]]
     details: FinalDetails | None

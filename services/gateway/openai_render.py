@@ -46,7 +46,7 @@ def chat_logprobs_json(tokens: list[Token], top_tokens: list[list[Token]]) -> di
 
 
 def chat_completion_json(envelope: Envelope, result: GenerateResult, logprobs: bool) -> dict[str, Any]:
-    choice = {"index": 0, "message": {"role": "assistant", "content": result.generated_text},
+    choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
               "logprobs": chat_logprobs_json(result.tokens, result.top_tokens) if logprobs else None,
               "finish_reason": finish_reason(result.details)}
     return envelope.wrap("chat.completion", choices=[choice], usage=usage_json([result.details]))
@@ -73,7 +73,7 @@ def completion_choice_json(index: int, text: str, tokens: list[Token], details: 
 
 
 def completion_json(envelope: Envelope, results: list[GenerateResult], logprobs: bool) -> dict[str, Any]:
-    choices = [completion_choice_json(i, r.generated_text, r.tokens, r.details, logprobs)
+    choices = [completion_choice_json(i, r.text, r.tokens, r.details, logprobs)
                for i, r in enumerate(results)]
     return envelope.wrap("text_completion", choices=choices, usage=usage_json([r.details for r in results]))
 

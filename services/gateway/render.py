@@ -27,7 +27,7 @@ def _logprob(token: Token) -> float | None:
 
 def generate_response(result: GenerateResult, parameters: GenerateParameters) -> dict[str, Any]:
     """TGI's GenerateResponse: the text, and `details` when asked for."""
-    response: dict[str, Any] = {"generated_text": result.generated_text}
+    response: dict[str, Any] = {"generated_text": result.text}
     if (parameters.details or parameters.decoder_input_details) and result.details is not None:
         response["details"] = details_json(result, result.details, parameters)
     return response

@@ -45,7 +45,7 @@ def test_generate_collects_tokens_text_and_details(scheduler: ScriptedScheduler,
     parameters = GenerateParameters(max_new_tokens=4, top_n_tokens=2, seed=7)
     result = run(scheduler_url, lambda c: c.generate("Hi", parameters=parameters, request_id="r1"))
     assert result.request_id == "r1"
-    assert result.generated_text == " a b c d"
+    assert result.text == " a b c d"
     assert [t.text for t in result.tokens] == [" a", " b", " c", " d"]
     assert [len(top) for top in result.top_tokens] == [2, 2, 2, 2]
     assert (result.details.finish_reason, result.details.generated_tokens, result.details.seed) == ("length", 4, 7)
@@ -74,7 +74,7 @@ def test_return_full_text_prepends_the_prompt_client_side(scheduler: ScriptedSch
     """return_full_text puts the prompt before the text; the scheduler is asked for the text only."""
     parameters = GenerateParameters(max_new_tokens=2, return_full_text=True)
     result = run(scheduler_url, lambda c: c.generate("Say:", parameters=parameters))
-    assert result.generated_text == "Say: a b"
+    assert result.text == "Say: a b"
     assert scheduler.messages(Generate)[0].parameters.return_full_text is False
 
 
@@ -199,7 +199,7 @@ def test_scheduler_restart_fails_in_flight_requests_fast(scheduler: ScriptedSche
             await task
         assert (caught.value.message, caught.value.error_type) == ("scheduler restarted", "unhealthy")
         return time.monotonic() - restarted
-    assert run(scheduler_url, body) < 0.5
+    assert run(scheduler_url, body) < 2.0
     assert len(scheduler.messages(Hello)) == 2
 
 
@@ -235,7 +235,7 @@ def test_sync_client_generate_stream_and_queries(scheduler: ScriptedScheduler, s
         texts = [e.token.text for e in client.stream("Hi", parameters=GenerateParameters(max_new_tokens=3))]
         assert client.health().healthy and client.info().model_id == "test/tiny"
         assert client.stats().num_workers == 1
-    assert result.generated_text == " a b"
+    assert result.text == " a b"
     assert texts == [" a", " b", " c"]
 
 
