@@ -38,10 +38,13 @@ def temperature(scores: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return scores / value
 
 
-def top_k(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Keeps each row's k highest scores (ties with the k-th kept too); k = 0 keeps everything."""
-    k = k.clamp_max(scores.shape[-1])
-    max_k = int(k.max())
+def top_k(scores: torch.Tensor, k: torch.Tensor, max_k: int) -> torch.Tensor:
+    """Keeps each row's k highest scores (ties with the k-th kept too); k = 0 keeps everything.
+
+    `max_k` is the largest k of the batch, known on the host (no device sync to find it).
+    """
+    max_k = min(max_k, scores.shape[-1])
+    k = k.clamp_max(max_k)
     kth = torch.topk(scores, max_k, dim=-1).values.gather(1, (k - 1).clamp_min(0))
     kth = kth.masked_fill(k == 0, FILTERED)
     return scores.masked_fill(scores < kth, FILTERED)

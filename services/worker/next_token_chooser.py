@@ -58,6 +58,7 @@ class NextTokenChooser:
         temperatures = [p.temperature if p.do_sample else 1.0 for p in self.params]
         self.temperature = self._tensor(temperatures, 1.0, torch.float32)
         self.top_k = self._column("top_k", 0, torch.int64)
+        self.max_top_k = max(p.top_k for p in self.params)
         self.top_p = self._column("top_p", 1.0)
         self.typical_p = self._column("typical_p", 1.0)
 
@@ -102,7 +103,7 @@ class NextTokenChooser:
         if self.temperature is not None:
             scores = processors.temperature(scores, self.temperature)
         if self.top_k is not None:
-            scores = processors.top_k(scores, self.top_k)
+            scores = processors.top_k(scores, self.top_k, self.max_top_k)
         if self.top_p is not None:
             scores = processors.top_p(scores, self.top_p)
         if self.typical_p is not None:

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import pytest
+import torch
 
 from services.worker.model import Model
+
+
+@pytest.fixture(scope="package", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread while these tests run: the suite shares 2 cores with the processes other
+    tests start, and oversubscribed OpenMP threads spin-wait (a 10x slowdown measured here)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")

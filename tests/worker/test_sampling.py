@@ -41,8 +41,8 @@ def test_top_k_one_equals_greedy():
 
 def test_top_k_keeps_the_k_best():
     """top_k=3 leaves exactly the three highest logits; top_k=0 leaves all."""
-    assert kept(processors.top_k(LOGITS.clone(), torch.tensor([[3]]))) == [0, 1, 2]
-    both = processors.top_k(torch.cat([LOGITS, LOGITS]), torch.tensor([[3], [0]]))
+    assert kept(processors.top_k(LOGITS.clone(), torch.tensor([[3]]), 3)) == [0, 1, 2]
+    both = processors.top_k(torch.cat([LOGITS, LOGITS]), torch.tensor([[3], [0]]), 3)
     assert kept(both[1:]) == [0, 1, 2, 3, 4, 5]
 
 
