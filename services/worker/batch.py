@@ -64,20 +64,12 @@ class CausalLMBatch:
     def from_requests(cls, requests: Sequence[WorkerRequest], batch_id: int, max_tokens: int,
                       model: "Model") -> "CausalLMBatch":
         """A batch ready for prefill; raises ValueError naming a bad request and field."""
-        if not requests:
-            raise ValueError(f"batch {batch_id} has no requests")
-        for request in requests:
-            _validate_request(request, model)
-        _require_unique([r.request_id for r in requests])
+        _validate_requests(requests, batch_id, model)
         chooser = _chooser(requests, model.device)
         lengths = [len(r.input_ids) for r in requests]
         max_input_length = max(lengths)
         padding_right_offset = max(r.max_new_tokens for r in requests)
-        token_ids = torch.zeros((len(requests), max_input_length + padding_right_offset), dtype=torch.int64)
-        attention_mask = torch.zeros_like(token_ids)
-        for i, request in enumerate(requests):
-            token_ids[i, max_input_length - lengths[i]:max_input_length] = torch.tensor(request.input_ids)
-            attention_mask[i, max_input_length - lengths[i]:max_input_length] = 1
+        token_ids, attention_mask = _left_padded(requests, max_input_length, padding_right_offset)
         position_ids = (attention_mask[:, :max_input_length].cumsum(-1) - 1).clamp_min(0)
         device = model.device
         return cls(
@@ -208,6 +200,18 @@ class CausalLMBatch:
         """The used columns of a mask-layout tensor (the room for tokens to come left out)."""
         return tensor[:, :self.max_input_length]
 
+def _left_padded(requests: Sequence[WorkerRequest], max_input_length: int,
+                 padding_right_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask, on the host, each prompt right-aligned at `max_input_length`."""
+    token_ids = torch.zeros((len(requests), max_input_length + padding_right_offset), dtype=torch.int64)
+    attention_mask = torch.zeros_like(token_ids)
+    for i, request in enumerate(requests):
+        start = max_input_length - len(request.input_ids)
+        token_ids[i, start:max_input_length] = torch.tensor(request.input_ids)
+        attention_mask[i, start:max_input_length] = 1
+    return token_ids, attention_mask
+
+
 def _pad_columns(parts: list[torch.Tensor], max_input_length: int, padding_right_offset: int) -> torch.Tensor:
     """Stacks left-padded `[rows, length]` parts right-aligned at `max_input_length`, with room after."""
     total_rows = sum(p.shape[0] for p in parts)
@@ -249,6 +253,14 @@ def _chooser(requests: Sequence[WorkerRequest], device: torch.device) -> NextTok
             except ValueError as exc:
                 raise ValueError(f"request {request.request_id}: {exc}") from None
         raise
+
+
+def _validate_requests(requests: Sequence[WorkerRequest], batch_id: int, model: "Model") -> None:
+    if not requests:
+        raise ValueError(f"batch {batch_id} has no requests")
+    for request in requests:
+        _validate_request(request, model)
+    _require_unique([r.request_id for r in requests])
 
 
 def _validate_request(request: WorkerRequest, model: "Model") -> None:

@@ -14,7 +14,11 @@ DEVICES = ("auto", "cpu", "cuda")
 
 @dataclasses.dataclass(frozen=True)
 class WorkerConfig:
-    """One model worker: the model, its cached batches, sampling and token-level stopping."""
+    """One model worker: the model, its cached batches, sampling and token-level stopping.
+
+    `memory_budget_mb` is the KV cache budget on CPU (CUDA measures free memory instead);
+    `cpu_warmup_prefill_tokens` caps the warmup batch on CPU (none: TGI's full-size warmup).
+    """
 
     scheduler_url: str = DEFAULT_SCHEDULER_URL
     model_id: str = DEFAULT_MODEL_ID
@@ -22,6 +26,7 @@ class WorkerConfig:
     device: str = "auto"
     worker_index: int = 0
     memory_budget_mb: int = 4096
+    cpu_warmup_prefill_tokens: int | None = 512
     heartbeat_interval_ms: int = 1000
     log_level: str = "INFO"
 
@@ -31,6 +36,8 @@ class WorkerConfig:
         require(self.device in DEVICES, f"--device {self.device!r} must be one of {', '.join(DEVICES)}")
         require(self.worker_index >= 0, "--worker-index must be >= 0")
         require(self.memory_budget_mb > 0, "--memory-budget-mb (KV cache budget on CPU) must be positive")
+        require(self.cpu_warmup_prefill_tokens is None or self.cpu_warmup_prefill_tokens > 0,
+                "--cpu-warmup-prefill-tokens must be positive, or none for TGI's full-size warmup")
         require(self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive")
 
     @property

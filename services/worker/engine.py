@@ -34,15 +34,17 @@ class CommandError(Exception):
 class Engine:
     """The model and its cached batches; one method per verb."""
 
-    def __init__(self, model: Model, memory_budget_mb: int) -> None:
+    def __init__(self, model: Model, memory_budget_mb: int, cpu_warmup_prefill_tokens: int | None = None) -> None:
         self.model = model
         self.memory_budget_mb = memory_budget_mb
+        self.cpu_warmup_prefill_tokens = cpu_warmup_prefill_tokens
         self.cache: BatchCache[CausalLMBatch] = BatchCache()
 
     def warmup(self, command: Warmup) -> WarmupResult | CommandFailed:
         def run() -> WarmupResult:
             self.cache.clear()
-            max_batch_total_tokens = run_warmup(self.model, command, self.memory_budget_mb)
+            max_batch_total_tokens = run_warmup(self.model, command, self.memory_budget_mb,
+                                                self.cpu_warmup_prefill_tokens)
             return WarmupResult(command.command_id, max_batch_total_tokens)
         return self._guarded(command.command_id, run)
 

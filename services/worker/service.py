@@ -225,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if stop_requested.is_set():
         return 0
-    service = WorkerService(config, Engine(model, config.memory_budget_mb), stop_requested)
+    engine = Engine(model, config.memory_budget_mb, config.cpu_warmup_prefill_tokens)
+    service = WorkerService(config, engine, stop_requested)
     try:
         service.run()
     finally:

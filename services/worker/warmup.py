@@ -5,6 +5,9 @@ The synthetic batch fills `max_batch_prefill_tokens` with prompts of `max_input_
 `max_total_tokens - max_input_tokens` new tokens; it is prefilled, decoded once and dropped.
 `max_batch_total_tokens` is the scheduler's value when it sets one; otherwise on CUDA it is 90%
 of the memory free after warmup, on CPU `--memory-budget-mb`, in KV cache tokens.
+
+On CPU nothing is measured, so the batch may be capped (`--cpu-warmup-prefill-tokens`): it still
+runs every step of the real path, without a full-size prefill that takes half a minute on 2 cores.
 """
 
 from __future__ import annotations
@@ -24,12 +27,17 @@ CUDA_MEMORY_FRACTION = 0.9
 TOKEN_STRIDE = 7919  # a prime: synthetic prompts cycle through the vocabulary, not one repeated token
 
 
-def run_warmup(model: Model, command: Warmup, memory_budget_mb: int) -> int:
-    """Runs the warmup batch and returns `max_batch_total_tokens`; ValueError for impossible limits."""
+def run_warmup(model: Model, command: Warmup, memory_budget_mb: int,
+               cpu_prefill_tokens: int | None = None) -> int:
+    """Runs the warmup batch and returns `max_batch_total_tokens`; ValueError for impossible limits.
+
+    `cpu_prefill_tokens` caps the batch's prefill tokens on CPU (None: the full size, as on CUDA).
+    """
     _validate(model, command)
     started = time.monotonic()
-    batch: CausalLMBatch | None = warmup_batch(model, command)
-    num_requests = len(batch)
+    cap = cpu_prefill_tokens if model.device.type == "cpu" else None
+    batch: CausalLMBatch | None = warmup_batch(model, command, cap)
+    num_requests, num_input_tokens = len(batch), batch.max_input_length
     for _ in range(2):  # prefill, then one decode
         if batch is not None:
             _, batch, _ = model.generate_token(batch)
@@ -40,19 +48,24 @@ def run_warmup(model: Model, command: Warmup, memory_budget_mb: int) -> int:
                          f"max_total_tokens ({command.max_total_tokens}): lower --max-total-tokens or "
                          "give the worker more memory (--memory-budget-mb on CPU)")
     logger.info("warmup: %d x %d prompt tokens in %.1f s; max_batch_total_tokens=%d", num_requests,
-                command.max_input_tokens, time.monotonic() - started, max_batch_total_tokens)
+                num_input_tokens, time.monotonic() - started, max_batch_total_tokens)
     return max_batch_total_tokens
 
 
-def warmup_batch(model: Model, command: Warmup) -> CausalLMBatch:
-    num_requests = max(1, command.max_batch_prefill_tokens // command.max_input_tokens)
+def warmup_batch(model: Model, command: Warmup, max_prefill_tokens: int | None = None) -> CausalLMBatch:
+    """Prompts of max_input_tokens filling max_batch_prefill_tokens, both capped by `max_prefill_tokens`."""
+    num_input_tokens, prefill_tokens = command.max_input_tokens, command.max_batch_prefill_tokens
+    if max_prefill_tokens is not None:
+        num_input_tokens = min(num_input_tokens, max_prefill_tokens)
+        prefill_tokens = min(prefill_tokens, max_prefill_tokens)
+    num_requests = max(1, prefill_tokens // num_input_tokens)
     max_new_tokens = command.max_total_tokens - command.max_input_tokens
-    input_ids = [(i * TOKEN_STRIDE) % model.vocab_size for i in range(command.max_input_tokens)]
+    input_ids = [(i * TOKEN_STRIDE) % model.vocab_size for i in range(num_input_tokens)]
     requests = [WorkerRequest(request_id=i, input_ids=input_ids, sampling=SamplingParameters(),
                               max_new_tokens=max_new_tokens, ignore_eos=True)
                 for i in range(num_requests)]
-    return CausalLMBatch.from_requests(requests, batch_id=-1, max_tokens=num_requests * command.max_total_tokens,
-                                       model=model)
+    max_tokens = num_requests * (num_input_tokens + max_new_tokens)
+    return CausalLMBatch.from_requests(requests, batch_id=-1, max_tokens=max_tokens, model=model)
 
 
 def _validate(model: Model, command: Warmup) -> None:

@@ -24,11 +24,13 @@ def test_flags_override_environment(monkeypatch):
     monkeypatch.setenv("ZTGI_MEMORY_BUDGET_MB", "512")
     config = parse_config(WorkerConfig, ["--dtype", "float16", "--worker-index", "3"])
     assert (config.dtype, config.memory_budget_mb, config.worker_index) == ("float16", 512, 3)
+    assert config.cpu_warmup_prefill_tokens == 512
+    assert parse_config(WorkerConfig, ["--cpu-warmup-prefill-tokens", "none"]).cpu_warmup_prefill_tokens is None
 
 
 @pytest.mark.parametrize("field, value, flag", [
     ("dtype", "float64", "--dtype"), ("device", "tpu", "--device"), ("memory_budget_mb", 0, "--memory-budget-mb"),
-    ("heartbeat_interval_ms", 0, "--heartbeat-interval-ms"), ("worker_index", -1, "--worker-index"),
+    ("heartbeat_interval_ms", 0, "--heartbeat-interval-ms"), ("cpu_warmup_prefill_tokens", 0, "--cpu-warmup"), ("worker_index", -1, "--worker-index"),
     ("scheduler_url", "http://x", "scheduler URL"),
 ])
 def test_invalid_values_name_the_flag(field, value, flag):

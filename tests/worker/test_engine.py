@@ -9,6 +9,7 @@ from common.messages import (
     Warmup, WarmupResult,
 )
 from services.worker.engine import Engine
+from services.worker.warmup import warmup_batch
 from tests.worker.engine_helpers import request
 
 
@@ -34,6 +35,19 @@ def test_warmup_sizes_the_kv_budget_from_memory_on_cpu(engine, tiny_model):
     assert result.max_batch_total_tokens == 64 * 2**20 // per_token
     given = engine.warmup(Warmup(2, 64, 80, 200, max_batch_total_tokens=5000))
     assert given == WarmupResult(2, 5000) and len(engine.cache) == 0
+
+
+def test_cpu_warmup_batch_can_be_capped(tiny_model):
+    """Uncapped, the warmup batch fills max_batch_prefill_tokens with max_input_tokens prompts (TGI);
+    capped (the CPU default), it is one short prompt with the same room for new tokens."""
+    command = Warmup(1, max_input_tokens=1000, max_total_tokens=1040, max_batch_prefill_tokens=4000,
+                     max_batch_total_tokens=None)
+    full = warmup_batch(tiny_model, command)
+    assert (len(full), full.max_input_length, full.padding_right_offset) == (4, 1000, 40)
+    capped = warmup_batch(tiny_model, command, max_prefill_tokens=256)
+    assert (len(capped), capped.max_input_length, capped.padding_right_offset) == (1, 256, 40)
+    result = Engine(tiny_model, 64, cpu_warmup_prefill_tokens=256).warmup(command)
+    assert result == WarmupResult(1, 64 * 2**20 // tiny_model.kv_bytes_per_token)
 
 
 @pytest.mark.parametrize("limits, message", [

@@ -79,7 +79,7 @@ def worker(tiny_model_dir, tmp_path_factory):
     log = open(run_dir / "worker.log", "w+")
     process = subprocess.Popen(
         [sys.executable, "-m", "services.worker", "--scheduler-url", scheduler_url, "--model-id", tiny_model_dir,
-         "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--memory-budget-mb", "32"],
+         "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--memory-budget-mb", "32", "--cpu-warmup-prefill-tokens", "none"],
         cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         hello = side.receive(Hello, START_TIMEOUT_S)
@@ -104,7 +104,7 @@ def test_hello_carries_worker_info(worker):
 
 
 def test_heartbeats_keep_coming_during_a_long_command(worker):
-    """A long warmup runs on the engine thread: heartbeats keep arriving before its answer."""
+    """A long (full-size) warmup runs on the engine thread: heartbeats keep arriving before its answer."""
     _, side, _, _ = worker
     side.send(Warmup(1, max_input_tokens=2000, max_total_tokens=2040, max_batch_prefill_tokens=8000,
                      max_batch_total_tokens=None))
