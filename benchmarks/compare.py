@@ -3,15 +3,19 @@
     python -m benchmarks.compare --dataset mixed --dtype float32 --repeats 3 \\
         --output results.json --plot sweep.png
 
-On one machine, one after the other, each repeat runs: static batching (`transformers`
-`generate`, batch `--static-batch-size`), the worker engine in-process at concurrency 1 and each
-of `--concurrencies`, and ztgi (`ztgi launch` started here on a free port, loaded by `ztgi bench`'s
-load generator over `/generate_stream`) at the same levels. The workload is identical for all:
+On one machine, one run at a time, each repeat runs static batching (`transformers` `generate`,
+batch `--static-batch-size`), then at concurrency 1 and each of `--concurrencies` the worker
+engine in-process and, right after it, ztgi (`ztgi launch` started here on a free port, loaded by
+`ztgi bench`'s load generator over `/generate_stream`). Every system is warmed up first with
+two-token requests at its largest batch. With the defaults (the whole mixed set) a repeat takes
+minutes on a few CPU cores; `--max-requests` shortens it. The workload is identical for all:
 the same prompts in the same order, the same `max_new_tokens`, the ids ztgi's tokenizer makes,
 greedy, the same model and dtype, and `--ignore-eos` (on by default, so every system generates
 exactly the same number of tokens). The concurrency-1 runs measure TTFT and use only the first
 `--ttft-requests` prompts. Each figure is the median over `--repeats`; the table ends with the
-ratios the product claims (see `benchmarks/comparison.py`).
+ratios the product claims (see `benchmarks/comparison.py`). ztgi's limits (`--max-total-tokens`,
+`--max-batch-prefill-tokens`, ...) go to `ztgi launch`, and the batching ones drive the engine
+alone as well; a model with fewer than 4096 positions needs a smaller `--max-total-tokens`.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ from services.worker.model import Model
 logger = logging.getLogger(__name__)
 
 
+LIMIT_NAMES = ("max_input_tokens", "max_total_tokens", "max_batch_prefill_tokens", "max_batch_size",
+               "waiting_served_ratio", "max_waiting_tokens")
+
+
 def _help(text: str) -> dict[str, str]:
     return {"help": text}
 
@@ -60,23 +68,52 @@ class CompareConfig(BaselineConfig):
     plot: str | None = dataclasses.field(default=None, metadata=_help("write a PNG of the comparison here"))
     port: int | None = dataclasses.field(default=None, metadata=_help("ztgi's HTTP port (default: a free one)"))
     startup_timeout_s: float = 600.0
+    # ztgi's limits (unset: ztgi launch's defaults); the batching ones drive the engine alone too
+    max_input_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_batch_prefill_tokens: int = 4096
+    max_batch_size: int | None = None
+    waiting_served_ratio: float = 0.3
+    max_waiting_tokens: int = 20
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require(self.static_batch_size >= 1, f"--static-batch-size must be >= 1, got {self.static_batch_size}")
-        parse_sweep(self.concurrencies)
+        throughput_levels(self.concurrencies)
         require(self.ttft_requests >= 1, f"--ttft-requests must be >= 1, got {self.ttft_requests}")
         require(self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}")
         require(self.startup_timeout_s > 0, "--startup-timeout-s must be positive")
+        require(self.max_batch_prefill_tokens >= 1, "--max-batch-prefill-tokens must be >= 1")
+        require(self.max_batch_size is None or self.max_batch_size >= 1, "--max-batch-size must be >= 1")
+        require(self.waiting_served_ratio >= 0, "--waiting-served-ratio must be >= 0")
+        require(self.max_waiting_tokens >= 1, "--max-waiting-tokens must be >= 1")
 
     @property
     def levels(self) -> list[int]:
         """Concurrency 1 (TTFT), then the throughput levels."""
-        return [TTFT_CONCURRENCY, *(c for c in parse_sweep(self.concurrencies) if c != TTFT_CONCURRENCY)]
+        return [TTFT_CONCURRENCY, *(c for c in throughput_levels(self.concurrencies) if c != TTFT_CONCURRENCY)]
 
     def launch_flags(self) -> list[str]:
-        return ["--model-id", self.model_id, "--dtype", self.dtype, "--device", self.device,
-                "--log-level", self.log_level]
+        flags = ["--model-id", self.model_id, "--dtype", self.dtype, "--device", self.device,
+                 "--log-level", self.log_level]
+        for name in LIMIT_NAMES:
+            if getattr(self, name) is not None:
+                flags += ["--" + name.replace("_", "-"), str(getattr(self, name))]
+        return flags
+
+    @property
+    def policy(self) -> BatchingPolicy:
+        return BatchingPolicy(max_batch_prefill_tokens=self.max_batch_prefill_tokens,
+                              max_batch_size=self.max_batch_size, waiting_served_ratio=self.waiting_served_ratio,
+                              max_waiting_tokens=self.max_waiting_tokens)
+
+
+def throughput_levels(text: str) -> list[int]:
+    """`16,32` as [16, 32]; ConfigError unless every level is an integer >= 1."""
+    try:
+        return parse_sweep(text)
+    except ConfigError:
+        raise ConfigError(f"--concurrencies {text!r} must be comma-separated integers >= 1, e.g. 16,32") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,9 +137,9 @@ class ZtgiOverHttp:
         self.url = url
         self.config = config
 
-    def warmup(self, prompt: Prompt) -> None:
-        """One short request, so the first timed one finds warm connections and code paths."""
-        self._run([dataclasses.replace(prompt, max_new_tokens=2)], 1)
+    def warmup(self, prompts: list[Prompt]) -> None:
+        """Two-token requests, all at once, so no timed run finds cold connections or code paths."""
+        self._run([dataclasses.replace(prompt, max_new_tokens=2) for prompt in prompts], len(prompts))
 
     def run(self, prompts: list[Prompt], concurrency: int) -> BaselineRun:
         return BaselineRun.from_bench("ztgi", self._run(prompts, concurrency))
@@ -125,15 +162,16 @@ def run_comparison(config: CompareConfig, workload: Workload, tokenizer) -> list
     """Loads both in-process baselines, starts ztgi, and runs every level `repeats` times."""
     static = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
                             config.static_batch_size, config.ignore_eos)
-    engine = EngineAlone(Model(config.model_id, config.dtype, config.device), BatchingPolicy(), config.ignore_eos)
-    static.warmup(workload.requests[0])
-    engine.warmup(workload.requests[0])
+    engine = EngineAlone(Model(config.model_id, config.dtype, config.device), config.policy, config.ignore_eos)
+    max_level = max(config.levels)
+    static.warmup(workload.requests)
+    engine.warmup(workload.requests[:max_level])
     gc.collect()
     gc.freeze()  # as the worker does after its warmup: the models stay out of later collections
     runs: list[BaselineRun] = []
     with LaunchedServer(config.launch_flags(), config.startup_timeout_s, config.port) as server:
         ztgi = ZtgiOverHttp(server.url, config)
-        ztgi.warmup(workload.prompts[0])
+        ztgi.warmup(workload.prompts[:max_level])
         for repeat in range(config.repeats):
             runs += _one_repeat(config, workload, static, engine, ztgi, repeat)
     return runs
@@ -143,11 +181,10 @@ def _one_repeat(config: CompareConfig, workload: Workload, static: StaticBatchin
                 ztgi: ZtgiOverHttp, repeat: int) -> list[BaselineRun]:
     logger.info("repeat %d/%d: static batching at batch %d", repeat + 1, config.repeats, config.static_batch_size)
     runs = [static.run(workload.requests)]
-    for level in config.levels:
-        logger.info("repeat %d/%d: engine alone at concurrency %d", repeat + 1, config.repeats, level)
+    for level in config.levels:  # engine and ztgi back to back: a drift in machine load hits both alike
+        logger.info("repeat %d/%d: engine alone, then ztgi over HTTP, at concurrency %d",
+                    repeat + 1, config.repeats, level)
         runs.append(engine.run(workload.at(level, config.ttft_requests).requests, level))
-    for level in config.levels:
-        logger.info("repeat %d/%d: ztgi over HTTP at concurrency %d", repeat + 1, config.repeats, level)
         runs.append(ztgi.run(workload.at(level, config.ttft_requests).prompts, level))
     for run in runs:
         run.extra["repeat"] = repeat
@@ -175,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         logger.warning("interrupted: no results")
         return 130
-    comparison = Comparison(runs, config.static_batch_size, parse_sweep(config.concurrencies))
+    comparison = Comparison(runs, config.static_batch_size, throughput_levels(config.concurrencies))
     sys.stdout.write(comparison.render_text())
     _write_outputs(config, runs, comparison)
     return 1 if any(run.summary.num_failures for run in runs) else 0

@@ -87,10 +87,10 @@ class EngineAlone:
         self.policy = policy or BatchingPolicy()
         self.ignore_eos = ignore_eos
 
-    def warmup(self, request: OfflineRequest) -> None:
-        """A prefill and a decode step, so the first timed request pays no one-off start-up cost."""
-        short = dataclasses.replace(request, max_new_tokens=2)
-        _ClosedLoop(self.model, self.policy, self.ignore_eos, [short], concurrency=1).run()
+    def warmup(self, requests: Sequence[OfflineRequest]) -> None:
+        """A prefill and a decode step of all `requests` together, so no timed run pays a one-off cost."""
+        short = [dataclasses.replace(request, max_new_tokens=2) for request in requests]
+        _ClosedLoop(self.model, self.policy, self.ignore_eos, short, concurrency=len(short)).run()
 
     def run(self, requests: Sequence[OfflineRequest], concurrency: int) -> BaselineRun:
         """Every request once, at most `concurrency` in flight; duration from the start to the last answer."""
@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     requests = encode_prompts(load_tokenizer(config.model_id), prompts)
     engine = EngineAlone(Model(config.model_id, config.dtype, config.device), BatchingPolicy.of(config),
                          config.ignore_eos)
-    engine.warmup(requests[0])
+    engine.warmup(requests[:config.concurrency])
     gc.collect()
     gc.freeze()  # as the worker does after its warmup: the model stays out of later collections
     run = engine.run(requests, config.concurrency)

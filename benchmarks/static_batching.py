@@ -76,9 +76,9 @@ class StaticBatching:
         self.ignore_eos = ignore_eos
         self.eos_token_ids = eos_token_ids(model)
 
-    def warmup(self, request: OfflineRequest) -> None:
-        """One short generate, so the first timed batch pays no one-off start-up cost."""
-        self._generate([request], max_new_tokens=2)
+    def warmup(self, requests: Sequence[OfflineRequest]) -> None:
+        """A two-token generate of the first batch, so no timed batch pays a one-off start-up cost."""
+        self._generate(requests[:self.batch_size], max_new_tokens=2)
 
     def run(self, requests: Sequence[OfflineRequest]) -> BaselineRun:
         """Every request, batch after batch; duration from the first batch's start to the last's end."""
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     requests = encode_prompts(tokenizer, prompts)
     baseline = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
                               config.batch_size, config.ignore_eos)
-    baseline.warmup(requests[0])
+    baseline.warmup(requests)
     run = baseline.run(requests)
     sys.stdout.write(json.dumps(results_json(config, [run], with_requests=False), indent=1) + "\n")
     if config.output:

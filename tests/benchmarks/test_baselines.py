@@ -10,11 +10,13 @@ import pytest
 
 from benchmarks.baseline_model import load_model, load_tokenizer
 from benchmarks.baseline_run import BaselineRun
+from benchmarks.compare import CompareConfig
 from benchmarks.comparison import Comparison
 from benchmarks.engine_alone import EngineAlone
 from benchmarks.metrics import RequestRecord, summarize
 from benchmarks.offline_workload import OfflineRequest, encode_prompts, load_prompts
 from benchmarks.static_batching import StaticBatching, useful_token_count
+from common.config import ConfigError
 from services.worker.model import Model
 
 MAX_NEW_TOKENS = [3, 9, 5, 2, 7, 4]
@@ -51,6 +53,7 @@ def test_static_batching_counts_each_request_its_own_tokens(tiny_model_dir: str,
     """In a batch that runs to its longest request, each request contributes only its own max_new_tokens."""
     static = StaticBatching(load_model(tiny_model_dir, "float32", "cpu"), load_tokenizer(tiny_model_dir),
                             batch_size=4, ignore_eos=True)
+    static.warmup(requests)
     run = static.run(requests)
     assert [r.num_output_tokens for r in run.records] == MAX_NEW_TOKENS
     assert run.summary.num_output_tokens == sum(MAX_NEW_TOKENS) and run.summary.num_failures == 0
@@ -75,6 +78,7 @@ def test_static_batching_without_ignore_eos_never_counts_past_own_max(tiny_model
 def test_engine_alone_completes_every_request_with_exact_max_new_tokens(engine: EngineAlone,
                                                                         requests: list[OfflineRequest]) -> None:
     """Under ignore_eos every request ends with exactly its max_new_tokens, at most `concurrency` in flight."""
+    engine.warmup(requests[:3])
     run = engine.run(requests, concurrency=3)
     assert [r.num_output_tokens for r in run.records] == MAX_NEW_TOKENS
     assert all(r.success and r.ttft_s > 0 and len(r.itl_s) == r.num_output_tokens - 1 for r in run.records)
@@ -124,3 +128,17 @@ def test_static_batching_command_prints_json(tiny_model_dir: str, tmp_path) -> N
     [written] = json.loads(output.read_text())["runs"]
     assert [r["num_output_tokens"] for r in written["requests"]] == [4, 4, 4]
     assert len(written["batch_times_s"]) == 2
+
+
+def test_compare_gives_ztgi_and_the_engine_the_same_limits() -> None:
+    """Batching limits reach `ztgi launch` as flags and the engine alone as its policy; bad values are refused."""
+    config = CompareConfig(max_total_tokens=2048, max_batch_prefill_tokens=2048, waiting_served_ratio=0.5)
+    flags = config.launch_flags()
+    assert flags[flags.index("--max-total-tokens") + 1] == "2048"
+    assert flags[flags.index("--waiting-served-ratio") + 1] == "0.5" and "--max-batch-size" not in flags
+    assert (config.policy.max_batch_prefill_tokens, config.policy.waiting_served_ratio) == (2048, 0.5)
+    assert config.levels == [1, 16, 32] and config.ignore_eos
+    with pytest.raises(ConfigError, match="--concurrencies"):
+        CompareConfig(concurrencies="16,zero")
+    with pytest.raises(ConfigError, match="--repeats"):
+        CompareConfig(repeats=0)
