@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import signal
@@ -19,6 +20,7 @@ from services.scheduler.hub import Hub
 logger = logging.getLogger(__name__)
 
 MAX_FRAMES_PER_PASS = 256
+BACKLOG_RETRY_MS = 20
 
 
 class SchedulerService:
@@ -30,6 +32,7 @@ class SchedulerService:
         self.context = zmq.Context()
         self.running = True
         self.drain_deadline: float | None = None
+        self.encode_backlog: collections.deque[list[bytes]] = collections.deque()
         endpoints = config.endpoints
         if endpoints.is_ipc:
             os.makedirs(endpoints.run_dir, exist_ok=True)
@@ -56,6 +59,8 @@ class SchedulerService:
         next_tick = time.monotonic() + tick_s
         while self.running:
             timeout_ms = max(0, int((next_tick - time.monotonic()) * 1000))
+            if self.encode_backlog:
+                timeout_ms = min(timeout_ms, BACKLOG_RETRY_MS)
             ready = dict(self.poller.poll(timeout_ms))
             self._drain(ready)
             now = time.monotonic()
@@ -115,16 +120,27 @@ class SchedulerService:
     def _flush(self) -> None:
         outbox = self.hub.outbox
         for socket, frames_list in ((self.workers, outbox.workers), (self.detokenize, outbox.detokenize),
-                                    (self.tokenize, outbox.tokenize), (self.frontend, outbox.frontend)):
+                                    (self.frontend, outbox.frontend)):
             for frames in frames_list:
                 self._send(socket, frames)
+        self._push_encode_jobs(outbox.tokenize)
         outbox.clear()
+
+    def _push_encode_jobs(self, new_jobs: list[list[bytes]]) -> None:
+        """PUSH refuses to send while no tokenizer is connected: keep the jobs, in order, until one is."""
+        self.encode_backlog.extend(new_jobs)
+        while self.encode_backlog:
+            try:
+                self.tokenize.send_multipart(self.encode_backlog[0], zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.encode_backlog.popleft()
 
     def _send(self, socket: zmq.Socket, frames: list[bytes]) -> None:
         try:
             socket.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
-            logger.warning("send queue full; a message was dropped")
+            logger.warning("send queue full for %r; a message was dropped", frames[0][:40])
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone
             logger.debug("peer %r unreachable: %s", frames[0], exc)
 

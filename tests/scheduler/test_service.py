@@ -1,0 +1,68 @@
+"""The scheduler as a real process with real sockets; the test plays its neighbours."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+import zmq
+
+from common import messages as m
+from common.codec import decode, encode
+from common.endpoints import Endpoints
+
+
+@pytest.fixture
+def scheduler(tmp_path):
+    endpoints = Endpoints(f"ipc://{tmp_path}")
+    process = subprocess.Popen([sys.executable, "-m", "services.scheduler", "--scheduler-url",
+                                endpoints.scheduler_url, "--heartbeat-interval-ms", "200",
+                                "--drain-timeout-s", "2"])
+    context = zmq.Context()
+    yield endpoints, context
+    context.destroy(linger=0)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    assert not list(tmp_path.glob("*.sock")), "socket files left behind"
+
+
+def connect(context: zmq.Context, kind: int, address: str, identity: bytes | None = None) -> zmq.Socket:
+    socket = context.socket(kind)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.RCVTIMEO, 10_000)
+    if identity:
+        socket.setsockopt(zmq.IDENTITY, identity)
+    socket.connect(address)
+    return socket
+
+
+def test_encode_job_waits_for_a_tokenizer(scheduler) -> None:
+    """A Generate sent before any tokenizer is connected reaches the first tokenizer that connects."""
+    endpoints, context = scheduler
+    client = connect(context, zmq.DEALER, endpoints.connect("frontend"), b"client-a")
+    client.send(encode(m.Generate("r1", "hello", None, m.GenerateParameters())))
+    client.send(encode(m.Query("q", "stats")))
+    stats = decode(client.recv())
+    assert isinstance(stats, m.StatsReply) and stats.num_queued == 0
+    tokenizer = connect(context, zmq.PULL, endpoints.connect("tokenize"))
+    job = decode(tokenizer.recv())
+    assert isinstance(job, m.EncodeJob) and job.key == m.RequestKey(b"client-a", "r1")
+
+
+def test_garbage_is_answered_and_service_goes_on(scheduler) -> None:
+    """Garbage frames on every endpoint are dropped or answered; the scheduler keeps answering."""
+    endpoints, context = scheduler
+    for name in ("detokenize", "workers"):
+        peer = connect(context, zmq.DEALER, endpoints.connect(name))
+        peer.send_multipart([b"\x00garbage", b"two frames"])
+        peer.send(b"\xc1")
+    pusher = connect(context, zmq.PUSH, endpoints.connect("tokenized"))
+    pusher.send(b"not msgpack at all")
+    client = connect(context, zmq.DEALER, endpoints.connect("frontend"))
+    client.send(b"\x93\x01")
+    assert isinstance(decode(client.recv()), m.ErrorReply)
+    client.send(encode(m.Query("q", "health")))
+    reply = decode(client.recv())
+    assert isinstance(reply, m.HealthReply) and not reply.healthy
