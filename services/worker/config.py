@@ -27,6 +27,7 @@ class WorkerConfig:
     worker_index: int = 0
     memory_budget_mb: int = 4096
     cpu_warmup_prefill_tokens: int | None = 512
+    num_threads: int | None = None  # torch CPU threads (none: torch's default, every core)
     heartbeat_interval_ms: int = 1000
     log_level: str = "INFO"
 
@@ -39,6 +40,7 @@ class WorkerConfig:
         require(self.cpu_warmup_prefill_tokens is None or self.cpu_warmup_prefill_tokens > 0,
                 "--cpu-warmup-prefill-tokens must be positive, or none for TGI's full-size warmup")
         require(self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive")
+        require(self.num_threads is None or self.num_threads > 0, "--num-threads must be positive")
 
     @property
     def endpoints(self) -> Endpoints:

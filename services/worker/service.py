@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Sequence
 
+import torch
 import zmq
 
 from common.codec import MessageError, decode, encode
@@ -218,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
     try:
         model = Model(config.model_id, config.dtype, config.device)
     except (ModelNotFoundError, ValueError, TypeError) as exc:
