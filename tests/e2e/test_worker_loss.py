@@ -1,0 +1,57 @@
+"""kill -9 of a worker with a second one up: every stream completes with its undisturbed text."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+import requests
+
+from tests.e2e.server import LaunchedServer
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The best way to learn is",
+           "Water boils at", "My favourite food is", "import numpy as np", "The sun is"]
+
+
+def worker_pids(server: LaunchedServer) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(server.process.pid), "-f", "services.worker"],
+                         capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+def stream_text(server: LaunchedServer, prompt: str, started: list) -> str:
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": 60, "ignore_eos": True}}
+    with requests.post(server.url + "/generate_stream", json=body, stream=True, timeout=120) as response:
+        texts = []
+        for line in response.iter_lines(decode_unicode=True):
+            if line and line.startswith("data:"):
+                event = json.loads(line[5:])
+                assert "error" not in event, event
+                texts.append(event["token"]["text"])
+                started.append(1)
+        return "".join(texts)
+
+
+@pytest.mark.slow
+def test_kill_worker_streams_resume_on_the_other(tmp_path) -> None:
+    """All 8 streams complete after kill -9 of a worker, each equal to its undisturbed greedy text."""
+    server = LaunchedServer(str(tmp_path / "run"), "--num-workers", "2", "--max-batch-prefill-tokens", "4096")
+    try:
+        expected = [stream_text(server, prompt, []) for prompt in PROMPTS]
+        started: list = []
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            futures = [pool.submit(stream_text, server, prompt, started) for prompt in PROMPTS]
+            while len(started) < 3 * len(PROMPTS):
+                time.sleep(0.05)
+            os.kill(worker_pids(server)[0], signal.SIGKILL)
+            texts = [future.result() for future in futures]
+        assert texts == expected
+        assert re.search(r"lost \(missed heartbeats\): [1-9]\d* requests go back", server.log), server.log
+    finally:
+        assert server.stop() == 0, server.log
