@@ -1,4 +1,4 @@
-"""kill -9 of a worker with a second one up: every stream completes with its undisturbed text."""
+"""kill -9 of a worker or a tokenizer with a second one up: every stream completes unchanged."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", 
            "Water boils at", "My favourite food is", "import numpy as np", "The sun is"]
 
 
-def worker_pids(server: LaunchedServer) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(server.process.pid), "-f", "services.worker"],
+def child_pids(server: LaunchedServer, service: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(server.process.pid), "-f", f"services.{service}"],
                          capture_output=True, text=True).stdout
     return [int(pid) for pid in out.split()]
 
@@ -49,9 +49,28 @@ def test_kill_worker_streams_resume_on_the_other(tmp_path) -> None:
             futures = [pool.submit(stream_text, server, prompt, started) for prompt in PROMPTS]
             while len(started) < 3 * len(PROMPTS):
                 time.sleep(0.05)
-            os.kill(worker_pids(server)[0], signal.SIGKILL)
+            os.kill(child_pids(server, "worker")[0], signal.SIGKILL)
             texts = [future.result() for future in futures]
         assert texts == expected
         assert re.search(r"lost \(missed heartbeats\): [1-9]\d* requests go back", server.log), server.log
+    finally:
+        assert server.stop() == 0, server.log
+
+
+@pytest.mark.slow
+def test_kill_tokenizer_streams_are_adopted(tmp_path) -> None:
+    """All 8 streams complete after kill -9 of a tokenizer, each equal to its undisturbed text."""
+    server = LaunchedServer(str(tmp_path / "run"), "--num-tokenizers", "2")
+    try:
+        expected = [stream_text(server, prompt, []) for prompt in PROMPTS]
+        started: list = []
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            futures = [pool.submit(stream_text, server, prompt, started) for prompt in PROMPTS]
+            while len(started) < 3 * len(PROMPTS):
+                time.sleep(0.05)
+            os.kill(child_pids(server, "tokenizer")[0], signal.SIGKILL)
+            texts = [future.result() for future in futures]
+        assert texts == expected
+        assert re.search(r"[1-9]\d* requests to adopt", server.log), server.log
     finally:
         assert server.stop() == 0, server.log
