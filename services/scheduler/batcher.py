@@ -20,7 +20,7 @@ from typing import Callable
 
 from common.messages import (
     Batch, Clear, CommandDone, CommandFailed, Decode, Filter, FilterResult, Generation, Hello,
-    Prefill, StepResult, Warmup, WarmupResult,
+    Prefill, SamplingParameters, StepResult, Warmup, WarmupResult, WorkerRequest,
 )
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.outbox import Outbox
@@ -33,19 +33,23 @@ logger = logging.getLogger(__name__)
 
 GenerationsHandler = Callable[[WorkerSlot, list[Generation]], None]
 FailureHandler = Callable[[list[Request], str, str], None]
+CanaryHandler = Callable[[WorkerSlot, "str | None"], None]
+CANARY_REQUEST_ID = 0  # the request table numbers real requests from 1
 
 
 class Batcher:
     """Worker registry and the batching loop; sends commands through the outbox."""
 
     def __init__(self, config: SchedulerConfig, table: RequestTable, queue: RequestQueue,
-                 outbox: Outbox, on_generations: GenerationsHandler, on_failure: FailureHandler) -> None:
+                 outbox: Outbox, on_generations: GenerationsHandler, on_failure: FailureHandler,
+                 on_canary: CanaryHandler | None = None) -> None:
         self.config = config
         self.table = table
         self.queue = queue
         self.outbox = outbox
         self.on_generations = on_generations
         self.on_failure = on_failure
+        self.on_canary = on_canary
         self.workers: dict[bytes, WorkerSlot] = {}
         self._command_ids = itertools.count(1)
         self._batch_ids = itertools.count(1)
@@ -76,8 +80,10 @@ class Batcher:
         resumed = [r for r in self.table if r.worker_id == identity and r.status is RequestStatus.RUNNING]
         logger.warning("worker %s lost (%s): %d requests go back to the queue",
                        identity.decode(errors="replace"), reason, len(resumed))
+        now = time.monotonic()
         for request in sorted(resumed, key=lambda r: r.request_id, reverse=True):
             request.status = RequestStatus.QUEUED
+            request.queued_at = now  # no_worker_timeout_s counts from here, not from the first queueing
             request.worker_id = None
             request.num_resumed_tokens = len(request.generated_ids)
             self.queue.appendleft(request)
@@ -109,6 +115,12 @@ class Batcher:
                                in_flight.command_id if in_flight else None)
             return
         slot.in_flight = None
+        if not isinstance(answer, CommandFailed):
+            slot.last_progress = time.monotonic()
+        if in_flight.kind is CommandKind.CANARY:
+            self._on_canary(slot, answer)
+            self.advance(slot)
+            return
         match answer:
             case WarmupResult():
                 self._on_warmup(slot, answer)
@@ -139,6 +151,23 @@ class Batcher:
             slot.batches = [result.batch] if result.batch is not None else []
         self.on_generations(slot, result.generations)
 
+    def _on_canary(self, slot: WorkerSlot, answer: object) -> None:
+        if isinstance(answer, StepResult) and answer.batch is not None:  # not expected with one new token
+            self._send(slot, CommandKind.CLEAR, [], [answer.batch.batch_id],
+                       lambda command_id: Clear(command_id, answer.batch.batch_id))
+        error = answer.error if isinstance(answer, CommandFailed) else None
+        if error is None and not isinstance(answer, StepResult):
+            error = f"unexpected answer {type(answer).__name__}"
+        if self.on_canary is not None:
+            self.on_canary(slot, error)
+
+    def send_canary(self, slot: WorkerSlot) -> None:
+        """A one-token prefill (max_new_tokens 1, so nothing stays cached) on an idle, empty worker."""
+        assert slot.idle and not slot.batches
+        request = WorkerRequest(CANARY_REQUEST_ID, [0], SamplingParameters(), max_new_tokens=1, ignore_eos=True)
+        batch = Batch(next(self._batch_ids), [request], max_tokens=2)
+        self._send(slot, CommandKind.CANARY, [], [batch.batch_id], lambda command_id: Prefill(command_id, batch))
+
     def _on_failed(self, slot: WorkerSlot, in_flight: InFlight, failure: CommandFailed) -> None:
         logger.error("worker %s failed %s: %s", slot.identity.decode(errors="replace"),
                      in_flight.kind.value, failure.error)
@@ -149,7 +178,8 @@ class Batcher:
         if in_flight.kind is not CommandKind.PREFILL:  # a failed step may leave its batches unusable
             failed_ids.update(rid for batch in slot.batches for rid in batch.request_ids)
             slot.batches = []
-            self.outbox.to_worker(slot.identity, Clear(next(self._command_ids), None))
+            # tracked like any command: nothing else is sent to the worker before it is done
+            self._send(slot, CommandKind.CLEAR, [], [], lambda command_id: Clear(command_id, None))
         failed = [r for rid in sorted(failed_ids) if (r := self.table.get(rid)) is not None]
         self.on_failure(failed, f"Request failed during generation: {failure.error}", "generation")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from common import curve
 from common.config import require
 from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
 
@@ -28,6 +29,10 @@ class SchedulerConfig:
     heartbeat_misses: int = 5
     no_worker_timeout_s: float = 30.0
     drain_timeout_s: float = 30.0
+    health_window_s: float = 30.0  # healthy while a worker answered a command this recently...
+    canary_timeout_s: float = 3.0  # ...else a one-token canary must come back this fast
+    curve_secret_key_file: str | None = None  # CURVE server keypair (`ztgi keygen`): encrypts every link
+    curve_client_keys_dir: str | None = None  # only clients with a public key (*.key) here get in
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -49,10 +54,20 @@ class SchedulerConfig:
         require(self.max_waiting_tokens > 0, "--max-waiting-tokens must be positive")
         require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
                 "--heartbeat-interval-ms and --heartbeat-misses must be positive")
+        require(self.health_window_s > 0 and self.canary_timeout_s > 0,
+                "--health-window-s and --canary-timeout-s must be positive")
+        require(self.curve_client_keys_dir is None or self.curve_secret_key_file is not None,
+                "--curve-client-keys-dir needs --curve-secret-key-file (the scheduler's CURVE keypair)")
+        curve.server_keys(self.curve_secret_key_file)  # validates the key file
+        curve.check_client_keys_dir(self.curve_client_keys_dir)
 
     @property
     def endpoints(self) -> Endpoints:
         return Endpoints(self.scheduler_url, self.bind_host)
+
+    @property
+    def curve_keys(self) -> curve.CurveKeys | None:
+        return curve.server_keys(self.curve_secret_key_file)
 
     @property
     def peer_timeout_s(self) -> float:

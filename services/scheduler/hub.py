@@ -14,12 +14,13 @@ import time
 from common.codec import MessageError, decode, encode
 from common.messages import (
     Adopt, Cancel, CommandDone, CommandFailed, DetokenizeJob, EncodeJob, Encoded, ErrorReply, FilterResult,
-    Forget, Generate, Generation, HealthReply, Heartbeat, Hello, InfoReply, PROTOCOL_VERSION, Query,
+    Forget, Generate, Generation, Heartbeat, Hello, InfoReply, PROTOCOL_VERSION, Query,
     Rejected, RequestKey, StatsReply, StepResult, StreamEvent, StreamEvents, TextBatch, TokenStep,
     WarmupResult,
 )
 from services.scheduler.batcher import Batcher
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.health import Assessment, HealthMonitor, assess
 from services.scheduler.outbox import Outbox
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
@@ -56,8 +57,9 @@ class Hub:
         self.unacknowledged: dict[bytes, collections.deque[list[tuple[Request, TokenStep]]]] = (
             collections.defaultdict(collections.deque))
         self.clients: dict[bytes, float] = {}
+        self.health_monitor = HealthMonitor(self.outbox, config.canary_timeout_s)
         self.batcher = Batcher(config, self.table, self.queue, self.outbox,
-                               self._on_generations, self._fail_requests)
+                               self._on_generations, self._fail_requests, self.health_monitor.on_canary)
 
     # -- clients (frontend) --------------------------------------------------------------------
 
@@ -75,6 +77,8 @@ class Hub:
                 self._admit(client_id, msg)
             case Cancel():
                 self._cancel(RequestKey(client_id, msg.request_id))
+            case Query(kind="health"):
+                self._answer_health(client_id, msg.query_id)
             case Query():
                 self.outbox.to_client(client_id, encode(self._answer_query(msg)))
             case Hello() | Heartbeat():
@@ -223,22 +227,21 @@ class Hub:
 
     def _answer_query(self, query: Query) -> object:
         match query.kind:
-            case "health":
-                healthy, reason = self.health()
-                return HealthReply(query.query_id, healthy, reason)
             case "info":
                 return self._info(query.query_id)
             case _:
                 return self._stats(query.query_id)
 
-    def health(self) -> tuple[bool, str]:
-        if self.draining:
-            return False, "shutting down"
-        if not self.batcher.ready_workers():
-            return False, "no worker is ready"
-        if not self.tokenizers:
-            return False, "no tokenizer is connected"
-        return True, "ok"
+    def _answer_health(self, client_id: bytes, query_id: str) -> None:
+        """Answers now, or after a one-token canary when no worker has made progress lately."""
+        now = time.monotonic()
+        canary_worker = self.health_monitor.query(client_id, query_id, self.assess_health(now), now)
+        if canary_worker is not None:
+            self.batcher.send_canary(canary_worker)
+
+    def assess_health(self, now: float) -> Assessment:
+        return assess(self.batcher.workers.values(), len(self.tokenizers), self.draining, now,
+                      self.config.health_window_s)
 
     def _info(self, query_id: str) -> InfoReply:
         config = self.config
@@ -299,6 +302,7 @@ class Hub:
                     self._cancel(request.key)
         if not self.batcher.ready_workers():
             self._fail_stale_queue(now)
+        self.health_monitor.tick(now, self.batcher.workers)
 
     def _lose_tokenizer(self, tokenizer_id: bytes) -> None:
         """Hands a lost tokenizer's requests to another one and re-sends what it never answered.

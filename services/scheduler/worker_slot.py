@@ -15,6 +15,7 @@ class CommandKind(enum.Enum):
     DECODE = "decode"
     FILTER = "filter"
     CLEAR = "clear"
+    CANARY = "canary"  # a one-token prefill asked for by a health query
 
 
 @dataclasses.dataclass(slots=True)
@@ -41,6 +42,7 @@ class WorkerSlot:
     info: WorkerInfo
     boot_nonce: str
     last_seen: float = dataclasses.field(default_factory=time.monotonic)
+    last_progress: float = 0.0  # when the worker last answered a command (a heartbeat is not progress)
     max_batch_total_tokens: int = 0
     ready: bool = False
     batches: list[CachedBatch] = dataclasses.field(default_factory=list)

@@ -1,0 +1,121 @@
+"""Health that tells the truth: healthy only when a request can be served now.
+
+The scheduler is healthy when it is not draining, a ready worker exists, a tokenizer is
+connected, and some ready worker has made progress (answered a command) within
+`health_window_s`. A heartbeat alone is not progress: a worker heartbeats from its IO thread
+even while its engine is stuck. When every ready worker has been quiet for longer than the
+window, the monitor asks an idle, empty one for a one-token canary (TGI's liveness prefill)
+and answers the health queries waiting on it when the canary completes, fails, or has not come
+back within `canary_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Iterable
+
+from common.codec import encode
+from common.messages import HealthReply
+from services.scheduler.outbox import Outbox
+from services.scheduler.worker_slot import WorkerSlot
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Assessment:
+    """A verdict; `quiet` when it is unhealthy only because no worker answered lately, and then
+    `canary_worker` is an idle one to ask for a canary before answering."""
+
+    healthy: bool
+    reason: str
+    quiet: bool = False
+    canary_worker: WorkerSlot | None = None
+
+
+def assess(workers: Iterable[WorkerSlot], num_tokenizers: int, draining: bool, now: float,
+           window_s: float) -> Assessment:
+    """Whether a request can be served now, from what the scheduler has seen (no IO)."""
+    if draining:
+        return Assessment(False, "shutting down")
+    workers = list(workers)
+    ready = [slot for slot in workers if slot.ready]
+    if not ready:
+        warming = len(workers)
+        return Assessment(False, "no worker is ready" + (f" ({warming} warming up)" if warming else ""))
+    if not num_tokenizers:
+        return Assessment(False, "no tokenizer is connected")
+    if any(now - slot.last_progress <= window_s for slot in ready):
+        return Assessment(True, "ok")
+    quiet_s = min(now - slot.last_progress for slot in ready)
+    idle = [slot for slot in ready if slot.idle and not slot.batches]
+    if idle:
+        return Assessment(False, f"no worker progress for {quiet_s:.0f} s", True, idle[0])
+    return Assessment(False, f"no worker has made progress for {quiet_s:.0f} s (a command is stuck)", True)
+
+
+@dataclasses.dataclass
+class Canary:
+    """A one-token canary in flight on one worker."""
+
+    worker_id: bytes
+    sent_at: float
+
+
+class HealthMonitor:
+    """Answers health queries: at once from `assess`, or after a canary when workers are quiet."""
+
+    def __init__(self, outbox: Outbox, canary_timeout_s: float) -> None:
+        self.outbox = outbox
+        self.canary_timeout_s = canary_timeout_s
+        self.canary: Canary | None = None
+        self.waiting: list[tuple[bytes, str]] = []  # (client_id, query_id) waiting on the canary
+
+    def query(self, client_id: bytes, query_id: str, assessment: Assessment, now: float) -> WorkerSlot | None:
+        """Answers now, or parks the query; returns the worker to send a canary to, if one is due.
+
+        While a canary runs, its worker is busy: a quiet verdict then waits for the canary too.
+        """
+        if not assessment.quiet or (assessment.canary_worker is None and self.canary is None):
+            self._reply(client_id, query_id, assessment.healthy, assessment.reason)
+            return None
+        self.waiting.append((client_id, query_id))
+        if self.canary is not None:
+            return None
+        self.canary = Canary(assessment.canary_worker.identity, now)
+        logger.info("no worker progress lately: one-token canary on %s",
+                    assessment.canary_worker.identity.decode(errors="replace"))
+        return assessment.canary_worker
+
+    def on_canary(self, slot: WorkerSlot, error: str | None) -> None:
+        """The canary came back: healthy, or not with the worker's error."""
+        self.canary = None
+        name = slot.identity.decode(errors="replace")
+        if error is None:
+            self._answer_waiting(True, "ok")
+        else:
+            logger.warning("worker %s failed the health canary: %s", name, error)
+            self._answer_waiting(False, f"worker {name} failed a one-token canary: {error}")
+
+    def tick(self, now: float, worker_ids: Iterable[bytes]) -> None:
+        """Gives up on a canary whose worker is gone or that took longer than `canary_timeout_s`."""
+        canary = self.canary
+        if canary is None:
+            return
+        name = canary.worker_id.decode(errors="replace")
+        if canary.worker_id not in set(worker_ids):
+            self.canary = None
+            self._answer_waiting(False, f"worker {name} was lost during a one-token canary")
+        elif now - canary.sent_at > self.canary_timeout_s:
+            self.canary = None  # a late answer is still progress; the next query sends a new one
+            self._answer_waiting(False, f"worker {name} did not finish a one-token canary in "
+                                        f"{self.canary_timeout_s:g} s")
+
+    def _answer_waiting(self, healthy: bool, reason: str) -> None:
+        for client_id, query_id in self.waiting:
+            self._reply(client_id, query_id, healthy, reason)
+        self.waiting.clear()
+
+    def _reply(self, client_id: bytes, query_id: str, healthy: bool, reason: str) -> None:
+        self.outbox.to_client(client_id, encode(HealthReply(query_id, healthy, reason)))

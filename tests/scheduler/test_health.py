@@ -1,0 +1,118 @@
+"""Health that tells the truth: progress, the one-token canary and its failures (no sockets)."""
+
+from __future__ import annotations
+
+from common import messages as m
+from common.codec import encode
+from tests.scheduler.test_hub import CLIENT, INFO, TOKENIZER, WORKER_A, Harness
+
+
+def health(h: Harness, query_id: str = "q") -> list[m.HealthReply]:
+    h.hub.on_client_frame(CLIENT, encode(m.Query(query_id, "health")))
+    return [reply for _, reply in h.messages_to("frontend")]
+
+
+def quiet(h: Harness, worker: bytes, seconds: float) -> None:
+    """Makes the worker's last answer `seconds` older than it is."""
+    h.hub.batcher.workers[worker].last_progress -= seconds
+
+
+def test_warming_worker_is_not_ready() -> None:
+    """A worker that said Hello but has not finished warmup gives 503 'no worker is ready'."""
+    h = Harness()
+    h.hub.on_worker_frame(WORKER_A, encode(m.Hello("worker", m.PROTOCOL_VERSION, "w", INFO)))
+    assert health(h) == [m.HealthReply("q", False, "no worker is ready (1 warming up)")]
+
+
+def test_recent_progress_is_healthy_without_a_canary() -> None:
+    """A worker that answered a command within health_window_s is healthy; nothing is sent to it."""
+    h = Harness()
+    h.add_worker(WORKER_A)
+    h.take("workers")
+    assert health(h) == [m.HealthReply("q", True, "ok")]
+    assert h.take("workers") == []
+
+
+def test_quiet_worker_gets_a_canary_and_health_waits_for_it() -> None:
+    """After health_window_s of quiet, health sends one one-token Prefill and answers when it returns."""
+    h = Harness(health_window_s=5.0)
+    h.add_worker(WORKER_A)
+    h.take("workers")
+    quiet(h, WORKER_A, 10.0)
+    assert health(h, "q1") == [] and health(h, "q2") == []  # both wait; one canary only
+    (_, canary), = h.messages_to("workers")
+    assert isinstance(canary, m.Prefill) and canary.batch.requests[0].max_new_tokens == 1
+    h.hub.on_worker_frame(WORKER_A, encode(m.StepResult(
+        canary.command_id, [m.Generation(0, 5, -1.0, "length", 1)], None, m.Timings())))
+    replies = [reply for _, reply in h.messages_to("frontend")]
+    assert replies == [m.HealthReply("q1", True, "ok"), m.HealthReply("q2", True, "ok")]
+    assert h.messages_to("detokenize") == []  # the canary's token goes to no one
+    assert health(h, "q3") == [m.HealthReply("q3", True, "ok")]  # the canary counts as progress
+
+
+def test_failed_canary_is_unhealthy_with_the_workers_error() -> None:
+    """A canary answered with CommandFailed gives 503 naming the worker's error; the worker stays."""
+    h = Harness(health_window_s=5.0)
+    h.add_worker(WORKER_A)
+    h.take("workers")
+    quiet(h, WORKER_A, 10.0)
+    health(h)
+    (_, canary), = h.messages_to("workers")
+    h.hub.on_worker_frame(WORKER_A, encode(m.CommandFailed(canary.command_id, "CUDA error", [0])))
+    (reply,) = [reply for _, reply in h.messages_to("frontend")]
+    assert not reply.healthy and "CUDA error" in reply.reason and "canary" in reply.reason
+    h.submit("r1")
+    (_, prefill), = h.step()
+    assert isinstance(prefill, m.Prefill)
+
+
+def test_canary_that_never_returns_times_out() -> None:
+    """A canary not back within canary_timeout_s answers 503; the worker is busy, so health says stuck."""
+    h = Harness(health_window_s=5.0, canary_timeout_s=2.0)
+    h.add_worker(WORKER_A)
+    h.take("workers")
+    quiet(h, WORKER_A, 10.0)
+    health(h)
+    (_, canary), = h.messages_to("workers")
+    h.hub.tick(h.hub.health_monitor.canary.sent_at + 3.0)
+    (reply,) = [reply for _, reply in h.messages_to("frontend")]
+    assert not reply.healthy and "did not finish a one-token canary in 2 s" in reply.reason
+    (again,) = health(h)
+    assert not again.healthy and "stuck" in again.reason
+    assert h.take("workers") == []
+
+
+def test_busy_worker_without_progress_is_stuck() -> None:
+    """A worker whose command has run longer than health_window_s is unhealthy, no canary sent."""
+    h = Harness(health_window_s=5.0)
+    h.add_worker(WORKER_A)
+    h.submit("r1")
+    h.step()
+    quiet(h, WORKER_A, 10.0)
+    (reply,) = health(h)
+    assert not reply.healthy and "no worker has made progress for 10 s" in reply.reason
+    assert h.take("workers") == []
+
+
+def test_canary_worker_lost_answers_unhealthy() -> None:
+    """If the canary's worker is lost, the waiting health queries get 503 at the next tick."""
+    h = Harness(health_window_s=5.0)
+    h.add_worker(WORKER_A)
+    h.take("workers")
+    quiet(h, WORKER_A, 10.0)
+    health(h)
+    h.hub.batcher.lose(WORKER_A, "test")
+    h.hub.tick(h.hub.health_monitor.canary.sent_at)
+    (reply,) = [reply for _, reply in h.messages_to("frontend")]
+    assert not reply.healthy and "lost during a one-token canary" in reply.reason
+
+
+def test_no_tokenizer_and_draining_are_unhealthy() -> None:
+    """Without a tokenizer, or while draining, health is 503 with that reason."""
+    h = Harness(heartbeat_interval_ms=100, heartbeat_misses=2)
+    h.add_worker(WORKER_A)
+    h.hub.tokenizers[TOKENIZER] -= 10.0
+    h.hub.tick(h.hub.batcher.workers[WORKER_A].last_seen)
+    assert health(h) == [m.HealthReply("q", False, "no tokenizer is connected")]
+    h.hub.draining = True
+    assert health(h) == [m.HealthReply("q", False, "shutting down")]
