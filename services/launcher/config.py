@@ -36,9 +36,14 @@ class LaunchConfig:
     max_top_n_tokens: int = 5
     max_best_of: int = 2
     run_dir: str | None = None
+    heartbeat_interval_ms: int = 1000
+    heartbeat_misses: int = 5
+    no_worker_timeout_s: float = 30.0
+    drain_timeout_s: float = 20.0  # SIGTERM: how long gateways and the scheduler let requests finish
     startup_timeout_s: float = 600.0
-    shutdown_timeout_s: float = 30.0
+    shutdown_timeout_s: float = 30.0  # how long a child may take to exit after SIGTERM before a kill
     restart: bool = True
+    restart_backoff_s: float = 1.0
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -46,13 +51,21 @@ class LaunchConfig:
             require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         require(0 < self.port < 65536, f"--port {self.port} is not a TCP port")
         require(self.startup_timeout_s > 0, "--startup-timeout-s must be positive")
+        require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
+                "--heartbeat-interval-ms and --heartbeat-misses must be positive")
+        require(self.no_worker_timeout_s >= 0 and self.restart_backoff_s >= 0,
+                "--no-worker-timeout-s and --restart-backoff-s must be >= 0")
+        require(0 <= self.drain_timeout_s < self.shutdown_timeout_s,
+                f"--drain-timeout-s ({self.drain_timeout_s:g}) must be >= 0 and less than "
+                f"--shutdown-timeout-s ({self.shutdown_timeout_s:g}), or children are killed mid-drain")
 
     def shared_environment(self, scheduler_url: str) -> dict[str, str]:
         """ZTGI_* variables for every child: the settings more than one service reads."""
         names = ("model_id", "dtype", "device", "max_concurrent_requests", "max_input_tokens",
                  "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
                  "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "max_stop_sequences",
-                 "max_top_n_tokens", "max_best_of", "log_level")
+                 "max_top_n_tokens", "max_best_of", "heartbeat_interval_ms", "heartbeat_misses",
+                 "no_worker_timeout_s", "drain_timeout_s", "log_level")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
                if getattr(self, name) is not None}
         env["ZTGI_SCHEDULER_URL"] = scheduler_url

@@ -16,7 +16,6 @@ from services.launcher.config import LaunchConfig
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_ORDER = ("gateway", "scheduler", "tokenizer", "worker")
-RESTART_BACKOFF_S = 1.0
 
 
 class StartupError(RuntimeError):
@@ -45,7 +44,8 @@ class Launcher:
         children += [Child(f"tokenizer[{i}]", "tokenizer", ["--tokenizer-index", str(i)], env)
                      for i in range(config.num_tokenizers)]
         # several gateways share one port: the kernel spreads connections (SO_REUSEPORT)
-        gateway_args = ["--host", config.host, "--port", str(config.port)]
+        gateway_args = ["--host", config.host, "--port", str(config.port),
+                        "--shutdown-timeout-s", str(config.drain_timeout_s)]
         gateway_args += ["--reuse-port"] if config.num_gateways > 1 else []
         children += [Child(f"gateway[{i}]", "gateway", ["--gateway-index", str(i), *gateway_args], env)
                      for i in range(config.num_gateways)]
@@ -94,14 +94,25 @@ class Launcher:
                     logger.error("%s exited with code %s; stopping (restarts are off)", child.name, child.returncode)
                     return 1
                 logger.warning("%s exited with code %s; restarting", child.name, child.returncode)
+                if self._sleep_unless_stopping(self.config.restart_backoff_s):
+                    break  # a child started now would get SIGTERM before it could handle it
                 child.num_restarts += 1
-                time.sleep(RESTART_BACKOFF_S)
                 child.start()
             time.sleep(0.2)
         return 0
 
-    def shutdown(self) -> None:
-        """Stops gateways, then the scheduler, tokenizers and workers; removes the run directory."""
+    def _sleep_unless_stopping(self, seconds: float) -> bool:
+        """Sleeps up to `seconds`; returns True as soon as a stop is requested."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(min(0.1, deadline - time.monotonic()))
+        return self.stopping
+
+    def shutdown(self) -> bool:
+        """Stops gateways, then the scheduler, tokenizers and workers; removes the run directory.
+
+        Returns whether every child exited with code 0; each exit code is logged.
+        """
         self.stopping = True
         for service in SHUTDOWN_ORDER:
             group = [c for c in self.children if c.service == service]
@@ -109,6 +120,10 @@ class Launcher:
                 child.terminate()
             for child in group:
                 child.wait(self.config.shutdown_timeout_s)
+                level = logging.INFO if child.returncode == 0 else logging.WARNING
+                logger.log(level, "%s exited with code %s", child.name, child.returncode)
         if self.owns_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
-        logger.info("all processes stopped")
+        clean = all(child.returncode == 0 for child in self.children)
+        logger.info("all processes stopped%s", "" if clean else " (not all cleanly)")
+        return clean

@@ -31,13 +31,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     launcher.start()
+    code = 1
     try:
         launcher.wait_ready()
         logger.info("ready: %s (model %s)", launcher.url, config.model_id)
         print(f"ztgi is serving on {launcher.url}", flush=True)
-        return launcher.supervise()
+        code = launcher.supervise()
     except StartupError as exc:
         logger.error("startup failed: %s", exc)
-        return 1
     finally:
-        launcher.shutdown()
+        clean = launcher.shutdown()
+    return code if clean else 1
