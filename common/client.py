@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Coroutine, Iterator, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Protocol, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -33,16 +33,17 @@ from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
 from common.identity import new_boot_nonce, new_identity
 from common.messages import (
     PROTOCOL_VERSION, Cancel, ChatMessage, ErrorReply, FinalDetails, Generate, GenerateParameters,
-    HealthReply, Heartbeat, Hello, InfoReply, Query, StatsReply, StreamEvent, StreamEvents, Token,
+    HealthReply, Heartbeat, Hello, InfoReply, Query, SimpleToken, StatsReply, StreamEvent, StreamEvents, Token,
+    TokenizeQuery, TokenizeReply,
 )
 
-__all__ = ["AsyncZtgiClient", "ZtgiClient", "ZtgiError", "GenerateResult"]
+__all__ = ["AsyncZtgiClient", "ZtgiClient", "ZtgiError", "GenerateResult", "StreamObserver"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-INBOUND_MESSAGES = (StreamEvents, HealthReply, InfoReply, StatsReply, Heartbeat, ErrorReply)
-QueryReply = HealthReply | InfoReply | StatsReply
+INBOUND_MESSAGES = (StreamEvents, HealthReply, InfoReply, StatsReply, TokenizeReply, Heartbeat, ErrorReply)
+QueryReply = HealthReply | InfoReply | StatsReply | TokenizeReply
 
 
 class ZtgiError(Exception):
@@ -53,6 +54,18 @@ class ZtgiError(Exception):
         super().__init__(message)
         self.message = message
         self.error_type = error_type
+
+
+class StreamObserver(Protocol):
+    """Watches one request's stream (the gateway's metrics): every event as it arrives, then
+    the end; `finished` is False when the stream stopped before its final event."""
+
+    def on_event(self, event: StreamEvent) -> None: ...
+
+    def on_close(self, finished: bool) -> None: ...
+
+
+ObserverFactory = Callable[[GenerateParameters], StreamObserver]
 
 
 @dataclasses.dataclass
@@ -71,7 +84,8 @@ class AsyncZtgiClient:
 
     Starts on first use (or `await start()`, or `async with`); `close()` fails what is in flight.
     `query_timeout_s` bounds health/info/stats; `request_timeout_s` (None: no bound) is the
-    longest wait for a request's next event before it is cancelled.
+    longest wait for a request's next event before it is cancelled. `observe(parameters)`, when
+    given, makes a `StreamObserver` for each request.
     """
 
     def __init__(self, scheduler_url: str = DEFAULT_SCHEDULER_URL, *, heartbeat_interval_ms: int = 1000,
@@ -87,6 +101,7 @@ class AsyncZtgiClient:
         self.liveness_s = self.heartbeat_interval_s * heartbeat_misses
         self.query_timeout_s = query_timeout_s
         self.request_timeout_s = request_timeout_s
+        self.observe: ObserverFactory | None = None
         self._context: zmq.asyncio.Context | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
@@ -161,18 +176,23 @@ class AsyncZtgiClient:
         await self.start()
         await self._wait_reachable()
         queue = self._open_request(request_id)
+        observer = self.observe(parameters) if self.observe is not None else None
         finished = False
         try:
             self._send(generate)
             while not finished:
                 event = await self._next_event(request_id, queue)
                 finished = event.is_final
+                if observer is not None:
+                    observer.on_event(event)
                 if event.error is not None:
                     raise ZtgiError(event.error, event.error_type or "generation")
                 if finished and parameters.return_full_text and inputs is not None:
                     event = dataclasses.replace(event, generated_text=inputs + event.generated_text)
                 yield event
         finally:
+            if observer is not None:
+                observer.on_close(finished)
             self._request_id_to_queue.pop(request_id, None)
             if not finished and not self._closed:
                 logger.debug("request %s left before its end: cancelling", request_id)
@@ -207,6 +227,15 @@ class AsyncZtgiClient:
     async def stats(self) -> StatsReply:
         return await self._query("stats")
 
+    async def tokenize(self, inputs: str, add_special_tokens: bool = True,
+                       truncate: int | None = None) -> list[SimpleToken]:
+        """How a tokenizer of the pipeline splits `inputs` (TGI's /tokenize); errors raise ZtgiError."""
+        reply: TokenizeReply = await self._ask(
+            lambda query_id: TokenizeQuery(query_id, inputs, add_special_tokens, truncate), "tokenize")
+        if reply.error is not None:
+            raise ZtgiError(reply.error, reply.error_type or "validation")
+        return reply.tokens
+
     # -- internals -----------------------------------------------------------------------------
 
     def _open_request(self, request_id: str) -> asyncio.Queue[StreamEvent]:
@@ -234,12 +263,16 @@ class AsyncZtgiClient:
             self._send(Cancel(request_id))
 
     async def _query(self, kind: str) -> Any:
+        return await self._ask(lambda query_id: Query(query_id, kind), kind)
+
+    async def _ask(self, build: Callable[[str], object], kind: str) -> Any:
+        """Sends `build(query_id)` and waits for the reply carrying that query_id."""
         await self.start()
         await self._wait_reachable()
         query_id = uuid.uuid4().hex
         future = asyncio.get_running_loop().create_future()
         self._query_id_to_future[query_id] = future
-        self._send(Query(query_id, kind))
+        self._send(build(query_id))
         try:
             if not await _wait(future, self.query_timeout_s):
                 raise TimeoutError(f"the scheduler did not answer a {kind} query in {self.query_timeout_s:g} s")
@@ -296,7 +329,7 @@ class AsyncZtgiClient:
             case StreamEvents():
                 for event in msg.events:
                     self._route_event(event)
-            case HealthReply() | InfoReply() | StatsReply():
+            case HealthReply() | InfoReply() | StatsReply() | TokenizeReply():
                 future = self._query_id_to_future.get(msg.query_id)
                 if future is not None and not future.done():
                     future.set_result(msg)
@@ -405,6 +438,10 @@ class ZtgiClient:
 
     def stats(self) -> StatsReply:
         return self._call(self._client.stats())
+
+    def tokenize(self, inputs: str, add_special_tokens: bool = True,
+                 truncate: int | None = None) -> list[SimpleToken]:
+        return self._call(self._client.tokenize(inputs, add_special_tokens, truncate))
 
     def close(self) -> None:
         """Closes the client, stops the loop and joins its thread."""

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from common.codec import message
+from typing import Literal
+
+from common.codec import message, record
 from common.messages.records import StreamEvent
 
-__all__ = ["StreamEvents", "HealthReply", "InfoReply", "StatsReply", "ErrorReply"]
+__all__ = [
+    "StreamEvents", "HealthReply", "InfoReply", "StatsReply", "ErrorReply", "MetricSample", "MetricFamily",
+    "MetricKind", "SimpleToken", "TokenizeReply",
+]
+
+MetricKind = Literal["counter", "gauge", "histogram"]
 
 
 @message("stream_events")
@@ -45,8 +52,42 @@ class InfoReply:
     version: str
 
 
+@record
+class MetricSample:
+    """One labelled value of a metric family; for a histogram, `value` is the sum of the
+    observations and `bucket_counts` the count per bucket (not cumulative, the last is +Inf)."""
+
+    labels: dict[str, str]
+    value: float
+    bucket_counts: list[int] = ()  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bucket_counts, tuple):
+            object.__setattr__(self, "bucket_counts", list(self.bucket_counts))
+
+
+@record
+class MetricFamily:
+    """A metric of record as plain data (the gateway renders it for Prometheus).
+
+    `upper_bounds` are a histogram's finite bucket bounds; +Inf is implied.
+    """
+
+    name: str
+    kind: MetricKind
+    help: str
+    samples: list[MetricSample]
+    upper_bounds: list[float] = ()  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.upper_bounds, tuple):
+            object.__setattr__(self, "upper_bounds", list(self.upper_bounds))
+
+
 @message("stats_reply")
 class StatsReply:
+    """The scheduler's figures; `families` carries its metrics of record (batches, durations)."""
+
     query_id: str
     num_queued: int
     num_running: int
@@ -56,6 +97,31 @@ class StatsReply:
     worker_requests_served: dict[str, int]
     num_generated_tokens: int
     num_requests_finished: int
+    families: list[MetricFamily] = ()  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.families, tuple):
+            object.__setattr__(self, "families", list(self.families))
+
+
+@record
+class SimpleToken:
+    """A prompt token as TGI's /tokenize shows it: `start`/`stop` are character offsets."""
+
+    id: int
+    text: str
+    start: int
+    stop: int
+
+
+@message("tokenize_reply")
+class TokenizeReply:
+    """Answer to TokenizeQuery: the tokens, or `error` and its `error_type`."""
+
+    query_id: str
+    tokens: list[SimpleToken]
+    error: str | None = None
+    error_type: str | None = None
 
 
 @message("error_reply")

@@ -13,6 +13,7 @@ from common.messages.records import (
 __all__ = [
     "Generate", "Cancel", "Query", "Encoded", "Rejected", "ClientOutput", "TextBatch",
     "StepResult", "FilterResult", "WarmupResult", "CommandDone", "CommandFailed", "QueryKind",
+    "TokenizeQuery", "TokenizeDone",
 ]
 
 QueryKind = Literal["health", "info", "stats"]
@@ -45,6 +46,16 @@ class Query:
 
     query_id: str
     kind: QueryKind
+
+
+@message("tokenize_query")
+class TokenizeQuery:
+    """A client asks how `inputs` tokenize (TGI's /tokenize); answered with TokenizeReply."""
+
+    query_id: str
+    inputs: str
+    add_special_tokens: bool = True
+    truncate: int | None = None
 
 
 @message("encoded")
@@ -92,6 +103,15 @@ class TextBatch:
 
     outputs: list[ClientOutput]
     finished: list[RequestKey]
+
+
+@message("tokenize_done")
+class TokenizeDone:
+    """A tokenizer's answer to TokenizeJob: `payload` is an encoded TokenizeReply, forwarded
+    to the asking client without decoding."""
+
+    job_id: int
+    payload: bytes
 
 
 @message("step_result")

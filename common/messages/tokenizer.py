@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from common.codec import message, record
 from common.messages.records import GenerateParameters, Generation, RequestKey
-from common.messages.scheduler import Encoded, Generate
+from common.messages.scheduler import Encoded, Generate, TokenizeQuery
 
-__all__ = ["EncodeJob", "TokenStep", "DetokenizeJob", "Forget", "Adopt"]
+__all__ = ["EncodeJob", "TokenStep", "DetokenizeJob", "Forget", "Adopt", "TokenizeJob"]
 
 
 @message("encode_job")
@@ -50,3 +50,11 @@ class Adopt:
     encoded: Encoded
     parameters: GenerateParameters
     emitted_ids: list[int]
+
+
+@message("tokenize_job")
+class TokenizeJob:
+    """Tokenize a client's text with offsets; answer with TokenizeDone on `detokenize`."""
+
+    job_id: int
+    query: TokenizeQuery

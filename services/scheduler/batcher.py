@@ -23,6 +23,7 @@ from common.messages import (
     Prefill, SamplingParameters, StepResult, Warmup, WarmupResult, WorkerRequest,
 )
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.outbox import Outbox
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
@@ -51,6 +52,7 @@ class Batcher:
         self.on_failure = on_failure
         self.on_canary = on_canary
         self.workers: dict[bytes, WorkerSlot] = {}
+        self.metrics = SchedulerMetrics()
         self._command_ids = itertools.count(1)
         self._batch_ids = itertools.count(1)
 
@@ -128,6 +130,7 @@ class Batcher:
                 self._on_step(slot, in_flight, answer)
             case FilterResult():
                 slot.replace_batch(in_flight.batch_ids[0], answer.batch)
+                self.metrics.record_filter(time.monotonic() - in_flight.sent_at)
             case CommandDone():
                 pass
             case CommandFailed():
@@ -142,6 +145,7 @@ class Batcher:
 
     def _on_step(self, slot: WorkerSlot, in_flight: InFlight, result: StepResult) -> None:
         slot.num_steps += 1
+        self.metrics.record_step(in_flight.kind.value, time.monotonic() - in_flight.sent_at, result.timings)
         if in_flight.kind is CommandKind.PREFILL:
             slot.num_requests_served += len(in_flight.request_ids)
             slot.waiting_tokens = 1
@@ -174,6 +178,7 @@ class Batcher:
         if in_flight.kind is CommandKind.WARMUP:
             self.workers.pop(slot.identity, None)
             return
+        self.metrics.record_failed_step(in_flight.kind.value)
         failed_ids = set(in_flight.request_ids)
         if in_flight.kind is not CommandKind.PREFILL:  # a failed step may leave its batches unusable
             failed_ids.update(rid for batch in slot.batches for rid in batch.request_ids)
@@ -247,6 +252,7 @@ class Batcher:
             request.status = RequestStatus.RUNNING
             request.worker_id = slot.identity
             request.prefill_started_at = now
+        self.metrics.record_prefill(requests, now)
         batch = Batch(next(self._batch_ids), [r.to_worker() for r in requests], max_tokens)
         self._send(slot, CommandKind.PREFILL, [r.request_id for r in requests], [batch.batch_id],
                    lambda command_id: Prefill(command_id, batch))

@@ -16,7 +16,7 @@ from common.messages import (
     Adopt, Cancel, CommandDone, CommandFailed, DetokenizeJob, EncodeJob, Encoded, ErrorReply, FilterResult,
     Forget, Generate, Generation, Heartbeat, Hello, InfoReply, PROTOCOL_VERSION, Query,
     Rejected, RequestKey, StatsReply, StepResult, StreamEvent, StreamEvents, TextBatch, TokenStep,
-    WarmupResult,
+    TokenizeDone, TokenizeQuery, WarmupResult,
 )
 from services.scheduler.batcher import Batcher
 from services.scheduler.config import SchedulerConfig
@@ -25,13 +25,14 @@ from services.scheduler.outbox import Outbox
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_table import RequestTable
+from services.scheduler.tokenize_router import TokenizeRouter
 from services.scheduler.worker_slot import WorkerSlot
 
 logger = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
-CLIENT_MESSAGES = (Generate, Cancel, Query, Hello, Heartbeat)
-TOKENIZER_MESSAGES = (Hello, Heartbeat, TextBatch)
+CLIENT_MESSAGES = (Generate, Cancel, Query, TokenizeQuery, Hello, Heartbeat)
+TOKENIZER_MESSAGES = (Hello, Heartbeat, TextBatch, TokenizeDone)
 WORKER_MESSAGES = (Hello, Heartbeat, StepResult, FilterResult, WarmupResult, CommandDone, CommandFailed)
 
 
@@ -60,6 +61,8 @@ class Hub:
         self.health_monitor = HealthMonitor(self.outbox, config.canary_timeout_s)
         self.batcher = Batcher(config, self.table, self.queue, self.outbox,
                                self._on_generations, self._fail_requests, self.health_monitor.on_canary)
+        self.metrics = self.batcher.metrics
+        self.tokenize_router = TokenizeRouter(self.outbox)
 
     # -- clients (frontend) --------------------------------------------------------------------
 
@@ -77,6 +80,8 @@ class Hub:
                 self._admit(client_id, msg)
             case Cancel():
                 self._cancel(RequestKey(client_id, msg.request_id))
+            case TokenizeQuery():
+                self.tokenize_router.submit(client_id, msg, list(self.tokenizers))
             case Query(kind="health"):
                 self._answer_health(client_id, msg.query_id)
             case Query():
@@ -116,6 +121,7 @@ class Hub:
             self.queue.remove(request)
 
     def _send_error(self, key: RequestKey, error: str, error_type: str) -> None:
+        self.metrics.record_failure(error_type)
         event = StreamEvent(request_id=key.request_id, error=error, error_type=error_type)
         self.outbox.to_client(key.client_id, encode(StreamEvents([event])))
 
@@ -147,6 +153,7 @@ class Hub:
         request.encode_job = b""
         request.status = RequestStatus.QUEUED
         request.queued_at = time.monotonic()
+        self.metrics.record_encoded(request, request.queued_at)
         self.queue.append(request)
 
     def on_tokenizer_frame(self, tokenizer_id: bytes, frame: bytes) -> None:
@@ -163,6 +170,8 @@ class Hub:
                 self.outbox.to_tokenizer(tokenizer_id, Heartbeat(self.boot_nonce))
             case TextBatch():
                 self._on_text_batch(tokenizer_id, msg)
+            case TokenizeDone():
+                self.tokenize_router.on_done(msg)
 
     def _on_text_batch(self, tokenizer_id: bytes, batch: TextBatch) -> None:
         pending = self.unacknowledged.get(tokenizer_id)
@@ -176,6 +185,7 @@ class Hub:
             if request is not None:
                 self._drop(request)
                 self.counters.num_requests_finished += 1
+                self.metrics.record_finished(request, None, time.monotonic())
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -215,6 +225,7 @@ class Hub:
             if generation.finish_reason is not None:
                 self.table.remove(request)
                 self.counters.num_requests_finished += 1
+                self.metrics.record_finished(request, generation, time.monotonic())
         for tokenizer_id, steps in steps_by_tokenizer.items():
             self._send_detokenize(tokenizer_id, steps)
 
@@ -279,6 +290,7 @@ class Hub:
             worker_requests_served={w.identity.decode(errors="replace"): w.num_requests_served for w in workers},
             num_generated_tokens=self.counters.num_generated_tokens,
             num_requests_finished=self.counters.num_requests_finished,
+            families=self.metrics.to_messages(workers),
         )
 
     # -- time ----------------------------------------------------------------------------------
@@ -312,6 +324,7 @@ class Hub:
         tokens the client already has; unacknowledged steps are then sent to the adopter.
         """
         del self.tokenizers[tokenizer_id]
+        self.tokenize_router.reroute(tokenizer_id, list(self.tokenizers))
         encoding = [r for r in self.table if r.status is RequestStatus.ENCODING]
         for request in encoding:
             self.outbox.to_tokenizer_pool(request.encode_job)

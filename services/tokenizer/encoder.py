@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from common.messages import ChatMessage, Encoded, Generate, RequestKey
+from common.messages import ChatMessage, Encoded, Generate, RequestKey, SimpleToken, TokenizeQuery
 from common.parameters import (
     ParameterLimits, ValidationError, resolve_sampling, validate_lengths, validate_parameters,
 )
@@ -50,6 +50,25 @@ class Encoder:
         if not generate.inputs:
             raise ValidationError("inputs", "`inputs` cannot be empty")
         return self._tokenize(generate.inputs, generate.parameters.add_special_tokens)
+
+    def tokenize(self, query: TokenizeQuery) -> list[SimpleToken]:
+        """TGI's /tokenize: each token with its text and character offsets in `inputs`.
+
+        Special tokens added by the tokenizer have empty offsets (and so empty text); `truncate`
+        keeps the last tokens, as for generation.
+        """
+        if not query.inputs:
+            raise ValidationError("inputs", "`inputs` cannot be empty")
+        if query.truncate is not None and not 0 < query.truncate <= self.limits.max_input_tokens:
+            raise ValidationError("truncate", f"`truncate` must be strictly positive and less than or equal to "
+                                              f"{self.limits.max_input_tokens}. Given: {query.truncate}")
+        if not self.tokenizer.is_fast:
+            raise ValidationError("inputs", "No fast tokenizer available: offsets are unknown")
+        encoding = self.tokenizer(query.inputs, add_special_tokens=query.add_special_tokens,
+                                  return_offsets_mapping=True)
+        tokens = [SimpleToken(token_id, query.inputs[start:stop], start, stop)
+                  for token_id, (start, stop) in zip(encoding["input_ids"], encoding["offset_mapping"])]
+        return tokens[-query.truncate:] if query.truncate is not None else tokens
 
     def render_chat(self, messages: list[ChatMessage]) -> str:
         """The prompt text of a conversation, ending with the assistant's generation prompt."""

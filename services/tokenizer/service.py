@@ -17,6 +17,7 @@ from common.identity import new_boot_nonce, new_identity
 from common.logs import setup_logging
 from common.messages import (
     PROTOCOL_VERSION, Adopt, DetokenizeJob, EncodeJob, Encoded, Forget, Heartbeat, Hello, Rejected,
+    TokenizeDone, TokenizeJob, TokenizeReply,
 )
 from common.model_source import ModelNotFoundError
 from common.parameters import ValidationError
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 MAX_MESSAGES_PER_PASS = 64
 MAX_WAIT_MS = 100  # how late a stop signal may be noticed
-SCHEDULER_MESSAGES = (Heartbeat, DetokenizeJob, Forget, Adopt)
+SCHEDULER_MESSAGES = (Heartbeat, DetokenizeJob, Forget, Adopt, TokenizeJob)
 
 
 class TokenizerService:
@@ -103,6 +104,18 @@ class TokenizerService:
         logger.debug("encoded %r: %d input tokens", job.key, len(encoded.input_ids))
         return encoded
 
+    def tokenize_text(self, job: TokenizeJob) -> TokenizeDone:
+        """TGI's /tokenize for one query: the tokens, or the error, for the asking client."""
+        query_id = job.query.query_id
+        try:
+            reply = TokenizeReply(query_id, self.encoder.tokenize(job.query))
+        except ValidationError as exc:
+            reply = TokenizeReply(query_id, [], str(exc), "validation")
+        except Exception as exc:  # a bug must cost one query, not the service
+            logger.exception("tokenizing for query %s failed", query_id)
+            reply = TokenizeReply(query_id, [], f"tokenization failed: {exc}", "validation")
+        return TokenizeDone(job.job_id, encode(reply))
+
     # -- scheduler link ------------------------------------------------------------------------
 
     def on_scheduler_frames(self, frames: list[bytes]) -> None:
@@ -117,6 +130,8 @@ class TokenizerService:
                 self.detokenizer.forget(msg.keys)
             case Adopt():
                 self.detokenizer.adopt(msg)
+            case TokenizeJob():
+                self._send(self.detokenize, self.tokenize_text(msg))
 
     def _on_heartbeat(self, scheduler_nonce: str) -> None:
         if self.scheduler_nonce is not None and scheduler_nonce != self.scheduler_nonce:

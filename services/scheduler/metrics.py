@@ -1,0 +1,170 @@
+"""The scheduler's metrics of record, as plain data: counters and histograms by label.
+
+Nothing here imports prometheus_client. The scheduler answers a stats query with these
+families (`MetricFamily` messages, inside `StatsReply`), and every gateway renders them next
+to its own figures at `/metrics`. Names are TGI's where TGI has the metric (see
+docs/architecture.md, "Metrics"); durations are in seconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Iterable
+
+from common.messages import Generation, MetricFamily, MetricKind, MetricSample, Timings
+from services.scheduler.request import Request
+from services.scheduler.worker_slot import WorkerSlot
+
+DURATION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclasses.dataclass
+class Histogram:
+    """Observations counted per bucket (`value <= bound`; the last bucket is +Inf) and summed."""
+
+    upper_bounds: tuple[float, ...]
+    bucket_counts: list[int]
+    total: float = 0.0
+
+    @classmethod
+    def empty(cls, upper_bounds: tuple[float, ...]) -> "Histogram":
+        return cls(upper_bounds, [0] * (len(upper_bounds) + 1))
+
+    def observe(self, value: float) -> None:
+        self.bucket_counts[bisect.bisect_left(self.upper_bounds, value)] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.bucket_counts)
+
+
+class Family:
+    """One metric: a value (counter) or a histogram per label set."""
+
+    def __init__(self, name: str, kind: MetricKind, help_text: str, upper_bounds: tuple[float, ...] = ()) -> None:
+        assert (kind == "histogram") == bool(upper_bounds), name
+        self.name = name
+        self.kind = kind
+        self.help_text = help_text
+        self.upper_bounds = upper_bounds
+        self.values: dict[Labels, float] = {}
+        self.histograms: dict[Labels, Histogram] = {}
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        key = _labels(labels)
+        self.values[key] = self.values.get(key, 0.0) + amount
+
+    def observe(self, value: float, **labels: str) -> None:
+        key = _labels(labels)
+        histogram = self.histograms.get(key)
+        if histogram is None:
+            histogram = self.histograms[key] = Histogram.empty(self.upper_bounds)
+        histogram.observe(value)
+
+    def to_message(self) -> MetricFamily:
+        samples = [MetricSample(dict(key), value) for key, value in self.values.items()]
+        samples += [MetricSample(dict(key), h.total, list(h.bucket_counts)) for key, h in self.histograms.items()]
+        return MetricFamily(self.name, self.kind, self.help_text, samples, list(self.upper_bounds))
+
+
+def _labels(labels: dict[str, str]) -> Labels:
+    return tuple(sorted(labels.items()))
+
+
+class SchedulerMetrics:
+    """What the scheduler alone can measure: worker commands, queueing and request phases.
+
+    The batcher records each worker command (`method` is prefill or decode, TGI's label); the
+    hub records each request's phases: validation (arrival to encoded), queue (encoded to
+    prefill), inference (prefill to finish) and how requests end.
+    """
+
+    def __init__(self) -> None:
+        def histogram(name: str, help_text: str, bounds: tuple[float, ...] = DURATION_BUCKETS_S) -> Family:
+            return Family(name, "histogram", help_text, bounds)
+
+        self.batch_inference_count = Family(
+            "tgi_batch_inference_count", "counter", "Inference calls per method (prefill or decode)")
+        self.batch_inference_success = Family(
+            "tgi_batch_inference_success", "counter", "Successful inference calls per method (prefill or decode)")
+        self.batch_inference_failure = Family(
+            "tgi_batch_inference_failure", "counter", "Failed inference calls per method (prefill or decode)")
+        self.batch_inference_duration = histogram(
+            "tgi_batch_inference_duration", "Batch inference duration per method: a worker command's round trip")
+        self.batch_forward_duration = histogram(
+            "tgi_batch_forward_duration", "Batch forward duration per method (prefill or decode)")
+        self.batch_decode_duration = histogram(
+            "tgi_batch_decode_duration", "Time spent choosing tokens after the forward pass, per method")
+        self.batch_concat_duration = histogram(
+            "tgi_batch_concat_duration", "Time spent concatenating cached batches before a decode step")
+        self.batch_filter_duration = histogram(
+            "tgi_batch_filter_duration", "Filter command duration (finished requests leaving a batch)")
+        self.batch_next_size = histogram("tgi_batch_next_size", "Size of each new prefill batch", BATCH_SIZE_BUCKETS)
+        self.request_validation_duration = histogram(
+            "tgi_request_validation_duration", "Request validation duration: arrival to tokenized")
+        self.request_queue_duration = histogram(
+            "tgi_request_queue_duration", "Request queue duration: tokenized to prefill")
+        self.request_inference_duration = histogram(
+            "tgi_request_inference_duration", "Request inference duration: prefill to the last token")
+        self.request_mean_time_per_token_duration = histogram(
+            "tgi_request_mean_time_per_token_duration", "Mean time per generated token, per request")
+        self.request_failure = Family(
+            "ztgi_scheduler_request_failure", "counter", "Requests the scheduler ended with an error, by error type")
+
+    @property
+    def families(self) -> list[Family]:
+        return [value for value in vars(self).values() if isinstance(value, Family)]
+
+    def to_messages(self, workers: Iterable[WorkerSlot] = ()) -> list[MetricFamily]:
+        """Every family, plus gauges of the workers' current batches."""
+        max_tokens = Family("tgi_batch_current_max_tokens", "gauge", "Maximum tokens of each worker's current batch")
+        for worker in workers:
+            max_tokens.inc(float(worker.batch_max_tokens), worker=worker.identity.decode(errors="replace"))
+        return [family.to_message() for family in [*self.families, max_tokens]]
+
+    # -- worker commands -----------------------------------------------------------------------
+
+    def record_step(self, method: str, duration_s: float, timings: Timings) -> None:
+        """A Prefill or Decode answered with a StepResult."""
+        self.batch_inference_count.inc(method=method)
+        self.batch_inference_success.inc(method=method)
+        self.batch_inference_duration.observe(duration_s, method=method)
+        self.batch_forward_duration.observe(timings.forward_ns / 1e9, method=method)
+        self.batch_decode_duration.observe(timings.decode_ns / 1e9, method=method)
+        if method == "decode":
+            self.batch_concat_duration.observe(timings.concatenate_ns / 1e9)
+
+    def record_failed_step(self, method: str) -> None:
+        self.batch_inference_count.inc(method=method)
+        self.batch_inference_failure.inc(method=method)
+
+    def record_filter(self, duration_s: float) -> None:
+        self.batch_filter_duration.observe(duration_s)
+
+    def record_prefill(self, requests: list[Request], now: float) -> None:
+        """A new prefill batch leaves the queue."""
+        self.batch_next_size.observe(len(requests))
+        for request in requests:
+            self.request_queue_duration.observe(now - request.queued_at)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def record_encoded(self, request: Request, now: float) -> None:
+        self.request_validation_duration.observe(now - request.created_at)
+
+    def record_finished(self, request: Request, generation: Generation | None, now: float) -> None:
+        """A request's last token: `generation` from the worker, None for a stop-sequence hit."""
+        inference_s = now - request.prefill_started_at
+        num_tokens = generation.generated_tokens if generation is not None else len(request.generated_ids)
+        self.request_inference_duration.observe(inference_s)
+        if num_tokens > 0:
+            self.request_mean_time_per_token_duration.observe(inference_s / num_tokens)
+
+    def record_failure(self, error_type: str, num_requests: int = 1) -> None:
+        if num_requests:
+            self.request_failure.inc(num_requests, err=error_type)
