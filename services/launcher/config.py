@@ -40,6 +40,7 @@ class LaunchConfig:
     heartbeat_misses: int = 5
     no_worker_timeout_s: float = 30.0
     drain_timeout_s: float = 20.0  # SIGTERM: how long gateways and the scheduler let requests finish
+    health_window_s: float = 30.0  # /health: a worker quiet this long must pass a one-token canary
     startup_timeout_s: float = 600.0
     shutdown_timeout_s: float = 30.0  # how long a child may take to exit after SIGTERM before a kill
     restart: bool = True
@@ -53,6 +54,7 @@ class LaunchConfig:
         require(self.startup_timeout_s > 0, "--startup-timeout-s must be positive")
         require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
                 "--heartbeat-interval-ms and --heartbeat-misses must be positive")
+        require(self.health_window_s > 0, "--health-window-s must be positive")
         require(self.no_worker_timeout_s >= 0 and self.restart_backoff_s >= 0,
                 "--no-worker-timeout-s and --restart-backoff-s must be >= 0")
         require(0 <= self.drain_timeout_s < self.shutdown_timeout_s,
@@ -65,7 +67,7 @@ class LaunchConfig:
                  "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
                  "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "max_stop_sequences",
                  "max_top_n_tokens", "max_best_of", "heartbeat_interval_ms", "heartbeat_misses",
-                 "no_worker_timeout_s", "drain_timeout_s", "log_level")
+                 "no_worker_timeout_s", "drain_timeout_s", "health_window_s", "log_level")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
                if getattr(self, name) is not None}
         env["ZTGI_SCHEDULER_URL"] = scheduler_url

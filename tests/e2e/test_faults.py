@@ -23,6 +23,7 @@ PROMPT = "The capital of France is"  # every id below the small model's vocabula
 BAD_PROMPT = "Hello world"  # 19556 is outside it: the worker fails this prefill
 NO_WORKER_TIMEOUT_S = 1.0
 RESTART_BACKOFF_S = 3.0  # longer than loss detection + NO_WORKER_TIMEOUT_S: requests fail before a new worker
+HEALTH_WINDOW_S = 2.0
 LONG = 1500  # tokens: still running when the fault hits
 
 
@@ -33,7 +34,8 @@ def model_dir(smollm2, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def launch(run_dir: str, model_dir: str, *flags: str) -> LaunchedServer:
     return LaunchedServer(run_dir, "--model-id", model_dir, *FAST_FLAGS, "--no-worker-timeout-s",
-                          str(NO_WORKER_TIMEOUT_S), "--restart-backoff-s", str(RESTART_BACKOFF_S), *flags)
+                          str(NO_WORKER_TIMEOUT_S), "--restart-backoff-s", str(RESTART_BACKOFF_S),
+                          "--health-window-s", str(HEALTH_WINDOW_S), *flags)
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +127,17 @@ def test_disconnected_clients_leave_nothing_running(server: LaunchedServer) -> N
     assert busy.num_running + busy.num_queued == 16
     assert all(outcome.final is None and len(outcome.texts) >= 2 for outcome in outcomes)
     print(f"16 disconnected streams: zero running and queued {cleared_s:.2f} s after the last close")
+
+
+@pytest.mark.slow
+def test_quiet_worker_passes_a_canary_for_health(server: LaunchedServer) -> None:
+    """After health_window_s without a request, /health is 200 only once the real worker has
+    run a one-token canary."""
+    time.sleep(HEALTH_WINDOW_S + 0.5)
+    num_canaries = server.log.count("one-token canary on")
+    assert health(server) == (200, "")
+    wait_for(lambda: server.log.count("one-token canary on") > num_canaries, 5)  # the log comes through pipes
+    assert "failed the health canary" not in server.log
 
 
 @pytest.mark.slow
