@@ -14,6 +14,7 @@ from common.client import AsyncZtgiClient
 from services.gateway import handlers, openai_handlers
 from services.gateway.config import GatewayConfig
 from services.gateway.errors import error_middleware
+from services.gateway.metrics import METRICS, GatewayMetrics, handle_metrics, rejection_middleware
 from services.gateway.sse import EventStream
 from services.gateway.served_model import ServedModel
 from services.gateway.state import CLIENT, CONFIG, SERVED_MODEL, STREAMS
@@ -25,9 +26,11 @@ SHUTDOWN_REASON = "the gateway is shutting down"
 
 def make_app(config: GatewayConfig) -> web.Application:
     """The TGI HTTP API over one `AsyncZtgiClient` connected to the scheduler."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=config.max_payload_bytes)
+    app = web.Application(middlewares=[error_middleware, rejection_middleware],
+                          client_max_size=config.max_payload_bytes)
     app[CONFIG] = config
     app[STREAMS] = weakref.WeakSet()
+    app[METRICS] = GatewayMetrics()
     app.cleanup_ctx.append(_client_context)
     app.on_shutdown.append(_drain_streams)
     app.add_routes([
@@ -37,6 +40,8 @@ def make_app(config: GatewayConfig) -> web.Application:
         web.get("/health", handlers.health),
         web.get("/info", handlers.info),
         web.get("/ping", handlers.ping),
+        web.post("/tokenize", handlers.tokenize),
+        web.get("/metrics", handle_metrics),
         web.post("/v1/chat/completions", openai_handlers.chat_completions),
         web.post("/v1/completions", openai_handlers.completions),
         web.get("/v1/models", openai_handlers.models),
@@ -50,6 +55,7 @@ async def _client_context(app: web.Application) -> AsyncIterator[None]:
         config.scheduler_url, heartbeat_interval_ms=config.heartbeat_interval_ms,
         heartbeat_misses=config.heartbeat_misses, query_timeout_s=config.query_timeout_s,
         request_timeout_s=config.request_timeout_s)
+    client.observe = app[METRICS].observe
     app[CLIENT] = await client.start()
     app[SERVED_MODEL] = ServedModel(client)
     yield

@@ -54,6 +54,14 @@ async def info(request: web.Request) -> web.Response:
     return web.json_response(render.info_json(reply, request.app[CONFIG]))
 
 
+async def tokenize(request: web.Request) -> web.Response:
+    """POST /tokenize: TGI's TokenizeResponse (ids, texts, character offsets) from a tokenizer."""
+    text_request = await _text_request(request, stream=False)
+    parameters = text_request.parameters
+    tokens = await request.app[CLIENT].tokenize(text_request.inputs, parameters.add_special_tokens, parameters.truncate)
+    return web.json_response([{"id": t.id, "text": t.text, "start": t.start, "stop": t.stop} for t in tokens])
+
+
 async def ping(request: web.Request) -> web.Response:
     """GET /ping: the gateway itself is up (asks nothing of the scheduler)."""
     return web.Response(status=200)
