@@ -173,10 +173,15 @@ class AsyncZtgiClient:
         # scheduler is sent False so nothing downstream prepends the prompt a second time
         generate = Generate(request_id, inputs, messages,
                             dataclasses.replace(parameters, return_full_text=False))
-        await self.start()
-        await self._wait_reachable()
-        queue = self._open_request(request_id)
         observer = self.observe(parameters) if self.observe is not None else None
+        try:
+            await self.start()
+            await self._wait_reachable()
+            queue = self._open_request(request_id)
+        except ZtgiError as exc:  # the request never left, but its observer still hears how it ended
+            if observer is not None:
+                observer.on_event(StreamEvent(request_id=request_id, error=exc.message, error_type=exc.error_type))
+            raise
         finished = False
         try:
             self._send(generate)

@@ -3,9 +3,13 @@ back with prometheus_client's own parser; plus /tokenize's gateway-side validati
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.client import AsyncZtgiClient, ZtgiError
 from common.messages import StatsReply, Timings
 from services.gateway.metrics import GatewayMetrics
 from services.scheduler.metrics import SchedulerMetrics
@@ -105,3 +109,22 @@ def test_tokenize_refuses_empty_inputs_with_tgi_error(gateway: GatewayProcess, s
     response = requests.post(gateway.url + "/tokenize", json={"inputs": ""}, timeout=10)
     assert response.status_code == 422 and response.json()["error_type"] == "validation"
     validate(response.json(), "ErrorResponse", schemas)
+
+
+def test_a_request_that_never_reaches_the_scheduler_counts_as_failed(tmp_path) -> None:
+    """With no scheduler, the client's unhealthy error still reaches the gateway's failure counter."""
+    metrics = GatewayMetrics()
+
+    async def body() -> None:
+        client = AsyncZtgiClient(f"ipc://{tmp_path}", heartbeat_interval_ms=20, heartbeat_misses=2)
+        client.observe = metrics.observe
+        try:
+            with pytest.raises(ZtgiError):
+                await client.generate("Hi")
+        finally:
+            await client.aclose()
+
+    asyncio.run(body())
+    samples = parse(metrics.render(None).decode())
+    assert get(samples, "tgi_request_count_total") == 1
+    assert get(samples, "tgi_request_failure_total", err="unhealthy") == 1
