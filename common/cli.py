@@ -6,6 +6,7 @@
     ztgi worker     one model worker
     ztgi gateway    one HTTP gateway replica
     ztgi bench      the load generator
+    ztgi keygen     a CURVE keypair for encrypted links (ztgi keygen DIR NAME)
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def _bench(argv: Sequence[str]) -> int:
     return main(argv)
 
 
+def _keygen(argv: Sequence[str]) -> int:
+    from common.curve import main
+    return main(argv)
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "launch": _launch,
     "scheduler": _scheduler,
@@ -51,6 +57,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "worker": _worker,
     "gateway": _gateway,
     "bench": _bench,
+    "keygen": _keygen,
 }
 
 

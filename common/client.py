@@ -28,7 +28,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterator,
 import zmq
 import zmq.asyncio
 
-from common.codec import MessageError, decode, encode
+from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
+from common.curve import CurveKeys, apply as apply_curve
 from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
 from common.identity import new_boot_nonce, new_identity
 from common.messages import (
@@ -85,12 +86,13 @@ class AsyncZtgiClient:
     Starts on first use (or `await start()`, or `async with`); `close()` fails what is in flight.
     `query_timeout_s` bounds health/info/stats; `request_timeout_s` (None: no bound) is the
     longest wait for a request's next event before it is cancelled. `observe(parameters)`, when
-    given, makes a `StreamObserver` for each request.
+    given, makes a `StreamObserver` for each request. `curve_keys`
+    (`common.curve.client_keys(...)`) encrypts the link to a scheduler that runs CURVE.
     """
 
     def __init__(self, scheduler_url: str = DEFAULT_SCHEDULER_URL, *, heartbeat_interval_ms: int = 1000,
                  heartbeat_misses: int = 5, query_timeout_s: float = 5.0,
-                 request_timeout_s: float | None = None) -> None:
+                 request_timeout_s: float | None = None, curve_keys: CurveKeys | None = None) -> None:
         if heartbeat_interval_ms <= 0 or heartbeat_misses <= 0:
             raise ValueError("heartbeat_interval_ms and heartbeat_misses must be positive")
         self.scheduler_url = scheduler_url
@@ -101,6 +103,7 @@ class AsyncZtgiClient:
         self.liveness_s = self.heartbeat_interval_s * heartbeat_misses
         self.query_timeout_s = query_timeout_s
         self.request_timeout_s = request_timeout_s
+        self.curve_keys = curve_keys
         self.observe: ObserverFactory | None = None
         self._context: zmq.asyncio.Context | None = None
         self._socket: zmq.asyncio.Socket | None = None
@@ -124,6 +127,8 @@ class AsyncZtgiClient:
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.IDENTITY, self.identity)
         socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # libzmq drops a larger frame unread
+        apply_curve(socket, self.curve_keys)
         socket.connect(self.address)
         self._socket = socket
         self._connected = asyncio.Event()

@@ -54,7 +54,7 @@ async def _client_context(app: web.Application) -> AsyncIterator[None]:
     client = AsyncZtgiClient(
         config.scheduler_url, heartbeat_interval_ms=config.heartbeat_interval_ms,
         heartbeat_misses=config.heartbeat_misses, query_timeout_s=config.query_timeout_s,
-        request_timeout_s=config.request_timeout_s)
+        request_timeout_s=config.request_timeout_s, curve_keys=config.curve_keys)
     client.observe = app[METRICS].observe
     app[CLIENT] = await client.start()
     app[SERVED_MODEL] = ServedModel(client)

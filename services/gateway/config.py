@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from common import curve
 from common.config import require
 from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
 from common.parameters import ParameterLimits
@@ -35,6 +36,8 @@ class GatewayConfig:
     heartbeat_misses: int = 5
     compute_type: str = "ztgi"
     shutdown_timeout_s: float = 10.0
+    curve_server_public_key_file: str | None = None  # the scheduler's CURVE public key: encrypts the link
+    curve_secret_key_file: str | None = None  # this gateway's CURVE keypair (unset: a fresh one)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -52,6 +55,11 @@ class GatewayConfig:
         require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
                 "--heartbeat-interval-ms and --heartbeat-misses must be positive")
         require(self.shutdown_timeout_s >= 0, "--shutdown-timeout-s must be >= 0")
+        curve.client_keys(self.curve_server_public_key_file, self.curve_secret_key_file)  # validates
+
+    @property
+    def curve_keys(self) -> curve.CurveKeys | None:
+        return curve.client_keys(self.curve_server_public_key_file, self.curve_secret_key_file)
 
     @property
     def limits(self) -> ParameterLimits:

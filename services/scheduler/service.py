@@ -11,6 +11,8 @@ from typing import Sequence
 
 import zmq
 
+from common import curve
+from common.codec import MAX_MESSAGE_BYTES
 from common.config import parse_config
 from common.identity import new_boot_nonce
 from common.logs import setup_logging
@@ -30,6 +32,8 @@ class SchedulerService:
         self.config = config
         self.hub = Hub(config, new_boot_nonce())
         self.context = zmq.Context()
+        self.curve_keys = config.curve_keys
+        self.authenticator = curve.start_authenticator(self.context, config.curve_client_keys_dir)
         self.running = True
         self.drain_deadline: float | None = None
         self.encode_backlog: collections.deque[list[bytes]] = collections.deque()
@@ -48,10 +52,12 @@ class SchedulerService:
     def _bind(self, kind: int, address: str) -> zmq.Socket:
         socket = self.context.socket(kind)
         socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # libzmq drops a larger frame unread
+        curve.apply(socket, self.curve_keys)
         if kind == zmq.ROUTER:
             socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer raises, it doesn't vanish silently
         socket.bind(address)
-        logger.info("bound %s", address)
+        logger.info("bound %s%s", address, " (CURVE)" if self.curve_keys else "")
         return socket
 
     def run(self) -> None:
@@ -147,6 +153,8 @@ class SchedulerService:
     def close(self) -> None:
         for socket in (self.frontend, self.detokenize):
             socket.setsockopt(zmq.LINGER, 1000)  # let the last events reach clients
+        if self.authenticator is not None:
+            self.authenticator.stop()
         self.context.destroy()
         for path in self.config.endpoints.socket_files():
             try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from common import curve
 from common.config import require
 from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
 from common.model_source import DEFAULT_MODEL_ID
@@ -23,6 +24,8 @@ class TokenizerConfig:
     max_top_n_tokens: int = 5
     max_best_of: int = 2
     heartbeat_interval_ms: int = 1000
+    curve_server_public_key_file: str | None = None  # the scheduler's CURVE public key: encrypts the link
+    curve_secret_key_file: str | None = None  # this peer's CURVE keypair (unset: a fresh one)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -36,6 +39,11 @@ class TokenizerConfig:
         require(self.max_top_n_tokens >= 0, "--max-top-n-tokens must be >= 0")
         require(self.max_best_of >= 1, "--max-best-of must be >= 1")
         require(self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive")
+        curve.client_keys(self.curve_server_public_key_file, self.curve_secret_key_file)  # validates
+
+    @property
+    def curve_keys(self) -> curve.CurveKeys | None:
+        return curve.client_keys(self.curve_server_public_key_file, self.curve_secret_key_file)
 
     @property
     def endpoints(self) -> Endpoints:

@@ -11,7 +11,8 @@ from typing import Any, Sequence
 import zmq
 from transformers import PreTrainedTokenizerBase
 
-from common.codec import MessageError, decode, encode
+from common import curve
+from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.config import parse_config
 from common.identity import new_boot_nonce, new_identity
 from common.logs import setup_logging
@@ -47,6 +48,7 @@ class TokenizerService:
         self.encoder = Encoder(tokenizer, config.limits, self.identity)
         self.detokenizer = Detokenizer(tokenizer)
         self.context = zmq.Context()
+        self.curve_keys = config.curve_keys
         endpoints = config.endpoints
         self.tokenize = self._connect(zmq.PULL, endpoints.connect("tokenize"))
         self.tokenized = self._connect(zmq.PUSH, endpoints.connect("tokenized"))
@@ -58,6 +60,8 @@ class TokenizerService:
     def _connect(self, kind: int, address: str, identity: bytes | None = None) -> zmq.Socket:
         socket = self.context.socket(kind)
         socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # libzmq drops a larger frame unread
+        curve.apply(socket, self.curve_keys)
         if identity is not None:
             socket.setsockopt(zmq.IDENTITY, identity)
         socket.connect(address)
@@ -129,9 +133,15 @@ class TokenizerService:
             case Forget():
                 self.detokenizer.forget(msg.keys)
             case Adopt():
-                self.detokenizer.adopt(msg)
+                self._adopt(msg)
             case TokenizeJob():
                 self._send(self.detokenize, self.tokenize_text(msg))
+
+    def _adopt(self, adopt: Adopt) -> None:
+        try:
+            self.detokenizer.adopt(adopt)
+        except Exception as exc:  # e.g. ids no vocabulary has: the request is lost, not the tokenizer
+            logger.warning("dropped an Adopt for %r: %s: %s", adopt.encoded.key, type(exc).__name__, exc)
 
     def _on_heartbeat(self, scheduler_nonce: str) -> None:
         if self.scheduler_nonce is not None and scheduler_nonce != self.scheduler_nonce:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from common import curve
 from common.config import require
 from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
 from common.model_source import DEFAULT_MODEL_ID
@@ -29,6 +30,8 @@ class WorkerConfig:
     cpu_warmup_prefill_tokens: int | None = 512
     num_threads: int | None = None  # torch CPU threads (none: torch's default, every core)
     heartbeat_interval_ms: int = 1000
+    curve_server_public_key_file: str | None = None  # the scheduler's CURVE public key: encrypts the link
+    curve_secret_key_file: str | None = None  # this peer's CURVE keypair (unset: a fresh one)
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -41,6 +44,11 @@ class WorkerConfig:
                 "--cpu-warmup-prefill-tokens must be positive, or none for TGI's full-size warmup")
         require(self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive")
         require(self.num_threads is None or self.num_threads > 0, "--num-threads must be positive")
+        curve.client_keys(self.curve_server_public_key_file, self.curve_secret_key_file)  # validates
+
+    @property
+    def curve_keys(self) -> curve.CurveKeys | None:
+        return curve.client_keys(self.curve_server_public_key_file, self.curve_secret_key_file)
 
     @property
     def endpoints(self) -> Endpoints:

@@ -20,7 +20,8 @@ from typing import Sequence
 import torch
 import zmq
 
-from common.codec import MessageError, decode, encode
+from common import curve
+from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.config import parse_config
 from common.identity import new_boot_nonce, new_identity
 from common.logs import setup_logging
@@ -119,6 +120,8 @@ class WorkerService:
         self.scheduler = self.context.socket(zmq.DEALER)
         self.scheduler.setsockopt(zmq.LINGER, 0)
         self.scheduler.setsockopt(zmq.IDENTITY, self.identity)
+        self.scheduler.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # libzmq drops a larger frame unread
+        curve.apply(self.scheduler, config.curve_keys)
         self.scheduler.connect(config.endpoints.connect("workers"))
         answers_address = f"inproc://answers-{self.boot_nonce}"
         self.answers = self.context.socket(zmq.PAIR)
