@@ -46,6 +46,34 @@ def validate_parameters(params: GenerateParameters, limits: ParameterLimits) -> 
     _validate_details(params, limits)
 
 
+def validate_best_of(best_of: int | None, params: GenerateParameters, limits: ParameterLimits,
+                     stream: bool) -> int:
+    """TGI's `best_of` rules; returns how many sequences to generate (1 when unset).
+
+    `best_of` is served by the gateway (several seeded requests, the likeliest returned), so it
+    never travels on the wire; the rules and messages are TGI's.
+    """
+    if best_of is None or best_of == 1:
+        return 1
+    if limits.max_best_of == 1:
+        raise ValidationError("best_of", "`best_of` != 1 is not allowed for this endpoint")
+    if not 0 < best_of <= limits.max_best_of:
+        raise ValidationError("best_of", f"`best_of` must be > 0 and <= {limits.max_best_of}. Given: {best_of}")
+    if stream:
+        raise ValidationError("best_of", "`best_of` != 1 is not supported when streaming tokens")
+    if not is_sampling(params):
+        raise ValidationError("best_of", "you must use sampling when `best_of` is > 1")
+    if params.seed is not None:
+        raise ValidationError("seed", "`seed` must not be set when `best_of` > 1")
+    return best_of
+
+
+def is_sampling(params: GenerateParameters) -> bool:
+    """TGI's test for `best_of`: sampling asked for, or any warper given."""
+    warpers = (params.temperature, params.top_k, params.top_p, params.typical_p)
+    return params.do_sample or any(value is not None for value in warpers)
+
+
 def resolve_sampling(params: GenerateParameters) -> SamplingParameters:
     """TGI's resolution: neutral defaults, sampling when asked or any warper is non-neutral,
     and a random seed when sampling without one (reported back in the details)."""

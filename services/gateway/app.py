@@ -11,7 +11,9 @@ from typing import AsyncIterator
 from aiohttp import web
 
 from common.client import AsyncZtgiClient
-from services.gateway import handlers, openai_handlers
+from services.gateway import api_docs, handlers, openai_handlers
+from services.gateway.auth import auth_middleware
+from services.gateway.cors import install_cors
 from services.gateway.config import GatewayConfig
 from services.gateway.errors import error_middleware
 from services.gateway.metrics import METRICS, GatewayMetrics, handle_metrics, rejection_middleware
@@ -26,8 +28,9 @@ SHUTDOWN_REASON = "the gateway is shutting down"
 
 def make_app(config: GatewayConfig) -> web.Application:
     """The TGI HTTP API over one `AsyncZtgiClient` connected to the scheduler."""
-    app = web.Application(middlewares=[error_middleware, rejection_middleware],
+    app = web.Application(middlewares=[error_middleware, auth_middleware, rejection_middleware],
                           client_max_size=config.max_payload_bytes)
+    install_cors(app, config.cors_allow_origins)
     app[CONFIG] = config
     app[STREAMS] = weakref.WeakSet()
     app[METRICS] = GatewayMetrics()
@@ -37,6 +40,7 @@ def make_app(config: GatewayConfig) -> web.Application:
         web.post("/", handlers.compat_generate),
         web.post("/generate", handlers.generate),
         web.post("/generate_stream", handlers.generate_stream),
+        web.post("/invocations", handlers.invocations),
         web.get("/health", handlers.health),
         web.get("/info", handlers.info),
         web.get("/ping", handlers.ping),
@@ -45,6 +49,8 @@ def make_app(config: GatewayConfig) -> web.Application:
         web.post("/v1/chat/completions", openai_handlers.chat_completions),
         web.post("/v1/completions", openai_handlers.completions),
         web.get("/v1/models", openai_handlers.models),
+        web.get("/docs", api_docs.docs),
+        web.get("/api-doc/openapi.json", api_docs.openapi_json),
     ])
     return app
 

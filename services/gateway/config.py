@@ -35,6 +35,10 @@ class GatewayConfig:
     heartbeat_interval_ms: int = 1000
     heartbeat_misses: int = 5
     compute_type: str = "ztgi"
+    api_key: str | None = dataclasses.field(default=None, metadata={
+        "help": "when set, generation routes need `Authorization: Bearer <key>`"})
+    cors_allow_origin: str = dataclasses.field(default="", metadata={
+        "help": "comma-separated origins allowed to call from a browser (`*`: any)"})
     shutdown_timeout_s: float = 10.0
     curve_server_public_key_file: str | None = None  # the scheduler's CURVE public key: encrypts the link
     curve_secret_key_file: str | None = None  # this gateway's CURVE keypair (unset: a fresh one)
@@ -56,6 +60,12 @@ class GatewayConfig:
                 "--heartbeat-interval-ms and --heartbeat-misses must be positive")
         require(self.shutdown_timeout_s >= 0, "--shutdown-timeout-s must be >= 0")
         curve.client_keys(self.curve_server_public_key_file, self.curve_secret_key_file)  # validates
+        require(self.api_key is None or self.api_key.strip() == self.api_key != "",
+                "--api-key must be non-empty, without surrounding spaces")
+
+    @property
+    def cors_allow_origins(self) -> tuple[str, ...]:
+        return tuple(origin.strip() for origin in self.cors_allow_origin.split(",") if origin.strip())
 
     @property
     def curve_keys(self) -> curve.CurveKeys | None:

@@ -1,4 +1,8 @@
-"""Domain errors to TGI's JSON errors `{"error": ..., "error_type": ...}` with TGI's statuses."""
+"""Domain errors to JSON errors with TGI's statuses.
+
+TGI routes answer TGI's `{"error": ..., "error_type": ...}`; `/v1` routes answer OpenAI's
+`{"error": {"message", "type", "param", "code"}}` (`code` carries TGI's error type).
+"""
 
 from __future__ import annotations
 
@@ -24,15 +28,25 @@ ERROR_TYPE_TO_STATUS = {
     "timeout": 504,
 }
 
+OPENAI_PREFIX = "/v1/"
+_ERROR_TYPE_TO_OPENAI_TYPE = {
+    "validation": "invalid_request_error",
+    "payload_too_large": "invalid_request_error",
+    "authentication": "authentication_error",
+    "overloaded": "rate_limit_error",
+}
+
 
 class HttpError(Exception):
     """A request the gateway refuses by itself, with the status to answer."""
 
-    def __init__(self, status: int, message: str, error_type: str) -> None:
+    def __init__(self, status: int, message: str, error_type: str,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.error_type = error_type
+        self.headers = headers
 
 
 def status_for(error_type: str) -> int:
@@ -40,8 +54,18 @@ def status_for(error_type: str) -> int:
     return ERROR_TYPE_TO_STATUS.get(error_type, 424)
 
 
-def error_response(status: int, error: str, error_type: str) -> web.Response:
-    return web.json_response({"error": error, "error_type": error_type}, status=status)
+def openai_error_json(error: str, error_type: str, param: str | None = None) -> dict:
+    """OpenAI's error object; the openai client raises it with `body` = the inner object."""
+    kind = _ERROR_TYPE_TO_OPENAI_TYPE.get(error_type, "server_error")
+    return {"error": {"message": error, "type": kind, "param": param, "code": error_type}}
+
+
+def error_for(request: web.Request, status: int, error: str, error_type: str, param: str | None = None,
+              headers: dict[str, str] | None = None) -> web.Response:
+    """The error in the shape of the route's API: OpenAI's under /v1, TGI's elsewhere."""
+    if request.path.startswith(OPENAI_PREFIX):
+        return web.json_response(openai_error_json(error, error_type, param), status=status, headers=headers)
+    return web.json_response({"error": error, "error_type": error_type}, status=status, headers=headers)
 
 
 @web.middleware
@@ -50,20 +74,20 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ValidationError as exc:
-        return error_response(422, str(exc), "validation")
+        return error_for(request, 422, str(exc), "validation", param=exc.field)
     except ZtgiError as exc:
         logger.info("%s %s failed: %s (%s)", request.method, request.path, exc.message, exc.error_type)
-        return error_response(status_for(exc.error_type), exc.message, exc.error_type)
+        return error_for(request, status_for(exc.error_type), exc.message, exc.error_type)
     except TimeoutError as exc:
-        return error_response(503, str(exc) or "the scheduler did not answer in time", "unhealthy")
+        return error_for(request, 503, str(exc) or "the scheduler did not answer in time", "unhealthy")
     except HttpError as exc:
-        return error_response(exc.status, exc.message, exc.error_type)
+        return error_for(request, exc.status, exc.message, exc.error_type, headers=exc.headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(exc.status, exc.reason, exc.reason.lower().replace(" ", "_"))
+        return error_for(request, exc.status, exc.reason, exc.reason.lower().replace(" ", "_"))
     except ConnectionError:
         raise  # the HTTP client left; there is nobody to answer
     except Exception:
         logger.exception("%s %s failed", request.method, request.path)
-        return error_response(500, "internal error in the gateway", "internal")
+        return error_for(request, 500, "internal error in the gateway", "internal")

@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from services.gateway import render
+from services.gateway.best_of import BestOf, generate_best_of
 from services.gateway.errors import HttpError
 from services.gateway.schemas import TextRequest, parse_text_request, read_json
 from services.gateway.state import CLIENT, CONFIG
@@ -38,6 +39,11 @@ async def compat_generate(request: web.Request) -> web.StreamResponse:
     if text_request.stream:
         return await _generate_sse(request, text_request)
     return await _generate_json(request, text_request, wrap_in_list=True)
+
+
+async def invocations(request: web.Request) -> web.StreamResponse:
+    """POST /invocations: SageMaker's route, served as `POST /`."""
+    return await compat_generate(request)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -77,8 +83,13 @@ async def _text_request(request: web.Request, stream: bool | None) -> TextReques
 async def _generate_json(request: web.Request, text_request: TextRequest,
                          wrap_in_list: bool = False) -> web.Response:
     started = time.monotonic()
-    result = await request.app[CLIENT].generate(text_request.inputs, parameters=text_request.parameters)
-    body: Any = render.generate_response(result, text_request.parameters)
+    client = request.app[CLIENT]
+    if text_request.best_of > 1:
+        chosen = await generate_best_of(client, text_request.inputs, text_request.parameters, text_request.best_of)
+    else:
+        chosen = BestOf(await client.generate(text_request.inputs, parameters=text_request.parameters), [])
+    result = chosen.best
+    body: Any = render.generate_response(result, text_request.parameters, chosen.others)
     headers = render.timing_headers(result, text_request.inputs, time.monotonic() - started,
                                     request.app[CONFIG].compute_type)
     return web.json_response([body] if wrap_in_list else body, headers=headers)

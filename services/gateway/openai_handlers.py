@@ -10,7 +10,7 @@ from typing import Any, Iterable
 from aiohttp import web
 
 from common.client import AsyncZtgiClient
-from common.messages import FinalDetails, InfoReply, StreamEvent
+from common.messages import FinalDetails, GenerateParameters, InfoReply, StreamEvent
 from services.gateway import openai_render as render
 from services.gateway.openai_render import Envelope
 from services.gateway.openai_schemas import OpenAIRequest, parse_chat_request, parse_completion_request
@@ -24,17 +24,19 @@ DONE = "[DONE]"
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/chat/completions: one chat completion, or its chunks as SSE."""
     config = request.app[CONFIG]
-    chat = parse_chat_request(await read_json(request, config.max_payload_bytes), config.limits)
+    chat = parse_chat_request(await read_json(request, config.max_payload_bytes), config.limits,
+                              config.max_client_batch_size)
     envelope = await _envelope(request, "chatcmpl")
     client = request.app[CLIENT]
     if chat.stream:
         return await _stream_chat(request, client, chat, envelope)
-    result = await client.generate(messages=chat.messages, parameters=chat.parameters)
-    return web.json_response(render.chat_completion_json(envelope, result, chat.logprobs))
+    results = await gather_all(client.generate(messages=chat.messages, parameters=chat.choice_parameters(j))
+                               for j in range(chat.n))
+    return web.json_response(render.chat_completion_json(envelope, results, chat.logprobs))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    """POST /v1/completions: one choice per prompt, or their chunks as SSE."""
+    """POST /v1/completions: `n` choices per prompt (prompt-major), or their chunks as SSE."""
     config = request.app[CONFIG]
     completion = parse_completion_request(await read_json(request, config.max_payload_bytes), config.limits,
                                           config.max_client_batch_size)
@@ -42,9 +44,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     client = request.app[CLIENT]
     if completion.stream:
         return await _stream_completion(request, client, completion, envelope)
-    parameters = dataclasses.replace(completion.parameters, return_full_text=completion.echo)
-    results = await gather_all(client.generate(prompt, parameters=parameters) for prompt in completion.prompts)
-    return web.json_response(render.completion_json(envelope, results, completion.logprobs))
+    results = await gather_all(
+        client.generate(prompt, parameters=dataclasses.replace(parameters, return_full_text=completion.echo))
+        for prompt, parameters in _completion_choices(completion))
+    return web.json_response(render.completion_json(envelope, results, completion.logprobs, completion.n))
 
 
 async def models(request: web.Request) -> web.Response:
@@ -59,21 +62,27 @@ async def _envelope(request: web.Request, prefix: str) -> Envelope:
     return Envelope(prefix, uuid.uuid4().hex, int(time.time()), info)
 
 
+def _completion_choices(completion: OpenAIRequest) -> list[tuple[str, GenerateParameters]]:
+    """(prompt, parameters) of every choice, in choice-index order: prompt-major, as OpenAI."""
+    return [(prompt, completion.choice_parameters(j)) for prompt in completion.prompts for j in range(completion.n)]
+
+
 async def _stream_chat(request: web.Request, client: AsyncZtgiClient, chat: OpenAIRequest,
                        envelope: Envelope) -> web.StreamResponse:
     final: list[FinalDetails] = []
 
-    def chunks(event: StreamEvent) -> Iterable[Any]:
+    def chunks(item: tuple[int, StreamEvent]) -> Iterable[Any]:
+        index, event = item
         if event.details is not None:
             final.append(event.details)
-        return [render.chat_chunk_json(envelope, event, chat.logprobs)]
+        return [render.chat_chunk_json(envelope, event, chat.logprobs, index)]
 
     def trailer() -> Iterable[Any]:
-        usage = [render.chat_usage_chunk_json(envelope, final[0])] if chat.include_usage and final else []
+        usage = [render.chat_usage_chunk_json(envelope, final, chat.n)] if chat.include_usage and final else []
         return [*usage, DONE]
 
-    events = client.stream(messages=chat.messages, parameters=chat.parameters)
-    return await serve_sse(request, events, chunks, trailer)
+    streams = [client.stream(messages=chat.messages, parameters=chat.choice_parameters(j)) for j in range(chat.n)]
+    return await serve_sse(request, merge(streams), chunks, trailer)
 
 
 async def _stream_completion(request: web.Request, client: AsyncZtgiClient, completion: OpenAIRequest,
@@ -85,9 +94,10 @@ async def _stream_completion(request: web.Request, client: AsyncZtgiClient, comp
         rendered = []
         if completion.echo and index not in echoed:
             echoed.add(index)
-            rendered.append(render.completion_echo_chunk_json(envelope, index, completion.prompts[index]))
+            prompt = completion.prompts[index // completion.n]
+            rendered.append(render.completion_echo_chunk_json(envelope, index, prompt))
         rendered.append(render.completion_chunk_json(envelope, index, event, completion.logprobs))
         return rendered
 
-    streams = [client.stream(prompt, parameters=completion.parameters) for prompt in completion.prompts]
+    streams = [client.stream(prompt, parameters=parameters) for prompt, parameters in _completion_choices(completion)]
     return await serve_sse(request, merge(streams), chunks, lambda: [DONE])

@@ -26,9 +26,10 @@ def finish_reason(details: FinalDetails | None) -> str | None:
     return None if details is None else _FINISH_REASONS.get(details.finish_reason, details.finish_reason)
 
 
-def usage_json(details: list[FinalDetails | None]) -> dict[str, int]:
+def usage_json(details: list[FinalDetails | None], n: int = 1) -> dict[str, int]:
+    """Token counts; a prompt with `n` choices counts its tokens once, as OpenAI does."""
     details = [d for d in details if d is not None]
-    prompt_tokens = sum(d.input_tokens for d in details)
+    prompt_tokens = sum(d.input_tokens for d in details) // n
     completion_tokens = sum(d.generated_tokens for d in details)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -45,25 +46,31 @@ def chat_logprobs_json(tokens: list[Token], top_tokens: list[list[Token]]) -> di
         for token, top in zip(tokens, top_tokens)]}
 
 
-def chat_completion_json(envelope: Envelope, result: GenerateResult, logprobs: bool) -> dict[str, Any]:
-    choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-              "logprobs": chat_logprobs_json(result.tokens, result.top_tokens) if logprobs else None,
-              "finish_reason": finish_reason(result.details)}
-    return envelope.wrap("chat.completion", choices=[choice], usage=usage_json([result.details]))
+def chat_choice_json(index: int, result: GenerateResult, logprobs: bool) -> dict[str, Any]:
+    return {"index": index, "message": {"role": "assistant", "content": result.text},
+            "logprobs": chat_logprobs_json(result.tokens, result.top_tokens) if logprobs else None,
+            "finish_reason": finish_reason(result.details)}
 
 
-def chat_chunk_json(envelope: Envelope, event: StreamEvent, logprobs: bool) -> dict[str, Any]:
-    """One token as a delta; special tokens (EOS) add no text."""
+def chat_completion_json(envelope: Envelope, results: list[GenerateResult], logprobs: bool) -> dict[str, Any]:
+    """The chat completion with one choice per result (`n`)."""
+    choices = [chat_choice_json(index, result, logprobs) for index, result in enumerate(results)]
+    return envelope.wrap("chat.completion", choices=choices,
+                         usage=usage_json([r.details for r in results], n=len(results)))
+
+
+def chat_chunk_json(envelope: Envelope, event: StreamEvent, logprobs: bool, index: int = 0) -> dict[str, Any]:
+    """One token of choice `index` as a delta; special tokens (EOS) add no text."""
     text = "" if event.token is None or event.token.special else event.token.text
-    choice = {"index": 0, "delta": {"role": "assistant", "content": text},
+    choice = {"index": index, "delta": {"role": "assistant", "content": text},
               "logprobs": (chat_logprobs_json([event.token], [event.top_tokens])
                            if logprobs and event.token is not None else None),
               "finish_reason": finish_reason(event.details)}
     return envelope.wrap("chat.completion.chunk", choices=[choice], usage=None)
 
 
-def chat_usage_chunk_json(envelope: Envelope, details: FinalDetails) -> dict[str, Any]:
-    return envelope.wrap("chat.completion.chunk", choices=[], usage=usage_json([details]))
+def chat_usage_chunk_json(envelope: Envelope, details: list[FinalDetails], n: int) -> dict[str, Any]:
+    return envelope.wrap("chat.completion.chunk", choices=[], usage=usage_json(details, n))
 
 
 def completion_choice_json(index: int, text: str, tokens: list[Token], details: FinalDetails | None,
@@ -72,10 +79,10 @@ def completion_choice_json(index: int, text: str, tokens: list[Token], details: 
             "finish_reason": finish_reason(details)}
 
 
-def completion_json(envelope: Envelope, results: list[GenerateResult], logprobs: bool) -> dict[str, Any]:
+def completion_json(envelope: Envelope, results: list[GenerateResult], logprobs: bool, n: int = 1) -> dict[str, Any]:
     choices = [completion_choice_json(i, r.text, r.tokens, r.details, logprobs)
                for i, r in enumerate(results)]
-    return envelope.wrap("text_completion", choices=choices, usage=usage_json([r.details for r in results]))
+    return envelope.wrap("text_completion", choices=choices, usage=usage_json([r.details for r in results], n))
 
 
 def completion_chunk_json(envelope: Envelope, index: int, event: StreamEvent, logprobs: bool) -> dict[str, Any]:

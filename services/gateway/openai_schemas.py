@@ -2,7 +2,8 @@
 
 As in TGI: temperature 0 means greedy, any other (or none) samples; completions default to
 100 new tokens; `suffix`, tools and grammars are refused. `top_p: 1.0` (OpenAI's "off") is
-treated as unset, and `n` must be 1.
+treated as unset. `n` choices are `n` requests (choice `j` of a seeded request uses `seed + j`);
+choices of all prompts together are bounded by `max_client_batch_size`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from common.messages import ChatMessage, GenerateParameters
-from common.parameters import ParameterLimits, ValidationError, validate_parameters
+from common.parameters import MAX_SEED, ParameterLimits, ValidationError, validate_parameters
 from services.gateway.schemas import json_type, optional_integer, optional_number, optional_value
 
 COMPLETION_MAX_NEW_TOKENS = 100
@@ -31,9 +32,16 @@ class OpenAIRequest:
     include_usage: bool = False
     logprobs: bool = False
     echo: bool = False
+    n: int = 1
+
+    def choice_parameters(self, choice: int) -> GenerateParameters:
+        """Parameters of choice `choice` of one prompt: its own seed when a seed is given."""
+        if self.parameters.seed is None or choice == 0:
+            return self.parameters
+        return dataclasses.replace(self.parameters, seed=(self.parameters.seed + choice) % (MAX_SEED + 1))
 
 
-def parse_chat_request(body: Any, limits: ParameterLimits) -> OpenAIRequest:
+def parse_chat_request(body: Any, limits: ParameterLimits, max_client_batch_size: int = 1) -> OpenAIRequest:
     """POST /v1/chat/completions."""
     body = _object(body)
     for name in _UNSUPPORTED_CHAT_FIELDS:
@@ -47,7 +55,8 @@ def parse_chat_request(body: Any, limits: ParameterLimits) -> OpenAIRequest:
     parameters = _parameters(body, limits, max_tokens, details=logprobs,
                              top_n_tokens=top_logprobs if logprobs else None)
     return OpenAIRequest(parameters, messages=_messages(body.get("messages")), stream=_stream(body),
-                         include_usage=_include_usage(body), logprobs=logprobs)
+                         include_usage=_include_usage(body), logprobs=logprobs,
+                         n=_num_choices(body, 1, max_client_batch_size))
 
 
 def parse_completion_request(body: Any, limits: ParameterLimits, max_client_batch_size: int) -> OpenAIRequest:
@@ -62,14 +71,11 @@ def parse_completion_request(body: Any, limits: ParameterLimits, max_client_batc
                              details=logprobs, top_n_tokens=None)
     echo = optional_value(body, "echo", bool, "a boolean") or False
     return OpenAIRequest(parameters, prompts=prompts, stream=_stream(body), include_usage=_include_usage(body),
-                         logprobs=logprobs, echo=echo)
+                         logprobs=logprobs, echo=echo, n=_num_choices(body, len(prompts), max_client_batch_size))
 
 
 def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: int | None, details: bool,
                 top_n_tokens: int | None) -> GenerateParameters:
-    n = optional_integer(body, "n")
-    if n is not None and n != 1:
-        raise ValidationError("n", f"`n` must be 1 on this server. Given: {n}")
     presence_penalty = optional_number(body, "presence_penalty")
     if presence_penalty:
         raise ValidationError("presence_penalty", "`presence_penalty` is not supported by this server")
@@ -89,6 +95,17 @@ def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: i
     )
     validate_parameters(parameters, limits)
     return parameters
+
+
+def _num_choices(body: dict[str, Any], num_prompts: int, max_client_batch_size: int) -> int:
+    n = optional_integer(body, "n")
+    if n is None:
+        return 1
+    max_n = max(1, max_client_batch_size // num_prompts)
+    if not 1 <= n <= max_n:
+        raise ValidationError("n", f"`n` must be >= 1 and <= {max_n} (--max-client-batch-size "
+                                   f"{max_client_batch_size} choices per request). Given: {n}")
+    return n
 
 
 def _object(body: Any) -> dict[str, Any]:

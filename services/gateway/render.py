@@ -25,12 +25,24 @@ def _logprob(token: Token) -> float | None:
     return token.logprob if token.logprob is not None and math.isfinite(token.logprob) else None
 
 
-def generate_response(result: GenerateResult, parameters: GenerateParameters) -> dict[str, Any]:
-    """TGI's GenerateResponse: the text, and `details` when asked for."""
+def generate_response(result: GenerateResult, parameters: GenerateParameters,
+                      best_of_sequences: list[GenerateResult] = ()) -> dict[str, Any]:
+    """TGI's GenerateResponse: the text, and `details` when asked for (with the other
+    sequences of a `best_of` request)."""
     response: dict[str, Any] = {"generated_text": result.text}
     if (parameters.details or parameters.decoder_input_details) and result.details is not None:
         response["details"] = details_json(result, result.details, parameters)
+        if best_of_sequences:
+            response["details"]["best_of_sequences"] = [
+                best_of_sequence_json(other, parameters) for other in best_of_sequences]
     return response
+
+
+def best_of_sequence_json(result: GenerateResult, parameters: GenerateParameters) -> dict[str, Any]:
+    """TGI's BestOfSequence: one of the sequences `best_of` did not choose."""
+    rendered = details_json(result, result.details, parameters)
+    del rendered["best_of_sequences"]
+    return {"generated_text": result.text, **rendered}
 
 
 def details_json(result: GenerateResult, details: FinalDetails,

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 from aiohttp import web
 
 from common.messages import GenerateParameters
-from common.parameters import ParameterLimits, ValidationError, validate_parameters
+from common.parameters import ParameterLimits, ValidationError, validate_best_of, validate_parameters
 from services.gateway.errors import HttpError
 
 _INT_FIELDS = ("max_new_tokens", "top_k", "seed", "truncate", "top_n_tokens")
@@ -22,6 +23,7 @@ _FLOAT_FIELDS = ("temperature", "top_p", "typical_p", "repetition_penalty", "fre
 _BOOL_FIELDS = ("do_sample", "watermark", "details", "decoder_input_details", "return_full_text",
                 "ignore_eos")
 _UNSUPPORTED_FIELDS = ("grammar", "adapter_id")
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 _MIN_INT, _MAX_INT = -(2**63), 2**64 - 1  # what msgpack carries (seeds are u64)
 
 
@@ -32,6 +34,7 @@ class TextRequest:
     inputs: str
     parameters: GenerateParameters
     stream: bool = False
+    best_of: int = 1
 
 
 async def read_json(request: web.Request, max_payload_bytes: int) -> Any:
@@ -42,10 +45,40 @@ async def read_json(request: web.Request, max_payload_bytes: int) -> Any:
         body = await request.read()  # the app's client_max_size stops bodies without a length
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(max_payload_bytes) from None
+    return parse_json(body)
+
+
+def parse_json(body: bytes) -> Any:
+    """UTF-8 JSON whose strings are all text; ValidationError (422) for anything else."""
     try:
-        return json.loads(body)
+        text = body.decode("utf-8")  # strict: json.loads(bytes) would let encoded surrogates through
+        value = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValidationError("body", f"Failed to parse the request body as JSON: {exc}") from None
+    except RecursionError:  # the C scanner recurses once per nesting level
+        raise ValidationError("body", "Failed to parse the request body as JSON: nested too deeply") from None
+    if _ESCAPED_SURROGATE.search(text) and not _all_text(value):
+        raise ValidationError("body", "Failed to parse the request body as JSON: a string holds a lone "
+                                      "UTF-16 surrogate (\\ud800-\\udfff), which is not text")
+    return value
+
+
+def _all_text(value: Any) -> bool:
+    """Whether every string (key or value) encodes to UTF-8 (no lone surrogate)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+    return True
 
 
 def _too_large(max_payload_bytes: int) -> HttpError:
@@ -73,7 +106,8 @@ def parse_text_request(body: Any, limits: ParameterLimits, stream: bool | None =
     add_special_tokens = optional_value(body, "add_special_tokens", bool, "a boolean")
     if add_special_tokens is not None:
         parameters = dataclasses.replace(parameters, add_special_tokens=add_special_tokens)
-    return TextRequest(inputs, parameters, stream)
+    best_of = validate_best_of(optional_integer(raw or {}, "best_of"), parameters, limits, stream)
+    return TextRequest(inputs, parameters, stream, best_of)
 
 
 def parse_parameters(raw: dict[str, Any], limits: ParameterLimits, stream: bool) -> GenerateParameters:
@@ -88,7 +122,7 @@ def parse_parameters(raw: dict[str, Any], limits: ParameterLimits, stream: bool)
         if value is not None:
             values[name] = value
     values["stop"] = _stop_sequences(raw)
-    _check_unsupported(raw, limits, stream)
+    _check_unsupported(raw)
     parameters = GenerateParameters(**values)
     if stream and parameters.decoder_input_details:
         raise ValidationError("decoder_input_details",
@@ -97,15 +131,7 @@ def parse_parameters(raw: dict[str, Any], limits: ParameterLimits, stream: bool)
     return parameters
 
 
-def _check_unsupported(raw: dict[str, Any], limits: ParameterLimits, stream: bool) -> None:
-    best_of = optional_integer(raw, "best_of")
-    if best_of is not None:
-        if not 0 < best_of <= limits.max_best_of:
-            raise ValidationError("best_of", f"`best_of` must be > 0 and <= {limits.max_best_of}. Given: {best_of}")
-        if best_of > 1 and stream:
-            raise ValidationError("best_of", "`best_of` != 1 is not supported when streaming tokens")
-        if best_of > 1:
-            raise ValidationError("best_of", "`best_of` != 1 is not allowed for this endpoint")
+def _check_unsupported(raw: dict[str, Any]) -> None:
     for name in _UNSUPPORTED_FIELDS:
         if raw.get(name) is not None:
             raise ValidationError(name, f"`{name}` is not supported by this server")

@@ -62,3 +62,30 @@ def _check_one_of(value: Any, options: list[dict[str, Any]], schemas: dict[str, 
         except AssertionError as exc:
             failures.append(str(exc))
     raise AssertionError(f"{path}: matches none of its options: {failures}")
+
+
+# -- ztgi's own document (services/gateway/openapi.json) ---------------------------------------
+
+def response_schema(document: dict[str, Any], path: str, method: str, status: int,
+                    media_type: str = "application/json") -> dict[str, Any]:
+    """The schema our document declares for one answer of one route (KeyError if undeclared)."""
+    response = document["paths"][path][method.lower()]["responses"][str(status)]
+    return response["content"][media_type]["schema"]
+
+
+def validate_response(document: dict[str, Any], path: str, method: str, status: int, body: Any,
+                      media_type: str = "application/json") -> None:
+    """Validates a JSON answer (or one SSE event) against our document, $refs and `nullable` included."""
+    from openapi_schema_validator import OAS30Validator
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT4
+
+    response_schema(document, path, method, status, media_type)  # a KeyError names an undeclared answer
+    registry = Registry().with_resource("urn:ztgi-openapi", Resource(document, DRAFT4))
+    pointer = "/".join(_escape(part) for part in
+                       ("paths", path, method.lower(), "responses", str(status), "content", media_type, "schema"))
+    OAS30Validator({"$ref": f"urn:ztgi-openapi#/{pointer}"}, registry=registry).validate(body)
+
+
+def _escape(part: str) -> str:
+    return part.replace("~", "~0").replace("/", "~1")

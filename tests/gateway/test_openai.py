@@ -116,7 +116,7 @@ def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize("extra,field", [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"n": 2}, "n"),
+    ({"n": 5}, "n"),
     ({"temperature": -1.0}, "temperature"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
@@ -133,7 +133,8 @@ def test_chat_messages_must_be_text(gateway: GatewayProcess) -> None:
     """Image parts and malformed messages are 422 naming `messages`."""
     for messages in ([], [{"content": "x"}], [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]):
         response = requests.post(gateway.url + "/v1/chat/completions", json={"messages": messages}, timeout=5)
-        assert response.status_code == 422 and "messages" in response.json()["error"]
+        error = response.json()["error"]  # OpenAI's error object under /v1
+        assert response.status_code == 422 and error["param"] == "messages" and "messages" in error["message"]
 
 
 def test_overloaded_is_a_rate_limit_error(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:

@@ -36,6 +36,23 @@ BAD_BODIES = [
     ('{"inputs": "Hi", "parameters": {"decoder_input_details": true}}', "/generate_stream", "decoder_input_details"),
     ('{"inputs": "Hi", "parameters": {"grammar": {"type": "json", "value": {}}}}', "/generate", "grammar"),
     ('{"inputs": "Hi", "stream": "yes"}', "/", "stream"),
+    ('{"inputs": "Hi", "parameters": {"temperature": 0}}', "/", "temperature"),
+    ('{"inputs": "Hi", "parameters": {"typical_p": 1.0}}', "/generate", "typical_p"),
+    ('{"inputs": "Hi", "parameters": {"typical_p": 0}}', "/invocations", "typical_p"),
+    ('{"inputs": "Hi", "parameters": {"repetition_penalty": 0}}', "/generate", "repetition_penalty"),
+    ('{"inputs": "Hi", "parameters": {"repetition_penalty": -1.5}}', "/generate_stream", "repetition_penalty"),
+    ('{"inputs": "Hi", "parameters": {"frequency_penalty": 2.5}}', "/generate", "frequency_penalty"),
+    ('{"inputs": "Hi", "parameters": {"frequency_penalty": -3}}', "/generate", "frequency_penalty"),
+    ('{"inputs": "Hi", "parameters": {"max_new_tokens": -5}}', "/generate", "max_new_tokens"),
+    ('{"inputs": "Hi", "parameters": {"seed": -1}}', "/generate", "seed"),
+    ('{"inputs": "Hi", "parameters": {"top_n_tokens": -1}}', "/generate", "top_n_tokens"),
+    ('{"inputs": "Hi", "parameters": {"truncate": 5000}}', "/generate", "truncate"),
+    ('{"inputs": "Hi", "parameters": {"stop": [""]}}', "/generate", "stop"),
+    ('{"inputs": "Hi", "parameters": {"watermark": 1}}', "/generate", "watermark"),
+    ('{"inputs": "Hi", "parameters": {"details": "true"}}', "/generate", "details"),
+    ('{"inputs": "Hi", "parameters": {"top_k": 2.5}}', "/generate", "top_k"),
+    ('{"inputs": "Hi", "parameters": {"best_of": 2, "seed": 1, "do_sample": true}}', "/generate", "seed"),
+    ('{"inputs": "Hi", "parameters": {"best_of": 2}}', "/generate", "sampling"),
 ]
 
 

@@ -1,0 +1,95 @@
+"""The OpenAPI document of our API, the /docs page, and every route's answers against the document."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import requests
+from openapi_spec_validator import validate as validate_spec
+
+from services.gateway.api_docs import OPENAPI_PATH
+from tests.gateway.conftest import GatewayProcess
+from tests.gateway.openapi import validate_response
+from tests.gateway.scripted_scheduler import ScriptedScheduler
+from tests.gateway.sse_reader import read_events
+
+ROUTES = ["/", "/generate", "/generate_stream", "/invocations", "/tokenize", "/health", "/info", "/ping", "/metrics",
+          "/v1/chat/completions", "/v1/completions", "/v1/models", "/docs", "/api-doc/openapi.json"]
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def document() -> dict:
+    with open(OPENAPI_PATH) as f:
+        return json.load(f)
+
+
+def test_document_is_valid_openapi(document: dict) -> None:
+    """The shipped document passes openapi-spec-validator and lists every route we serve."""
+    validate_spec(document)
+    assert document["openapi"].startswith("3.") and list(document["paths"]) == ROUTES
+
+
+def test_document_is_served(gateway: GatewayProcess, document: dict) -> None:
+    """GET /api-doc/openapi.json answers the shipped document."""
+    response = requests.get(gateway.url + "/api-doc/openapi.json", timeout=5)
+    assert response.status_code == 200 and response.json() == document
+
+
+def test_docs_page_works_offline(gateway: GatewayProcess, document: dict) -> None:
+    """/docs is one HTML page with no script and no remote asset, naming every route and schema."""
+    response = requests.get(gateway.url + "/docs", timeout=5)
+    assert response.status_code == 200 and response.headers["Content-Type"].startswith("text/html")
+    page = response.text
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page, re.IGNORECASE)
+    assert "<script" not in page and "@import" not in page
+    for path in document["paths"]:
+        assert f"<code>{path}</code>" in page
+    for name in document["components"]["schemas"]:
+        assert f"id='schema-{name}'" in page
+
+
+def post(gateway: GatewayProcess, path: str, body: dict, **kwargs: object) -> requests.Response:
+    return requests.post(gateway.url + path, json=body, timeout=5, **kwargs)
+
+
+def test_tgi_answers_match_the_document(gateway: GatewayProcess, scheduler: ScriptedScheduler, document: dict) -> None:
+    """JSON answers, stream events and errors of the TGI routes validate against our document."""
+    details = {"max_new_tokens": 2, "details": True, "decoder_input_details": True, "top_n_tokens": 2, "seed": 1}
+    for path in ("/", "/invocations"):
+        validate_response(document, path, "post", 200, post(gateway, path, {"inputs": "Hi", "parameters": details}).json())
+    validate_response(document, "/generate", "post", 200, post(gateway, "/generate", {"inputs": "Hi", "parameters": details}).json())
+    sampled = {"max_new_tokens": 2, "details": True, "best_of": 2, "do_sample": True}
+    validate_response(document, "/generate", "post", 200, post(gateway, "/generate", {"inputs": "Hi", "parameters": sampled}).json())
+    for path, body in (("/generate_stream", {"inputs": "Hi", "parameters": {"top_n_tokens": 1}}),
+                       ("/", {"inputs": "Hi", "stream": True})):
+        for event in read_events(post(gateway, path, body, stream=True)):
+            validate_response(document, path, "post", 200, event, "text/event-stream")
+    bad = post(gateway, "/generate", {"inputs": "Hi", "parameters": {"top_k": -1}})
+    validate_response(document, "/generate", "post", bad.status_code, bad.json())
+    too_large = requests.post(gateway.url + "/", data=b"x" * 70_000, timeout=5)
+    validate_response(document, "/", "post", too_large.status_code, too_large.json())
+    validate_response(document, "/info", "get", 200, requests.get(gateway.url + "/info", timeout=5).json())
+    scheduler.health = (False, "no worker")
+    unhealthy = requests.get(gateway.url + "/health", timeout=5)
+    validate_response(document, "/health", "get", unhealthy.status_code, unhealthy.json())
+
+
+def test_openai_answers_match_the_document(gateway: GatewayProcess, scheduler: ScriptedScheduler,
+                                           document: dict) -> None:
+    """Chat and completion answers, chunks, the model list and /v1 errors validate against our document."""
+    chat = post(gateway, "/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 1, "n": 2}).json()
+    validate_response(document, "/v1/chat/completions", "post", 200, chat)
+    stream = post(gateway, "/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_usage": True}},
+                  stream=True)
+    chunks = [json.loads(line[5:]) for line in stream.iter_lines() if line.startswith(b"data:") and b"[DONE]" not in line]
+    for chunk in chunks:
+        validate_response(document, "/v1/chat/completions", "post", 200, chunk, "text/event-stream")
+    completion = post(gateway, "/v1/completions", {"prompt": ["a", "b"], "max_tokens": 2, "logprobs": 1}).json()
+    validate_response(document, "/v1/completions", "post", 200, completion)
+    validate_response(document, "/v1/models", "get", 200, requests.get(gateway.url + "/v1/models", timeout=5).json())
+    bad = post(gateway, "/v1/completions", {"prompt": "a", "temperature": -1})
+    assert bad.status_code == 422
+    validate_response(document, "/v1/completions", "post", 422, bad.json())
