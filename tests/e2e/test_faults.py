@@ -100,7 +100,7 @@ def test_scheduler_restart_fails_in_flight_then_same_peers_serve(server: Launche
     for outcome in outcomes:
         assert outcome.final is not None and outcome.final["error_type"] == "unhealthy", outcome.final
         assert "scheduler" in outcome.error
-        assert outcome.ended_at - killed_at < 4.0  # the client's liveness is 5 x 200 ms
+        assert outcome.ended_at - killed_at < 5.0  # the client's liveness is 5 x 200 ms
     recovered_s = wait_for(lambda: stream(server, PROMPT, 10).error is None, 60, 0.5)
     after = all_child_pids(server)
     assert after["scheduler"] != pids["scheduler"]

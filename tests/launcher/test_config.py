@@ -1,0 +1,32 @@
+"""`ztgi launch` settings: validation and what reaches the children."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.config import ConfigError, parse_config
+from services.launcher.config import LaunchConfig
+from services.launcher.launcher import Launcher
+
+
+def test_liveness_and_drain_settings_reach_every_child() -> None:
+    """Heartbeat, no-worker, drain and health settings travel as ZTGI_* variables to all children."""
+    config = parse_config(LaunchConfig, ["--heartbeat-interval-ms", "200", "--no-worker-timeout-s", "2",
+                                         "--drain-timeout-s", "5", "--health-window-s", "3"])
+    env = config.shared_environment("ipc:///tmp/x")
+    assert env["ZTGI_HEARTBEAT_INTERVAL_MS"] == "200" and env["ZTGI_HEARTBEAT_MISSES"] == "5"
+    assert env["ZTGI_NO_WORKER_TIMEOUT_S"] == "2.0" and env["ZTGI_DRAIN_TIMEOUT_S"] == "5.0"
+    assert env["ZTGI_HEALTH_WINDOW_S"] == "3.0"
+
+
+def test_gateways_drain_for_the_drain_timeout(tmp_path) -> None:
+    """Each gateway is told to let open streams finish for --drain-timeout-s."""
+    launcher = Launcher(LaunchConfig(drain_timeout_s=7.0, run_dir=str(tmp_path)))
+    (gateway,) = [child for child in launcher.children if child.service == "gateway"]
+    assert gateway.args[gateway.args.index("--shutdown-timeout-s") + 1] == "7.0"
+
+
+def test_drain_must_end_before_the_kill() -> None:
+    """A drain longer than the launcher waits before killing a child is refused with both flags named."""
+    with pytest.raises(ConfigError, match="--drain-timeout-s .* --shutdown-timeout-s"):
+        LaunchConfig(drain_timeout_s=30.0, shutdown_timeout_s=30.0)
