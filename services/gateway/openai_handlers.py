@@ -9,13 +9,14 @@ from typing import Any, Iterable
 
 from aiohttp import web
 
-from common.client import AsyncZtgiClient
+from common.client import AsyncZtgiClient, GenerateResult
 from common.messages import FinalDetails, GenerateParameters, InfoReply, StreamEvent
 from services.gateway import openai_render as render
 from services.gateway.openai_render import Envelope
 from services.gateway.openai_schemas import OpenAIRequest, parse_chat_request, parse_completion_request
 from services.gateway.schemas import read_json
 from services.gateway.state import CLIENT, CONFIG, SERVED_MODEL
+from services.gateway.stop_trim import StopTrimmer, trim_stop
 from services.gateway.streaming import gather_all, merge, serve_sse
 
 DONE = "[DONE]"
@@ -32,6 +33,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await _stream_chat(request, client, chat, envelope)
     results = await gather_all(client.generate(messages=chat.messages, parameters=chat.choice_parameters(j))
                                for j in range(chat.n))
+    results = _without_stop(results, chat.parameters.stop)
     return web.json_response(render.chat_completion_json(envelope, results, chat.logprobs))
 
 
@@ -47,6 +49,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     results = await gather_all(
         client.generate(prompt, parameters=dataclasses.replace(parameters, return_full_text=completion.echo))
         for prompt, parameters in _completion_choices(completion))
+    results = _without_stop(results, completion.parameters.stop)
     return web.json_response(render.completion_json(envelope, results, completion.logprobs, completion.n))
 
 
@@ -67,15 +70,32 @@ def _completion_choices(completion: OpenAIRequest) -> list[tuple[str, GeneratePa
     return [(prompt, completion.choice_parameters(j)) for prompt in completion.prompts for j in range(completion.n)]
 
 
+def _stopped(details: FinalDetails | None) -> bool:
+    return details is not None and details.finish_reason == "stop_sequence"
+
+
+def _without_stop(results: list[GenerateResult], stop: list[str]) -> list[GenerateResult]:
+    """OpenAI's texts end before the stop sequence (the pipeline's end right after it)."""
+    return [dataclasses.replace(r, text=trim_stop(r.text, stop, _stopped(r.details))) for r in results]
+
+
+def _streamed_text(trimmer: StopTrimmer, event: StreamEvent) -> str:
+    """The event's token text (none for special tokens), with stop sequences held back and left out."""
+    text = "" if event.token is None or event.token.special else event.token.text
+    return trimmer.feed(text, final=event.is_final, stopped=_stopped(event.details))
+
+
 async def _stream_chat(request: web.Request, client: AsyncZtgiClient, chat: OpenAIRequest,
                        envelope: Envelope) -> web.StreamResponse:
     final: list[FinalDetails] = []
+    trimmers = [StopTrimmer(chat.parameters.stop) for _ in range(chat.n)]
 
     def chunks(item: tuple[int, StreamEvent]) -> Iterable[Any]:
         index, event = item
         if event.details is not None:
             final.append(event.details)
-        return [render.chat_chunk_json(envelope, event, chat.logprobs, index)]
+        text = _streamed_text(trimmers[index], event)
+        return [render.chat_chunk_json(envelope, event, chat.logprobs, index, text)]
 
     def trailer() -> Iterable[Any]:
         usage = [render.chat_usage_chunk_json(envelope, final, chat.n)] if chat.include_usage and final else []
@@ -88,6 +108,8 @@ async def _stream_chat(request: web.Request, client: AsyncZtgiClient, chat: Open
 async def _stream_completion(request: web.Request, client: AsyncZtgiClient, completion: OpenAIRequest,
                              envelope: Envelope) -> web.StreamResponse:
     echoed: set[int] = set()
+    choices = _completion_choices(completion)
+    trimmers = [StopTrimmer(completion.parameters.stop) for _ in choices]
 
     def chunks(item: tuple[int, StreamEvent]) -> Iterable[Any]:
         index, event = item
@@ -96,8 +118,9 @@ async def _stream_completion(request: web.Request, client: AsyncZtgiClient, comp
             echoed.add(index)
             prompt = completion.prompts[index // completion.n]
             rendered.append(render.completion_echo_chunk_json(envelope, index, prompt))
-        rendered.append(render.completion_chunk_json(envelope, index, event, completion.logprobs))
+        text = _streamed_text(trimmers[index], event)
+        rendered.append(render.completion_chunk_json(envelope, index, event, completion.logprobs, text))
         return rendered
 
-    streams = [client.stream(prompt, parameters=parameters) for prompt, parameters in _completion_choices(completion)]
+    streams = [client.stream(prompt, parameters=parameters) for prompt, parameters in choices]
     return await serve_sse(request, merge(streams), chunks, lambda: [DONE])

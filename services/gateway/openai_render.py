@@ -35,6 +35,10 @@ def usage_json(details: list[FinalDetails | None], n: int = 1) -> dict[str, int]
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def _token_text(event: StreamEvent) -> str:
+    return "" if event.token is None or event.token.special else event.token.text
+
+
 def _logprob(token: Token) -> float:
     return token.logprob if token.logprob is not None and math.isfinite(token.logprob) else -9999.0
 
@@ -59,9 +63,11 @@ def chat_completion_json(envelope: Envelope, results: list[GenerateResult], logp
                          usage=usage_json([r.details for r in results], n=len(results)))
 
 
-def chat_chunk_json(envelope: Envelope, event: StreamEvent, logprobs: bool, index: int = 0) -> dict[str, Any]:
-    """One token of choice `index` as a delta; special tokens (EOS) add no text."""
-    text = "" if event.token is None or event.token.special else event.token.text
+def chat_chunk_json(envelope: Envelope, event: StreamEvent, logprobs: bool, index: int = 0,
+                    text: str | None = None) -> dict[str, Any]:
+    """One token of choice `index` as a delta (`text`: what to show of it; by default its text,
+    none for special tokens like EOS)."""
+    text = _token_text(event) if text is None else text
     choice = {"index": index, "delta": {"role": "assistant", "content": text},
               "logprobs": (chat_logprobs_json([event.token], [event.top_tokens])
                            if logprobs and event.token is not None else None),
@@ -85,9 +91,10 @@ def completion_json(envelope: Envelope, results: list[GenerateResult], logprobs:
     return envelope.wrap("text_completion", choices=choices, usage=usage_json([r.details for r in results], n))
 
 
-def completion_chunk_json(envelope: Envelope, index: int, event: StreamEvent, logprobs: bool) -> dict[str, Any]:
+def completion_chunk_json(envelope: Envelope, index: int, event: StreamEvent, logprobs: bool,
+                          text: str | None = None) -> dict[str, Any]:
     """One token of one choice; TGI's schema wants a string finish_reason, "" until the last."""
-    text = "" if event.token is None or event.token.special else event.token.text
+    text = _token_text(event) if text is None else text
     tokens = [event.token] if event.token is not None else []
     choice = completion_choice_json(index, text, tokens, event.details, logprobs)
     choice["finish_reason"] = choice["finish_reason"] or ""

@@ -11,7 +11,7 @@ import requests
 from common.messages import ChatMessage, Generate
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate
-from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps
+from tests.gateway.scripted_scheduler import ScriptedScheduler, Steps, error_steps, token_steps
 
 CHAT = [{"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]
@@ -151,3 +151,21 @@ def test_error_mid_stream_raises_in_the_openai_client(client: openai.OpenAI, sch
     with pytest.raises(openai.APIError) as caught:
         list(stream)
     assert caught.value.body == "worker lost"  # TGI's {"error": "...", "error_type": ...} event
+
+
+def stopped_on_blank_line(generate: Generate) -> Steps:
+    """The pipeline's text for stop ["\\n\\n"]: it ends right after the sequence, split over two tokens."""
+    return token_steps(generate.request_id, [" Paris", ".\n", "\n"], finish_reason="stop_sequence")
+
+
+def test_stop_sequence_is_left_out_of_openai_text(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """As OpenAI: the stop sequence is not in the text, streamed (even split over tokens) or not."""
+    scheduler.script = stopped_on_blank_line
+    chat = client.chat.completions.create(model="any", messages=CHAT, stop=["\n\n"])
+    assert (chat.choices[0].message.content, chat.choices[0].finish_reason) == (" Paris.", "stop")
+    chunks = client.chat.completions.create(model="any", messages=CHAT, stop="\n\n", stream=True)
+    assert "".join(c.choices[0].delta.content for c in chunks) == " Paris."
+    completion = client.completions.create(model="any", prompt="The capital", stop=["\n\n"])
+    assert completion.choices[0].text == " Paris."
+    chunks = client.completions.create(model="any", prompt="The capital", stop=["\n\n"], stream=True)
+    assert "".join(c.choices[0].text for c in chunks) == " Paris."
