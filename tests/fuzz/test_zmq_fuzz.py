@@ -1,0 +1,283 @@
+"""Hostile ZMQ frames straight at every socket: logged and dropped or answered, never a crash.
+
+Each test runs real processes and plays the other side with extra sockets: random bytes,
+truncated messages, well-formed messages of the wrong type or out of range, multipart frames.
+Afterwards a valid request still succeeds and every process is still alive. The number of cases
+each test ran is printed (run with `-s` to see it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common.client import ZtgiClient
+from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
+from common.endpoints import Endpoints
+from common.messages import (
+    Adopt, CommandDone, DetokenizeJob, EncodeJob, Encoded, ErrorReply, Generate, GenerateParameters, Generation,
+    HealthCheck as HealthCheckCommand, Hello, Rejected, RequestKey, SamplingParameters, TextBatch, TokenStep,
+)
+from services.scheduler.hub import CLIENT_MESSAGES, TOKENIZER_MESSAGES, WORKER_MESSAGES
+from services.tokenizer.service import SCHEDULER_MESSAGES as TOKENIZER_INBOUND
+from services.worker.service import SCHEDULER_MESSAGES as WORKER_INBOUND
+from tests.fuzz.frames import frame, multipart, tags_of, wire_message
+from common.curve import CurveKeys, apply as apply_curve, client_keys
+from tests.fuzz.conftest import Keys
+from tests.fuzz.processes import HEARTBEAT, LIMITS, Pipeline, ServiceProcess
+
+SCALE = int(os.environ.get("ZTGI_FUZZ_SCALE", "1"))  # more cases: ZTGI_FUZZ_SCALE=10
+pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")  # large failing cases
+FUZZ = dict(deadline=None, database=None, derandomize=not os.environ.get("ZTGI_FUZZ_SEED_RANDOM"),
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                   HealthCheck.function_scoped_fixture])
+NUM_CODEC_CASES = 200 * SCALE
+NUM_SCHEDULER_CASES = 300 * SCALE
+NUM_WORKER_CASES = 100 * SCALE
+NUM_TOKENIZER_CASES = 200 * SCALE
+PEER_TIMEOUT_S = 2.0  # the pipeline's scheduler: 200 ms x 10 misses
+
+
+def report(name: str, num_cases: int) -> None:
+    print(f"\n[fuzz] {name}: {num_cases} cases")
+
+
+def connect(context: zmq.Context, kind: int, address: str, keys: CurveKeys | None = None,
+            identity: bytes | None = None) -> zmq.Socket:
+    socket = context.socket(kind)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDTIMEO, 5000)
+    apply_curve(socket, keys)
+    if identity is not None:
+        socket.setsockopt(zmq.IDENTITY, identity)
+    socket.connect(address)
+    return socket
+
+
+def bind(context: zmq.Context, kind: int, address: str) -> zmq.Socket:
+    socket = context.socket(kind)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDTIMEO, 5000)
+    socket.bind(address)
+    return socket
+
+
+def receive(socket: zmq.Socket, kind: type, timeout_s: float = 30.0, match: Any = None) -> Any:
+    """The next message of `kind` (and `match(msg)`) on `socket`, skipping everything else."""
+    deadline = time.monotonic() + timeout_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        if not socket.poll(int(remaining * 1000)):
+            break
+        frames = socket.recv_multipart()
+        try:
+            msg = decode(frames[-1])
+        except MessageError:
+            continue
+        if isinstance(msg, kind) and (match is None or match(msg)):
+            return msg if socket.type != zmq.ROUTER else (frames[0], msg)
+    raise AssertionError(f"no {kind.__name__} within {timeout_s} s")
+
+
+def drain(socket: zmq.Socket) -> list[Any]:
+    messages = []
+    while socket.poll(0):
+        try:
+            messages.append(decode(socket.recv_multipart()[-1]))
+        except MessageError:
+            pass
+    return messages
+
+
+# -- the codec -----------------------------------------------------------------------------------
+
+def test_codec_raises_only_message_error() -> None:
+    """decode() of any frame returns a message or raises MessageError, never anything else."""
+    num_cases = 0
+
+    @settings(max_examples=NUM_CODEC_CASES, **FUZZ)
+    @given(data=st.one_of(frame(), wire_message().map(lambda w: msgpack.packb(w, use_bin_type=True))))
+    def check(data: bytes) -> None:
+        nonlocal num_cases
+        num_cases += 1
+        try:
+            decode(data)
+        except MessageError:
+            pass
+
+    check()
+    report("codec", num_cases)
+
+
+# -- the scheduler, with a real tokenizer and worker ---------------------------------------------
+
+def test_scheduler_survives_hostile_frames_on_every_endpoint(pipeline: tuple[Pipeline, ZtgiClient],
+                                                             keys: Keys) -> None:
+    """Garbage on frontend, tokenized, detokenize and workers: answered or dropped; a request then succeeds."""
+    pipe, client = pipeline
+    endpoints = Endpoints(pipe.scheduler_url)
+    context = zmq.Context()
+    sockets = {name: connect(context, zmq.DEALER, endpoints.connect(name), keys.client())
+               for name in ("frontend", "detokenize", "workers")}
+    sockets["tokenized"] = connect(context, zmq.PUSH, endpoints.connect("tokenized"), keys.client())
+    # sockets of a type the endpoint does not pair with: libzmq refuses them at the handshake
+    sockets["tokenize (PUSH)"] = connect(context, zmq.PUSH, endpoints.connect("tokenize"), keys.client())
+    sockets["frontend (PUB)"] = connect(context, zmq.PUB, endpoints.connect("frontend"), keys.client())
+    expected = {"frontend": tags_of(*CLIENT_MESSAGES), "detokenize": tags_of(*TOKENIZER_MESSAGES),
+                "workers": tags_of(*WORKER_MESSAGES), "tokenized": tags_of(Encoded, Rejected)}
+    num_cases = 0
+    try:
+        @settings(max_examples=NUM_SCHEDULER_CASES, **FUZZ)
+        @given(data=st.data(), target=st.sampled_from(sorted(sockets)))
+        def send(data: st.DataObject, target: str) -> None:
+            nonlocal num_cases
+            num_cases += 1
+            frames = data.draw(multipart(expected.get(target, ())))
+            try:
+                sockets[target].send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                assert "(" in target, f"{target} refused a frame"  # only a refused socket type has no peer
+
+        send()
+        sockets["frontend"].send(b"\xc1not msgpack")
+        answers = [receive(sockets["frontend"], ErrorReply)]
+        answers += drain(sockets["frontend"])
+        assert any(isinstance(a, ErrorReply) for a in answers)
+    finally:
+        context.destroy(linger=0)
+    time.sleep(PEER_TIMEOUT_S + 0.5)  # peers the garbage registered are lost before the real request
+    result = client.generate("Hello there", parameters=GenerateParameters(max_new_tokens=4, ignore_eos=True))
+    assert len(result.tokens) == 4 and result.details.finish_reason == "length"
+    assert pipe.all_alive(), pipe.logs()
+    assert "Traceback" not in pipe.processes[0].output(), pipe.processes[0].output()
+    report("scheduler endpoints", num_cases)
+
+
+def test_oversized_frame_is_dropped_by_libzmq(pipeline: tuple[Pipeline, ZtgiClient], keys: Keys) -> None:
+    """A frame over MAX_MESSAGE_BYTES never reaches the decoder (ZMQ_MAXMSGSIZE): no answer, no crash."""
+    pipe, client = pipeline
+    context = zmq.Context()
+    try:
+        sender = connect(context, zmq.DEALER, Endpoints(pipe.scheduler_url).connect("frontend"), keys.client())
+        sender.send(b"\x00" * (MAX_MESSAGE_BYTES + 1))
+        assert not sender.poll(1000), "an oversized frame was read and answered"
+    finally:
+        context.destroy(linger=0)
+    assert client.health().healthy and pipe.all_alive()
+    assert "exceeds the" not in pipe.processes[0].output()  # the codec's own check never saw it
+
+
+def test_curve_lets_in_only_the_right_keys(pipeline: tuple[Pipeline, ZtgiClient], keys: Keys) -> None:
+    """Over tcp:// with CURVE, a socket without the key, with a wrong server key or an unknown client key gets nothing."""
+    pipe, client = pipeline
+    address = Endpoints(pipe.scheduler_url).connect("frontend")
+    stranger = client_keys(keys.server_public, keys.stranger_secret)
+    wrong_server = client_keys(keys.client_public, keys.client_secret)  # not the scheduler's public key
+    context = zmq.Context()
+    try:
+        sockets = [connect(context, zmq.DEALER, address, k) for k in (None, stranger, wrong_server, keys.client())]
+        for socket in sockets:
+            socket.send(encode(Hello(role="client", protocol_version=1, boot_nonce="probe")), zmq.NOBLOCK)
+        assert sockets[-1].poll(10_000), "the authorised socket got no answer"
+        assert not any(socket.poll(0) for socket in sockets[:-1]), "a socket without the right key got an answer"
+    finally:
+        context.destroy(linger=0)
+    result = client.generate("Hi", parameters=GenerateParameters(max_new_tokens=2, ignore_eos=True))
+    assert len(result.tokens) == 2
+
+
+# -- a worker, the test playing its scheduler -----------------------------------------------------
+
+def test_worker_survives_hostile_frames(tiny_model_dir: str) -> None:
+    """Garbage and hostile commands to a worker are answered with CommandFailed or run; it keeps serving."""
+    run_dir = tempfile.mkdtemp(prefix="ztgi-")
+    endpoints = Endpoints(f"ipc://{run_dir}")
+    context = zmq.Context()
+    scheduler = bind(context, zmq.ROUTER, endpoints.bind("workers"))
+    worker = ServiceProcess("worker", "--scheduler-url", endpoints.scheduler_url, *HEARTBEAT, "--model-id",
+                            tiny_model_dir, "--device", "cpu", "--dtype", "float32", "--memory-budget-mb", "16",
+                            "--cpu-warmup-prefill-tokens", "64", "--num-threads", "1")
+    num_cases = 0
+    try:
+        identity, _ = receive(scheduler, Hello, timeout_s=120)
+
+        @settings(max_examples=NUM_WORKER_CASES, **FUZZ)
+        @given(frames=multipart(tags_of(*WORKER_INBOUND)))
+        def send(frames: list[bytes]) -> None:
+            nonlocal num_cases
+            num_cases += 1
+            scheduler.send_multipart([identity, *frames])
+
+        send()
+        scheduler.send_multipart([identity, encode(HealthCheckCommand(10**9))])
+        receive(scheduler, CommandDone, timeout_s=120, match=lambda done: done.command_id == 10**9)
+        assert worker.alive, worker.output()
+    finally:
+        context.destroy(linger=0)
+        assert worker.stop() == 0, worker.output()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    report("worker", num_cases)
+
+
+# -- a tokenizer, the test playing its scheduler --------------------------------------------------
+
+def hostile_tokenizer_jobs() -> list[object]:
+    """Well-formed jobs with ids no vocabulary has: they must cost one request, not the tokenizer."""
+    key = RequestKey(b"client-y", "adopted")
+    encoded = Encoded(key, [1, 2], SamplingParameters(), 4, False, 0, False, b"t")
+    bad_ids = [-1, 2**63, 10**6]
+    return [Adopt(encoded, GenerateParameters(), bad_ids),
+            DetokenizeJob([TokenStep(key, Generation(1, token_id, 0.0, top_ids=[token_id], top_logprobs=[0.0],
+                                                     prefill_ids=[-7], prefill_logprobs=[0.0]))
+                           for token_id in bad_ids])]
+
+
+def test_tokenizer_survives_hostile_frames(tiny_model_dir: str) -> None:
+    """Garbage and hostile jobs on tokenize and detokenize are dropped or rejected; it keeps serving."""
+    run_dir = tempfile.mkdtemp(prefix="ztgi-")
+    endpoints = Endpoints(f"ipc://{run_dir}")
+    context = zmq.Context()
+    tokenize = bind(context, zmq.PUSH, endpoints.bind("tokenize"))
+    tokenized = bind(context, zmq.PULL, endpoints.bind("tokenized"))
+    detokenize = bind(context, zmq.ROUTER, endpoints.bind("detokenize"))
+    tokenizer = ServiceProcess("tokenizer", "--scheduler-url", endpoints.scheduler_url, *HEARTBEAT, *LIMITS,
+                               "--model-id", tiny_model_dir)
+    num_cases = 0
+    try:
+        identity, _ = receive(detokenize, Hello, timeout_s=60)
+
+        @settings(max_examples=NUM_TOKENIZER_CASES, **FUZZ)
+        @given(data=st.data(), to_detokenize=st.booleans())
+        def send(data: st.DataObject, to_detokenize: bool) -> None:
+            nonlocal num_cases
+            num_cases += 1
+            frames = data.draw(multipart(tags_of(*TOKENIZER_INBOUND) if to_detokenize else tags_of(EncodeJob)))
+            if to_detokenize:
+                detokenize.send_multipart([identity, *frames])
+            else:
+                tokenize.send_multipart(frames)
+
+        send()
+        for msg in hostile_tokenizer_jobs():
+            detokenize.send_multipart([identity, encode(msg)])
+        key = RequestKey(b"client-x", "valid")
+        tokenize.send(encode(EncodeJob(key, Generate("valid", "Hello", None, GenerateParameters(max_new_tokens=2)))))
+        encoded = receive(tokenized, Encoded, match=lambda msg: msg.key == key)
+        step = TokenStep(key, Generation(request_id=1, token_id=encoded.input_ids[0], logprob=-0.1))
+        detokenize.send_multipart([identity, encode(DetokenizeJob([step]))])
+        _, batch = receive(detokenize, TextBatch, match=lambda msg: msg.outputs)
+        assert batch.outputs[0].client_id == b"client-x"
+        assert tokenizer.alive, tokenizer.output()
+    finally:
+        context.destroy(linger=0)
+        assert tokenizer.stop() == 0, tokenizer.output()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    report("tokenizer", num_cases)
