@@ -40,8 +40,10 @@ class GatewayConfig:
     cors_allow_origin: str = dataclasses.field(default="", metadata={
         "help": "comma-separated origins allowed to call from a browser (`*`: any)"})
     shutdown_timeout_s: float = 10.0
-    curve_server_public_key_file: str | None = None  # the scheduler's CURVE public key: encrypts the link
-    curve_secret_key_file: str | None = None  # this gateway's CURVE keypair (unset: a fresh one)
+    curve_server_public_key_file: str | None = dataclasses.field(default=None, metadata={
+        "help": "the scheduler's CURVE public key file (NAME.key from `ztgi keygen`): encrypts the link"})
+    curve_secret_key_file: str | None = dataclasses.field(default=None, metadata={
+        "help": "this gateway's CURVE keypair (NAME.key_secret); unset: a fresh one per process"})
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:

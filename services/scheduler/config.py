@@ -31,8 +31,10 @@ class SchedulerConfig:
     drain_timeout_s: float = 30.0
     health_window_s: float = 30.0  # healthy while a worker answered a command this recently...
     canary_timeout_s: float = 3.0  # ...else a one-token canary must come back this fast
-    curve_secret_key_file: str | None = None  # CURVE server keypair (`ztgi keygen`): encrypts every link
-    curve_client_keys_dir: str | None = None  # only clients with a public key (*.key) here get in
+    curve_secret_key_file: str | None = dataclasses.field(default=None, metadata={
+        "help": "the scheduler's CURVE keypair (NAME.key_secret from `ztgi keygen`): encrypts every link"})
+    curve_client_keys_dir: str | None = dataclasses.field(default=None, metadata={
+        "help": "directory of client public keys (*.key): only those clients get in"})
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:

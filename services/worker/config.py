@@ -30,8 +30,10 @@ class WorkerConfig:
     cpu_warmup_prefill_tokens: int | None = 512
     num_threads: int | None = None  # torch CPU threads (none: torch's default, every core)
     heartbeat_interval_ms: int = 1000
-    curve_server_public_key_file: str | None = None  # the scheduler's CURVE public key: encrypts the link
-    curve_secret_key_file: str | None = None  # this peer's CURVE keypair (unset: a fresh one)
+    curve_server_public_key_file: str | None = dataclasses.field(default=None, metadata={
+        "help": "the scheduler's CURVE public key file (NAME.key from `ztgi keygen`): encrypts the link"})
+    curve_secret_key_file: str | None = dataclasses.field(default=None, metadata={
+        "help": "this worker's CURVE keypair (NAME.key_secret); unset: a fresh one per process"})
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
