@@ -1,0 +1,99 @@
+"""The official `openai` client against a launched ztgi serving SmolLM2 (an API key set, as users would)."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+from unittest import mock
+
+import openai
+import pytest
+import requests
+
+from tests.e2e.server import LaunchedServer
+
+API_KEY = "e2e-key"
+ORIGIN = "https://chat.example.com"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+PROMPT = "The capital of France is"
+NUM_TOKENS = 4  # the greedy chat answer, "The capital of France is Paris.", is longer
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
+    """One launched pipeline whose gateway needs an API key and allows one browser origin."""
+    with mock.patch.dict(os.environ, {"ZTGI_API_KEY": API_KEY, "ZTGI_CORS_ALLOW_ORIGIN": ORIGIN}):
+        launched = LaunchedServer(str(tmp_path_factory.mktemp("run")))
+    yield launched
+    assert launched.stop() == 0, launched.log
+
+
+@pytest.fixture(scope="module")
+def client(server: LaunchedServer) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120) as client:
+        yield client
+
+
+def test_chat_stream_equals_greedy_completion(client: openai.OpenAI) -> None:
+    """Greedy chat: the streamed deltas join into the non-streamed text; max_tokens bounds it; usage adds up."""
+    completion = client.chat.completions.create(model="any", messages=QUESTION, temperature=0, max_tokens=NUM_TOKENS)
+    text = completion.choices[0].message.content
+    assert text == "The capital of France" and completion.choices[0].finish_reason == "length"
+    assert completion.usage.completion_tokens == NUM_TOKENS
+    chunks = list(client.chat.completions.create(model="any", messages=QUESTION, temperature=0, max_tokens=NUM_TOKENS,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens == NUM_TOKENS
+    assert chunks[-1].usage.prompt_tokens == completion.usage.prompt_tokens
+
+
+def test_completion_stream_equals_greedy_completion_and_stop_is_left_out(client: openai.OpenAI) -> None:
+    """Greedy completions: streamed text equals the whole text; with stop ".", the text ends before it."""
+    whole = client.completions.create(model="any", prompt=PROMPT, temperature=0, max_tokens=NUM_TOKENS)
+    text = whole.choices[0].text
+    assert whole.usage.completion_tokens == NUM_TOKENS and "." in text
+    streamed = client.completions.create(model="any", prompt=PROMPT, temperature=0, max_tokens=NUM_TOKENS, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == text
+    stopped = client.completions.create(model="any", prompt=PROMPT, temperature=0, max_tokens=NUM_TOKENS, stop=["."])
+    assert stopped.choices[0].text == text[:text.index(".")]
+    assert stopped.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(model="any", prompt=PROMPT, temperature=0, max_tokens=NUM_TOKENS, stop=".",
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == text[:text.index(".")]
+
+
+def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
+    """The same seed gives the same sampled text: alone, and as choice 0 of an n=2 request."""
+    def sample(seed: int, n: int = 1) -> list[str]:
+        completion = client.chat.completions.create(model="any", messages=QUESTION, temperature=1.0, seed=seed,
+                                                    max_tokens=NUM_TOKENS, n=n)
+        return [choice.message.content for choice in completion.choices]
+
+    first, second = sample(1234, n=2)
+    assert sample(1234) == [first]
+
+
+@pytest.mark.parametrize("arguments,field", [
+    ({"temperature": -1.0}, "temperature"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"frequency_penalty": 3.0}, "frequency_penalty"),
+    ({"max_tokens": 10_000}, "max_new_tokens"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"n": 9}, "n"),
+])
+def test_bad_arguments_raise_the_clients_error(client: openai.OpenAI, arguments: dict, field: str) -> None:
+    """Out-of-range arguments raise openai's UnprocessableEntityError (422) carrying our message."""
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client.chat.completions.create(model="any", messages=QUESTION, **arguments)
+    assert field in caught.value.body["message"] and caught.value.body["code"] == "validation"
+
+
+def test_api_key_and_cors_through_the_launcher(server: LaunchedServer) -> None:
+    """ZTGI_API_KEY and ZTGI_CORS_ALLOW_ORIGIN reach the launched gateway: wrong key 401, listed origin allowed."""
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0) as wrong:
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+    assert requests.get(server.url + "/health", timeout=30).status_code == 200  # open without a key
+    preflight = requests.options(server.url + "/v1/chat/completions", timeout=30, headers={
+        "Origin": ORIGIN, "Access-Control-Request-Method": "POST"})
+    assert preflight.status_code == 204 and preflight.headers["Access-Control-Allow-Origin"] == ORIGIN
