@@ -32,6 +32,12 @@ from services.scheduler.worker_slot import CommandKind, InFlight, WorkerSlot
 
 logger = logging.getLogger(__name__)
 
+ANSWER_TYPES: dict[CommandKind, type] = {
+    CommandKind.WARMUP: WarmupResult, CommandKind.PREFILL: StepResult, CommandKind.DECODE: StepResult,
+    CommandKind.FILTER: FilterResult, CommandKind.CLEAR: CommandDone, CommandKind.CANARY: StepResult,
+}
+"""What a worker answers to each command (or CommandFailed)."""
+
 GenerationsHandler = Callable[[WorkerSlot, list[Generation]], None]
 FailureHandler = Callable[[list[Request], str, str], None]
 CanaryHandler = Callable[[WorkerSlot, "str | None"], None]
@@ -117,6 +123,11 @@ class Batcher:
                                in_flight.command_id if in_flight else None)
             return
         slot.in_flight = None
+        if not isinstance(answer, (CommandFailed, ANSWER_TYPES[in_flight.kind])):
+            # a broken or hostile worker: the command failed, whatever the answer says
+            error = f"answered {in_flight.kind.value} with {type(answer).__name__}"
+            logger.warning("worker %r %s", identity, error)
+            answer = CommandFailed(command_id, error, [])
         if not isinstance(answer, CommandFailed):
             slot.last_progress = time.monotonic()
         if in_flight.kind is CommandKind.CANARY:

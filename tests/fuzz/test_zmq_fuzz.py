@@ -25,7 +25,8 @@ from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.endpoints import Endpoints
 from common.messages import (
     Adopt, CommandDone, DetokenizeJob, EncodeJob, Encoded, ErrorReply, Generate, GenerateParameters, Generation,
-    HealthCheck as HealthCheckCommand, Hello, Rejected, RequestKey, SamplingParameters, TextBatch, TokenStep,
+    HealthCheck as HealthCheckCommand, Hello, Query, Rejected, RequestKey, SamplingParameters, StatsReply,
+    TextBatch, TokenStep, Warmup, WarmupResult, WorkerInfo,
 )
 from services.scheduler.hub import CLIENT_MESSAGES, TOKENIZER_MESSAGES, WORKER_MESSAGES
 from services.tokenizer.service import SCHEDULER_MESSAGES as TOKENIZER_INBOUND
@@ -44,6 +45,7 @@ NUM_CODEC_CASES = 200 * SCALE
 NUM_SCHEDULER_CASES = 300 * SCALE
 NUM_WORKER_CASES = 100 * SCALE
 NUM_TOKENIZER_CASES = 200 * SCALE
+NUM_WORKER_ANSWER_CASES = 100 * SCALE
 PEER_TIMEOUT_S = 2.0  # the pipeline's scheduler: 200 ms x 10 misses
 
 
@@ -192,6 +194,51 @@ def test_curve_lets_in_only_the_right_keys(pipeline: tuple[Pipeline, ZtgiClient]
         context.destroy(linger=0)
     result = client.generate("Hi", parameters=GenerateParameters(max_new_tokens=2, ignore_eos=True))
     assert len(result.tokens) == 2
+
+
+def test_scheduler_survives_a_worker_that_answers_anything(tmp_path) -> None:
+    """A registered worker answering each command with any worker message (its id right): no crash."""
+    endpoints = Endpoints(f"ipc://{tempfile.mkdtemp(prefix='ztgi-')}")
+    scheduler = ServiceProcess("scheduler", "--scheduler-url", endpoints.scheduler_url, *HEARTBEAT,
+                               "--heartbeat-misses", "50", "--drain-timeout-s", "1", *LIMITS)
+    context = zmq.Context()
+    worker = connect(context, zmq.DEALER, endpoints.connect("workers"), identity=b"fake-worker")
+    tokenize = connect(context, zmq.PULL, endpoints.connect("tokenize"))
+    tokenized = connect(context, zmq.PUSH, endpoints.connect("tokenized"))
+    client = connect(context, zmq.DEALER, endpoints.connect("frontend"), identity=b"client")
+    info = WorkerInfo("fake", "float32", "cpu", [2], 100, 2048)
+    num_cases = 0
+    command_id = 0  # the command the fake worker is to answer
+    try:
+        worker.send(encode(Hello("worker", 1, "fake", info)))
+        warmup = receive(worker, Warmup)
+        worker.send(encode(WarmupResult(warmup.command_id, 10_000)))
+
+        @settings(max_examples=NUM_WORKER_ANSWER_CASES, **FUZZ)
+        @given(answer=wire_message(tags_of(*WORKER_MESSAGES)), new_request=st.booleans())
+        def step(answer: list, new_request: bool) -> None:
+            nonlocal num_cases, command_id
+            num_cases += 1
+            if new_request:
+                client.send(encode(Generate(f"r{num_cases}", "Hi", None, GenerateParameters(max_new_tokens=3))))
+            while tokenize.poll(20):  # the tokenizer's part, done right
+                key = decode(tokenize.recv()).key
+                tokenized.send(encode(Encoded(key, [1, 2], SamplingParameters(), 3, False, 0, False, b"tok")))
+            command_id = max([command_id, *(m.command_id for m in drain(worker) if hasattr(m, "command_id"))])
+            if answer[0] not in ("hello", "heartbeat"):
+                answer[1] = command_id  # every answer type starts with the command id
+            worker.send(msgpack.packb(answer, use_bin_type=True))
+
+        step()
+        client.send(encode(Query("stats", "stats")))
+        assert receive(client, StatsReply, timeout_s=10)
+        assert scheduler.alive, scheduler.output()
+    finally:
+        context.destroy(linger=0)
+        assert scheduler.stop() == 0, scheduler.output()
+        shutil.rmtree(endpoints.run_dir, ignore_errors=True)
+    assert "Traceback" not in scheduler.output(), scheduler.output()
+    report("worker answers to the scheduler", num_cases)
 
 
 # -- a worker, the test playing its scheduler -----------------------------------------------------
