@@ -12,7 +12,7 @@ from openapi_spec_validator import validate as validate_spec
 from services.gateway.api_docs import OPENAPI_PATH
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate_response
-from tests.gateway.scripted_scheduler import ScriptedScheduler
+from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps
 from tests.gateway.sse_reader import read_events
 
 ROUTES = ["/", "/generate", "/generate_stream", "/invocations", "/tokenize", "/health", "/info", "/ping", "/metrics",
@@ -93,3 +93,20 @@ def test_openai_answers_match_the_document(gateway: GatewayProcess, scheduler: S
     bad = post(gateway, "/v1/completions", {"prompt": "a", "temperature": -1})
     assert bad.status_code == 422
     validate_response(document, "/v1/completions", "post", 422, bad.json())
+
+
+def test_errors_in_streams_match_the_document(gateway: GatewayProcess, scheduler: ScriptedScheduler,
+                                              document: dict) -> None:
+    """An error after the first token is a last event the document allows; one before it is a JSON answer."""
+    scheduler.script = lambda g: error_steps(g.request_id, "worker lost", "generation", after_texts=[" a"])
+    for path, body in (("/generate_stream", {"inputs": "Hi"}), ("/v1/chat/completions", {**CHAT, "stream": True})):
+        events = [json.loads(line[5:]) for line in post(gateway, path, body, stream=True).iter_lines()
+                  if line.startswith(b"data:")]
+        assert events[-1] == {"error": "worker lost", "error_type": "generation"}
+        for event in events:
+            validate_response(document, path, "post", 200, event, "text/event-stream")
+    scheduler.script = lambda g: error_steps(g.request_id, "Model is overloaded", "overloaded")
+    for path, body in (("/generate_stream", {"inputs": "Hi"}), ("/v1/chat/completions", {**CHAT, "stream": True})):
+        response = post(gateway, path, body)
+        assert response.status_code == 429
+        validate_response(document, path, "post", 429, response.json())
