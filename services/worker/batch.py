@@ -4,7 +4,7 @@ Layout: every row is left-padded to `max_input_length` (the longest sequence so 
 the token fed at the next step), followed by `padding_right_offset` columns reserved for tokens
 still to come (always exactly `max_input_length + padding_right_offset` columns). The attention mask and `token_ids` (every token so far, for penalties) share this
 layout; each step fills one more column. The KV cache holds `max_input_length - 1` positions per
-layer after every step, right-aligned. Filter slices rows and trims padding nobody needs any
+layer after every step (the same columns as the mask), in buffers as wide as the mask. Filter slices rows and trims padding nobody needs any
 more; concatenate re-pads every batch to the longest one.
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from common.messages import CachedBatch, WorkerRequest
-from services.worker.kv_cache import LayerKV
+from services.worker.kv_cache import KVCache
 from services.worker.next_token_chooser import NextTokenChooser
 from services.worker.stopping_criteria import StoppingCriteria
 
@@ -35,7 +35,7 @@ class CausalLMBatch:
     position_ids: torch.Tensor  # same shape as input_ids
     attention_mask: torch.Tensor  # [batch, max_input_length + padding_right_offset]
     token_ids: torch.Tensor  # same layout as attention_mask
-    past: list[LayerKV] | None
+    past: KVCache | None
     input_lengths: list[int]
     stopping_criterias: list[StoppingCriteria]
     chooser: NextTokenChooser
@@ -93,7 +93,7 @@ class CausalLMBatch:
 
     # -- after a step --------------------------------------------------------------------------
 
-    def advance(self, next_ids: torch.Tensor, past: list[LayerKV]) -> None:
+    def advance(self, next_ids: torch.Tensor, past: KVCache) -> None:
         """Feeds `next_ids` `[batch]` at the next step: one more column of mask and tokens."""
         column = self.max_input_length
         self.input_ids = next_ids.unsqueeze(1)
@@ -153,7 +153,7 @@ class CausalLMBatch:
             position_ids=self.position_ids[rows],
             attention_mask=self.attention_mask[rows, start:end],
             token_ids=self.token_ids[rows, start:end],
-            past=[(k[rows, :, -num_past:], v[rows, :, -num_past:]) for k, v in self.past],
+            past=self.past.select(rows, num_past, max_input_length + padding_right_offset),
             input_lengths=input_lengths,
             stopping_criterias=stopping,
             chooser=self.chooser.select(indices),
@@ -186,7 +186,8 @@ class CausalLMBatch:
                                         max_input_length, padding_right_offset),
             token_ids=_pad_columns([b.live_columns(b.token_ids) for b in batches],
                                    max_input_length, padding_right_offset),
-            past=_pad_past(batches, max_input_length - 1),
+            past=KVCache.concatenate([b.past for b in batches], max_input_length - 1,
+                                     max_input_length + padding_right_offset),
             input_lengths=[n for b in batches for n in b.input_lengths],
             stopping_criterias=[s for b in batches for s in b.stopping_criterias],
             chooser=NextTokenChooser.concatenate([b.chooser for b in batches]),
@@ -222,25 +223,6 @@ def _pad_columns(parts: list[torch.Tensor], max_input_length: int, padding_right
         out[start:start + rows, max_input_length - length:max_input_length] = part
         start += rows
     return out
-
-
-def _pad_past(batches: Sequence[CausalLMBatch], num_past: int) -> list[LayerKV]:
-    """Every layer's keys and values of all batches, left-padded with zeros to `num_past`."""
-    past: list[LayerKV] = []
-    num_rows = sum(len(b) for b in batches)
-    for layer in range(len(batches[0].past)):
-        padded = []
-        for t in (0, 1):
-            first = batches[0].past[layer][t]
-            out = first.new_zeros((num_rows, first.shape[1], num_past, first.shape[3]))
-            start = 0
-            for batch in batches:
-                length = batch.max_input_length - 1
-                out[start:start + len(batch), :, num_past - length:] = batch.past[layer][t][:, :, -length:]
-                start += len(batch)
-            padded.append(out)
-        past.append((padded[0], padded[1]))
-    return past
 
 
 def _chooser(requests: Sequence[WorkerRequest], device: torch.device) -> NextTokenChooser:

@@ -1,45 +1,138 @@
-"""The batch's own per-layer key/value tensors, wrapped in a transformers DynamicCache per step.
+"""A batch's keys and values in preallocated per-layer buffers, written in place at every step.
 
-A batch keeps plain `(keys, values)` tensors per layer, `[batch, kv_heads, seq, head_dim]`, so
-filter and concatenate are tensor slicing and padding. Each forward gets a fresh DynamicCache
-around them; its layers grow by `torch.cat`, which leaves the batch's tensors untouched, so a
-forward that fails half-way cannot corrupt the batch it was given.
+Each layer keeps one key and one value buffer `[batch, kv_heads, capacity, head_dim]`. Positions
+`[0, length)` hold the cache, in the batch's left-padded layout (a row's padding positions hold
+finite values its attention mask hides); a forward writes its new positions at `length` and
+attends over views of `[0, length + new)`, so a decode step copies one position per layer instead
+of the whole cache (a `DynamicCache` grows by `torch.cat`: O(n^2) copying over a sequence).
+
+The capacity is the batch's planned width (prompt + tokens to come, TGI's padded budget); a forward
+that needs more grows the buffers by doubling. Untouched capacity is allocated, not written:
+`torch.empty` pages are committed by the OS only when a step first writes them. `length` moves
+only after a forward succeeded (`commit`), so a forward that fails half-way leaves the cache as
+it was: what it wrote lies beyond `length`.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
-
-LayerKV = tuple[torch.Tensor, torch.Tensor]
+from transformers.cache_utils import Cache, DynamicLayer
 
 
-def wrap(past: list[LayerKV]) -> DynamicCache:
-    """A DynamicCache whose layers hold `past` as they are (no copy)."""
-    cache = DynamicCache()
-    for keys, values in past:
-        layer = DynamicLayer()
-        layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
-        cache.layers.append(layer)
-    return cache
+class KVCache:
+    """Per-layer key/value buffers of one batch and how many positions are in use."""
+
+    def __init__(self, capacity: int, keys: list[torch.Tensor | None], values: list[torch.Tensor | None],
+                 length: int = 0) -> None:
+        self.capacity = capacity
+        self.keys = keys
+        self.values = values
+        self.length = length
+
+    @classmethod
+    def allocate(cls, num_layers: int, capacity: int) -> "KVCache":
+        """An empty cache; each layer's buffers are made at its first write, shaped like its states."""
+        return cls(capacity, [None] * num_layers, [None] * num_layers)
+
+    @property
+    def num_rows(self) -> int:
+        return self.keys[0].shape[0] if self.keys[0] is not None else 0
+
+    def for_forward(self) -> Cache:
+        """A transformers Cache whose layers write into these buffers (one per model layer)."""
+        return Cache(layers=[BufferLayer(self, i) for i in range(len(self.keys))])
+
+    def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes the new positions of `layer` after `length`; views of the cache including them."""
+        if self.keys[layer] is None:
+            shape = (keys.shape[0], keys.shape[1], self.capacity, keys.shape[3])
+            self.keys[layer], self.values[layer] = keys.new_empty(shape), values.new_empty(shape)
+        end = self.length + keys.shape[2]
+        if end > self.keys[layer].shape[2]:
+            self._grow(layer, end)
+        self.keys[layer][:, :, self.length:end] = keys
+        self.values[layer][:, :, self.length:end] = values
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def commit(self, num_new: int) -> None:
+        """The forward that wrote `num_new` positions succeeded: they are part of the cache now."""
+        self.length += num_new
+
+    def _grow(self, layer: int, needed: int) -> None:
+        capacity = max(needed, 2 * self.keys[layer].shape[2])
+        self.keys[layer] = _with_capacity(self.keys[layer], self.length, capacity)
+        self.values[layer] = _with_capacity(self.values[layer], self.length, capacity)
+        self.capacity = max(self.capacity, capacity)
+
+    def select(self, rows: torch.Tensor, length: int, capacity: int) -> "KVCache":
+        """A new cache of `rows`, keeping their last `length` positions, with room for `capacity`."""
+        start = self.length - length
+
+        def take(buffer: torch.Tensor) -> torch.Tensor:
+            out = buffer.new_empty((len(rows), buffer.shape[1], capacity, buffer.shape[3]))
+            out[:, :, :length] = buffer[:, :, start:self.length].index_select(0, rows)
+            return out
+        return KVCache(capacity, [take(k) for k in self.keys], [take(v) for v in self.values], length)
+
+    @classmethod
+    def concatenate(cls, caches: Sequence["KVCache"], length: int, capacity: int) -> "KVCache":
+        """One cache of all rows, each right-aligned at `length` (zeros before), with room for `capacity`."""
+        num_rows = sum(c.num_rows for c in caches)
+
+        def stack(buffers: list[torch.Tensor]) -> torch.Tensor:
+            first = buffers[0]
+            out = first.new_empty((num_rows, first.shape[1], capacity, first.shape[3]))
+            out[:, :, :length].zero_()
+            start = 0
+            for cache, buffer in zip(caches, buffers):
+                out[start:start + cache.num_rows, :, length - cache.length:length] = buffer[:, :, :cache.length]
+                start += cache.num_rows
+            return out
+        num_layers = len(caches[0].keys)
+        keys = [stack([c.keys[i] for c in caches]) for i in range(num_layers)]
+        values = [stack([c.values[i] for c in caches]) for i in range(num_layers)]
+        return cls(capacity, keys, values, length)
 
 
-def unwrap(cache: DynamicCache) -> list[LayerKV]:
-    """The per-layer tensors of a cache after a forward; only full-attention layers are supported."""
-    for layer in cache.layers:
-        _require_full_attention(layer)
-    return [(layer.keys, layer.values) for layer in cache.layers]
+class BufferLayer(DynamicLayer):
+    """One model layer's view of a KVCache, as the transformers attention calls it."""
+
+    def __init__(self, cache: KVCache, layer: int) -> None:
+        super().__init__()
+        self.cache = cache
+        self.layer = layer
+        self.is_initialized = cache.keys[layer] is not None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = self.cache.write(self.layer, key_states, value_states)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.cache.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cache.length + query_length, 0
+
+
+def _with_capacity(buffer: torch.Tensor, length: int, capacity: int) -> torch.Tensor:
+    out = buffer.new_empty((buffer.shape[0], buffer.shape[1], capacity, buffer.shape[3]))
+    out[:, :, :length] = buffer[:, :, :length]
+    return out
 
 
 def check_supported(config: object) -> None:
     """Raises TypeError when the model's cache layers are not all plain full-attention layers."""
     for layer in DynamicCache(config=config).layers:
-        _require_full_attention(layer)
-
-
-def _require_full_attention(layer: object) -> None:
-    if type(layer) is not DynamicLayer:
-        raise TypeError(f"unsupported KV cache layer {type(layer).__name__}: the padded backend needs "
-                        "full attention in every layer (no sliding window)")
+        if type(layer) is not DynamicLayer:
+            raise TypeError(f"unsupported KV cache layer {type(layer).__name__}: the padded backend needs "
+                            "full attention in every layer (no sliding window)")

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 from common.messages import Generation, Timings, WorkerInfo
 from common.model_source import DEFAULT_MODEL_ID, resolve_model
 from services.worker import kv_cache
+from services.worker.kv_cache import KVCache
 from services.worker.batch import CausalLMBatch
 from services.worker.top_tokens import top_tokens
 
@@ -51,6 +52,7 @@ class Model:
         config = self.config = self.model.config.get_text_config(decoder=True)
         kv_cache.check_supported(self.model.config)
         self.vocab_size = int(config.vocab_size)
+        self.num_layers = int(config.num_hidden_layers)
         self.max_position_embeddings = int(getattr(config, "max_position_embeddings", None) or 2**31 - 1)
         self.eos_token_ids = frozenset(_eos_token_ids(self.model))
         logger.info("loaded %s on %s (%s) in %.1f s; eos %s", self.name, self.device, str(self.dtype)[6:],
@@ -99,14 +101,15 @@ class Model:
         return generations, next_batch, Timings(
             forward_ns=forward_done - started, decode_ns=done - forward_done, total_ns=done - started)
 
-    def forward(self, batch: CausalLMBatch, all_positions: bool = False) -> tuple[torch.Tensor, list]:
+    def forward(self, batch: CausalLMBatch, all_positions: bool = False) -> tuple[torch.Tensor, KVCache]:
         """Logits `[batch, positions, vocab]` (last position only unless `all_positions`) and the new KV."""
-        cache = kv_cache.wrap(batch.past) if batch.past is not None else None
+        cache = batch.past or KVCache.allocate(self.num_layers, batch.attention_mask.shape[1])
         outputs = self.model(
             input_ids=batch.input_ids, attention_mask=batch.forward_attention_mask,
-            position_ids=batch.position_ids, past_key_values=cache, use_cache=True,
+            position_ids=batch.position_ids, past_key_values=cache.for_forward(), use_cache=True,
             logits_to_keep=0 if all_positions else 1)
-        return outputs.logits, kv_cache.unwrap(outputs.past_key_values)
+        cache.commit(batch.input_ids.shape[1])
+        return outputs.logits, cache
 
     def _synchronize(self) -> int:
         if self.device.type == "cuda":
@@ -115,7 +118,7 @@ class Model:
 
     @staticmethod
     def _history(batch: CausalLMBatch) -> tuple[torch.Tensor, torch.Tensor] | tuple[()]:
-        return batch.token_history() if batch.chooser.needs_token_counts else ()
+        return batch.token_history() if batch.chooser.needs_history else ()
 
     @staticmethod
     def _step_rows(batch: CausalLMBatch, next_ids: torch.Tensor, logprobs: torch.Tensor) -> list[list[float]]:
