@@ -99,7 +99,9 @@ def scripted_gateway() -> Iterator[tuple[GatewayProcess, ScriptedScheduler]]:
     """A gateway over the scripted scheduler frontend (fast: no model behind it)."""
     run_dir = tempfile.mkdtemp(prefix="ztgi-")
     scheduler = ScriptedScheduler(f"ipc://{run_dir}").start()
-    gateway = GatewayProcess(f"ipc://{run_dir}", "--max-payload-bytes", str(FUZZ_PAYLOAD_BYTES))
+    # a scheduler silent for 5 s (not 0.5 s) counts as gone: the scripted one shares a loaded CPU
+    gateway = GatewayProcess(f"ipc://{run_dir}", "--max-payload-bytes", str(FUZZ_PAYLOAD_BYTES),
+                             "--heartbeat-misses", "50")
     try:
         yield gateway, scheduler
     finally:

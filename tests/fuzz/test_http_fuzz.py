@@ -9,6 +9,7 @@ cases). The number of cases each ran is printed (run with `-s` to see it).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 from typing import Any
 from urllib.parse import quote
@@ -34,7 +35,9 @@ SCRIPTED_UNKNOWN = ("/tokenize",)  # a query the scripted scheduler does not ans
 
 def short_script(generate: Generate) -> list:
     """The default script, never longer than 3 tokens whatever max_new_tokens says."""
-    return default_script(generate)[:3]
+    max_new_tokens = min(generate.parameters.max_new_tokens or 3, 3)
+    return default_script(dataclasses.replace(
+        generate, parameters=dataclasses.replace(generate.parameters, max_new_tokens=max_new_tokens)))
 
 
 def check_answer(session: requests.Session, base_url: str, case: dict[str, Any]) -> int:

@@ -320,8 +320,7 @@ def test_tokenizer_survives_hostile_frames(tiny_model_dir: str) -> None:
         encoded = receive(tokenized, Encoded, match=lambda msg: msg.key == key)
         step = TokenStep(key, Generation(request_id=1, token_id=encoded.input_ids[0], logprob=-0.1))
         detokenize.send_multipart([identity, encode(DetokenizeJob([step]))])
-        _, batch = receive(detokenize, TextBatch, match=lambda msg: msg.outputs)
-        assert batch.outputs[0].client_id == b"client-x"
+        receive(detokenize, TextBatch, match=lambda msg: any(o.client_id == b"client-x" for o in msg.outputs))
         assert tokenizer.alive, tokenizer.output()
     finally:
         context.destroy(linger=0)
