@@ -147,7 +147,10 @@ class Hub:
                 self._send_error(msg.key, msg.error, msg.error_type)
             return
         if request is None or request.status is not RequestStatus.ENCODING:
-            self.outbox.to_tokenizer(msg.tokenizer_id, Forget([msg.key]))  # cancelled meanwhile
+            # cancelled meanwhile, or a job re-pushed after a tokenizer loss and answered twice:
+            # forget the copy, never the owner's state of a live request
+            if request is None or msg.tokenizer_id != request.tokenizer_id:
+                self.outbox.to_tokenizer(msg.tokenizer_id, Forget([msg.key]))
             return
         request.encoded = msg
         request.encode_job = b""

@@ -24,7 +24,7 @@ from common.client import ZtgiClient
 from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.endpoints import Endpoints
 from common.messages import (
-    Adopt, CommandDone, DetokenizeJob, EncodeJob, Encoded, ErrorReply, Generate, GenerateParameters, Generation,
+    Adopt, CommandDone, DetokenizeJob, Forget, Heartbeat, EncodeJob, Encoded, ErrorReply, Generate, GenerateParameters, Generation,
     HealthCheck as HealthCheckCommand, Hello, Query, Rejected, RequestKey, SamplingParameters, StatsReply,
     TextBatch, TokenStep, Warmup, WarmupResult, WorkerInfo,
 )
@@ -239,6 +239,34 @@ def test_scheduler_survives_a_worker_that_answers_anything(tmp_path) -> None:
         shutil.rmtree(endpoints.run_dir, ignore_errors=True)
     assert "Traceback" not in scheduler.output(), scheduler.output()
     report("worker answers to the scheduler", num_cases)
+
+
+def test_a_duplicated_encode_answer_does_not_forget_a_live_request() -> None:
+    """An encode job answered twice (re-pushed after a tokenizer loss) leaves the owner's state alone;
+    a copy encoded by another tokenizer is forgotten there."""
+    endpoints = Endpoints(f"ipc://{tempfile.mkdtemp(prefix='ztgi-')}")
+    scheduler = ServiceProcess("scheduler", "--scheduler-url", endpoints.scheduler_url, *HEARTBEAT,
+                               "--heartbeat-misses", "50", "--drain-timeout-s", "1", *LIMITS)
+    context = zmq.Context()
+    owner = connect(context, zmq.DEALER, endpoints.connect("detokenize"), identity=b"owner")
+    other = connect(context, zmq.DEALER, endpoints.connect("detokenize"), identity=b"other")
+    tokenize = connect(context, zmq.PULL, endpoints.connect("tokenize"))
+    tokenized = connect(context, zmq.PUSH, endpoints.connect("tokenized"))
+    client = connect(context, zmq.DEALER, endpoints.connect("frontend"), identity=b"client")
+    try:
+        for tokenizer in (owner, other):
+            tokenizer.send(encode(Hello("tokenizer", 1, "nonce")))
+            receive(tokenizer, Heartbeat)
+        client.send(encode(Generate("r1", "Hi", None, GenerateParameters(max_new_tokens=3))))
+        key = receive(tokenize, EncodeJob).key
+        for tokenizer_id in (b"owner", b"owner", b"other"):
+            tokenized.send(encode(Encoded(key, [1, 2], SamplingParameters(), 3, False, 0, False, tokenizer_id)))
+        assert receive(other, Forget).keys == [key]
+        assert not [m for m in drain(owner) if isinstance(m, Forget)], "the owner was told to forget a live request"
+    finally:
+        context.destroy(linger=0)
+        assert scheduler.stop() == 0, scheduler.output()
+        shutil.rmtree(endpoints.run_dir, ignore_errors=True)
 
 
 # -- a worker, the test playing its scheduler -----------------------------------------------------
