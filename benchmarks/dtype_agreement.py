@@ -1,0 +1,91 @@
+"""How far a dtype's greedy generations drift from float32's, on the same prompts.
+
+    python -m benchmarks.dtype_agreement --dtype bfloat16 --output-tokens 32
+
+Every prompt of the dataset is generated greedily (EOS ignored) in one batch, once in float32 and
+once in `--dtype`. Reported: the share of requests whose tokens are all identical, the share of
+token positions identical before each request's first divergence (over all positions), and the
+largest absolute difference of the chosen tokens' logprobs while both runs still agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+from typing import Sequence
+
+from benchmarks.baseline_config import BaselineConfig
+from benchmarks.baseline_model import load_tokenizer
+from benchmarks.offline_workload import encode_prompts, load_prompts
+from benchmarks.workload import WorkloadError
+from common.config import ConfigError, parse_config
+from common.logs import setup_logging
+from common.messages import Generation, SamplingParameters, WorkerRequest
+from services.worker.batch import CausalLMBatch
+from services.worker.model import Model
+
+logger = logging.getLogger(__name__)
+REFERENCE_DTYPE = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class DtypeAgreementConfig(BaselineConfig):
+    """`--dtype` against float32: greedy token agreement and logprob differences."""
+
+    dtype: str = "bfloat16"
+    output_tokens: int | None = 32
+
+
+def generate(model: Model, input_ids: Sequence[list[int]], max_new_tokens: Sequence[int]) -> list[list[Generation]]:
+    """Each prompt's greedy generations, all prompts in one batch."""
+    requests = [WorkerRequest(i, list(ids), SamplingParameters(), n, True)
+                for i, (ids, n) in enumerate(zip(input_ids, max_new_tokens))]
+    batch = CausalLMBatch.from_requests(requests, 1, 2**62, model)
+    result: list[list[Generation]] = [[] for _ in requests]
+    while batch is not None:
+        generations, batch, _ = model.generate_token(batch)
+        for generation in generations:
+            result[generation.request_id].append(generation)
+    return result
+
+
+def agreement(reference: list[list[Generation]], other: list[list[Generation]]) -> dict[str, float]:
+    num_identical = num_agreeing = num_positions = 0
+    max_logprob_diff = 0.0
+    for ref, oth in zip(reference, other):
+        prefix = 0
+        while prefix < len(ref) and ref[prefix].token_id == oth[prefix].token_id:
+            max_logprob_diff = max(max_logprob_diff, abs(ref[prefix].logprob - oth[prefix].logprob))
+            prefix += 1
+        num_identical += prefix == len(ref)
+        num_agreeing += prefix
+        num_positions += len(ref)
+    return {"requests_identical": num_identical / len(reference),
+            "positions_before_divergence": num_agreeing / num_positions,
+            "max_abs_logprob_diff": max_logprob_diff, "num_requests": len(reference),
+            "num_positions": num_positions}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse_config(DtypeAgreementConfig, argv, prog="python -m benchmarks.dtype_agreement")
+        setup_logging("dtype_agreement", config.log_level)
+        prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
+    except (ConfigError, WorkloadError) as exc:
+        setup_logging("dtype_agreement")
+        logger.error("%s", exc)
+        return 2
+    requests = encode_prompts(load_tokenizer(config.model_id), prompts)
+    input_ids, max_new_tokens = [r.input_ids for r in requests], [r.max_new_tokens for r in requests]
+    runs = {dtype: generate(Model(config.model_id, dtype, config.device), input_ids, max_new_tokens)
+            for dtype in (REFERENCE_DTYPE, config.dtype)}
+    result = {"dtype": config.dtype, "reference": REFERENCE_DTYPE,
+              **agreement(runs[REFERENCE_DTYPE], runs[config.dtype])}
+    sys.stdout.write(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
