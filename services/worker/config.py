@@ -29,6 +29,8 @@ class WorkerConfig:
     memory_budget_mb: int = 4096
     cpu_warmup_prefill_tokens: int | None = 512
     num_threads: int | None = None  # torch CPU threads (none: torch's default, every core)
+    watermark_gamma: float = 0.5  # green fraction of the vocabulary (TGI's WATERMARK_GAMMA)
+    watermark_delta: float = 2.0  # logit bias of green tokens (TGI's WATERMARK_DELTA)
     heartbeat_interval_ms: int = 1000
     curve_server_public_key_file: str | None = dataclasses.field(default=None, metadata={
         "help": "the scheduler's CURVE public key file (NAME.key from `ztgi keygen`): encrypts the link"})
@@ -45,6 +47,8 @@ class WorkerConfig:
         require(self.cpu_warmup_prefill_tokens is None or self.cpu_warmup_prefill_tokens > 0,
                 "--cpu-warmup-prefill-tokens must be positive, or none for TGI's full-size warmup")
         require(self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive")
+        require(0 < self.watermark_gamma < 1, "--watermark-gamma must be > 0 and < 1")
+        require(0 <= self.watermark_delta < float("inf"), "--watermark-delta must be finite and >= 0")
         require(self.num_threads is None or self.num_threads > 0, "--num-threads must be positive")
         curve.client_keys(self.curve_server_public_key_file, self.curve_secret_key_file)  # validates
 

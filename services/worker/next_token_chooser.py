@@ -1,7 +1,7 @@
 """Per-request next-token choice for a whole batch (TGI's HeterogeneousNextTokenChooser).
 
-Order, as TGI: repetition penalty, frequency penalty, then temperature, top_k, top_p, typical_p
-(watermark is accepted and ignored for now). A processor runs only when some row needs it, and
+Order, as TGI: watermark, repetition penalty, frequency penalty, then temperature, top_k, top_p,
+typical_p. A processor runs only when some row needs it, and
 then on every row at once with that row's own parameter (neutral for the others). Rows choose by
 argmax unless they sample; a sampling row draws from its own `torch.Generator`, seeded with the
 request's seed, so its tokens do not depend on which other requests share the batch. The logprob
@@ -17,6 +17,7 @@ import torch
 
 from common.messages import SamplingParameters
 from services.worker import logits_processors as processors
+from services.worker import watermark
 
 MAX_SEED = 2**64 - 1
 
@@ -52,6 +53,7 @@ class NextTokenChooser:
         self.generators = list(generators) if generators is not None else [
             _seeded_generator(p.seed, device) if p.do_sample else None for p in self.params]
         self.sample_rows = [i for i, p in enumerate(self.params) if p.do_sample]
+        self.watermark_rows = [i for i, p in enumerate(self.params) if p.watermark]
         self.repetition_penalty = self._column("repetition_penalty", 1.0)
         self.frequency_penalty = self._column("frequency_penalty", 0.0)
         # a greedy row ignores its temperature: it may be 0, which means greedy to many clients
@@ -82,6 +84,11 @@ class NextTokenChooser:
     def needs_token_counts(self) -> bool:
         return self.repetition_penalty is not None or self.frequency_penalty is not None
 
+    @property
+    def needs_history(self) -> bool:
+        """Whether `__call__` needs each row's tokens so far (penalties, or the watermark's last token)."""
+        return self.needs_token_counts or bool(self.watermark_rows)
+
     def __call__(self, scores: torch.Tensor, token_ids: torch.Tensor | None = None,
                  token_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Next token ids `[batch]` and the log-softmax of the processed scores `[batch, vocab]`.
@@ -94,6 +101,9 @@ class NextTokenChooser:
     def process(self, scores: torch.Tensor, token_ids: torch.Tensor | None,
                 token_mask: torch.Tensor | None) -> torch.Tensor:
         scores = scores.float()
+        if self.watermark_rows:
+            # left padding: every row's last column is its latest token
+            scores = watermark.apply(scores, token_ids[:, -1], self.watermark_rows)
         if self.needs_token_counts:
             counts = processors.token_counts(scores, token_ids, token_mask)
             if self.repetition_penalty is not None:

@@ -30,6 +30,7 @@ from common.messages import (
     WarmupResult,
 )
 from common.model_source import ModelNotFoundError
+from services.worker import watermark
 from services.worker.config import WorkerConfig
 from services.worker.engine import Engine
 from services.worker.model import Model
@@ -224,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stop)
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
+    watermark.configure(config.watermark_gamma, config.watermark_delta)
     try:
         model = Model(config.model_id, config.dtype, config.device)
     except (ModelNotFoundError, ValueError, TypeError) as exc:
