@@ -60,6 +60,13 @@ class GatewayProcess:
                 time.sleep(0.05)
         raise AssertionError("the gateway did not come up in 20 s")
 
+    def wait_healthy(self, timeout_s: float = 20.0) -> None:
+        """Until /health is 200: the gateway's client has heard from the scheduler (slow under load)."""
+        deadline = time.monotonic() + timeout_s
+        while requests.get(self.url + "/health", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline, f"the gateway did not reach its scheduler: {self.output()}"
+            time.sleep(0.05)
+
     def stop(self) -> tuple[int, str]:
         """SIGTERM, then the exit code and everything it logged (idempotent)."""
         if self.log.closed:
@@ -98,6 +105,7 @@ def shared_scheduler(shared_run_dir: str) -> Iterator[ScriptedScheduler]:
 @pytest.fixture(scope="session")
 def shared_gateway(shared_scheduler: ScriptedScheduler, shared_run_dir: str) -> Iterator[GatewayProcess]:
     gateway = GatewayProcess(f"ipc://{shared_run_dir}", "--max-payload-bytes", "65536")
+    gateway.wait_healthy()
     yield gateway
     returncode, output = gateway.stop()
     assert returncode == 0, output

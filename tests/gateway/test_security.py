@@ -28,6 +28,7 @@ def secured(shared_scheduler: ScriptedScheduler, shared_run_dir: str) -> Iterato
     """A gateway with an API key and one allowed origin, on the shared scripted scheduler."""
     gateway = GatewayProcess(f"ipc://{shared_run_dir}", "--api-key", API_KEY,
                              "--cors-allow-origin", f"{ALLOWED}, http://localhost:3000")
+    gateway.wait_healthy()
     yield gateway
     returncode, output = gateway.stop()
     assert returncode == 0, output

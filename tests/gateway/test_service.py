@@ -66,8 +66,9 @@ def test_scheduler_restart_fails_in_flight_streams_fast() -> None:
     scheduler.script = lambda g: token_steps(g.request_id, [" t"] * 1000)
     gateway = GatewayProcess(f"ipc://{run_dir}")
     try:
+        gateway.wait_healthy()
         response = requests.post(gateway.url + "/generate_stream", json={"inputs": "Hi"}, stream=True, timeout=10)
-        assert response.status_code == 200, response.text  # under heavy load, say why no stream started
+        assert response.status_code == 200, response.text
         events = iter_events(response)
         next(events)
         scheduler.restart()
@@ -89,7 +90,9 @@ def test_sigterm_ends_open_streams_with_a_reason_and_exits_0() -> None:
     scheduler.script = lambda g: token_steps(g.request_id, [" t"] * 5000)
     gateway = GatewayProcess(f"ipc://{run_dir}", "--shutdown-timeout-s", "0.3")
     try:
+        gateway.wait_healthy()
         response = requests.post(gateway.url + "/generate_stream", json={"inputs": "Hi"}, stream=True, timeout=10)
+        assert response.status_code == 200, response.text
         events = iter_events(response)
         next(events)
         result: dict = {}
