@@ -36,6 +36,9 @@ class BaselineConfig:
     dtype: str = dataclasses.field(default="float32", metadata=_help(
         "float32, bfloat16, float16, or auto (float32 on CPU, bfloat16/float16 on CUDA)"))
     device: str = dataclasses.field(default="auto", metadata=_help("auto, cpu or cuda"))
+    backend: str = dataclasses.field(default="auto", metadata=_help(
+        "the engine's forward (ztgi and the engine alone): native, transformers or auto; static batching "
+        "always runs transformers' generate"))
     output: str | None = dataclasses.field(default=None, metadata=_help("write JSON results here"))
     log_level: str = "INFO"
 

@@ -94,7 +94,7 @@ class CompareConfig(BaselineConfig):
         return [TTFT_CONCURRENCY, *(c for c in throughput_levels(self.concurrencies) if c != TTFT_CONCURRENCY)]
 
     def launch_flags(self) -> list[str]:
-        flags = ["--model-id", self.model_id, "--dtype", self.dtype, "--device", self.device,
+        flags = ["--model-id", self.model_id, "--dtype", self.dtype, "--device", self.device, "--backend", self.backend,
                  "--log-level", self.log_level]
         for name in LIMIT_NAMES:
             if getattr(self, name) is not None:
@@ -162,7 +162,8 @@ def run_comparison(config: CompareConfig, workload: Workload, tokenizer) -> list
     """Loads both in-process baselines, starts ztgi, and runs every level `repeats` times."""
     static = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
                             config.static_batch_size, config.ignore_eos)
-    engine = EngineAlone(Model(config.model_id, config.dtype, config.device), config.policy, config.ignore_eos)
+    engine = EngineAlone(Model(config.model_id, config.dtype, config.device, config.backend), config.policy,
+                         config.ignore_eos)
     max_level = max(config.levels)
     static.warmup(workload.requests)
     engine.warmup(workload.requests[:max_level])

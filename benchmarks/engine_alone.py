@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("%s", exc)
         return 2
     requests = encode_prompts(load_tokenizer(config.model_id), prompts)
-    engine = EngineAlone(Model(config.model_id, config.dtype, config.device), BatchingPolicy.of(config),
+    engine = EngineAlone(Model(config.model_id, config.dtype, config.device, config.backend), BatchingPolicy.of(config),
                          config.ignore_eos)
     engine.warmup(requests[:config.concurrency])
     gc.collect()

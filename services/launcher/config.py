@@ -24,6 +24,7 @@ class LaunchConfig:
     num_gateways: int = 1
     dtype: str = "auto"
     device: str = "auto"
+    backend: str = "auto"  # the worker's forward: native (ztgi's own, Llama), transformers, or auto
     max_concurrent_requests: int = 128
     max_input_tokens: int = 4095
     max_total_tokens: int = 4096
@@ -63,7 +64,7 @@ class LaunchConfig:
 
     def shared_environment(self, scheduler_url: str) -> dict[str, str]:
         """ZTGI_* variables for every child: the settings more than one service reads."""
-        names = ("model_id", "dtype", "device", "max_concurrent_requests", "max_input_tokens",
+        names = ("model_id", "dtype", "device", "backend", "max_concurrent_requests", "max_input_tokens",
                  "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
                  "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "max_stop_sequences",
                  "max_top_n_tokens", "max_best_of", "heartbeat_interval_ms", "heartbeat_misses",

@@ -11,6 +11,7 @@ from common.model_source import DEFAULT_MODEL_ID
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "native", "transformers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +26,9 @@ class WorkerConfig:
     model_id: str = DEFAULT_MODEL_ID
     dtype: str = "auto"
     device: str = "auto"
+    backend: str = dataclasses.field(default="auto", metadata={
+        "help": "the forward: native (ztgi's own, plain Llama models), transformers (any causal LM), "
+                "or auto (native where it fits)"})
     worker_index: int = 0
     memory_budget_mb: int = 4096
     cpu_warmup_prefill_tokens: int | None = 512
@@ -42,6 +46,7 @@ class WorkerConfig:
         Endpoints(self.scheduler_url)  # validates the URL
         require(self.dtype in DTYPES, f"--dtype {self.dtype!r} must be one of {', '.join(DTYPES)}")
         require(self.device in DEVICES, f"--device {self.device!r} must be one of {', '.join(DEVICES)}")
+        require(self.backend in BACKENDS, f"--backend {self.backend!r} must be one of {', '.join(BACKENDS)}")
         require(self.worker_index >= 0, "--worker-index must be >= 0")
         require(self.memory_budget_mb > 0, "--memory-budget-mb (KV cache budget on CPU) must be positive")
         require(self.cpu_warmup_prefill_tokens is None or self.cpu_warmup_prefill_tokens > 0,

@@ -10,9 +10,12 @@ from transformers import AutoModelForCausalLM
 
 from common.messages import Generation, Timings, WorkerInfo
 from common.model_source import DEFAULT_MODEL_ID, resolve_model
-from services.worker import kv_cache
-from services.worker.kv_cache import KVCache
+from services.worker import kv_cache, llama_forward
 from services.worker.batch import CausalLMBatch
+from services.worker.config import BACKENDS
+from services.worker.kv_cache import KVCache
+from services.worker.llama_forward import LlamaForward
+from services.worker.transformers_forward import TransformersForward
 from services.worker.top_tokens import top_tokens
 
 logger = logging.getLogger(__name__)
@@ -38,25 +41,46 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
-class Model:
-    """Any `AutoModelForCausalLM`, in eval mode, and TGI's `generate_token` over padded batches."""
+def resolve_backend(backend: str, config: object) -> str:
+    """`auto`: ztgi's own forward where it has one for the architecture, else `transformers`."""
+    if backend not in BACKENDS:
+        raise ValueError(f"--backend {backend!r} must be one of {', '.join(BACKENDS)}")
+    native = llama_forward.supports(config)
+    if backend == "auto":
+        return "native" if native else "transformers"
+    if backend == "native" and not native:
+        raise ValueError(f"--backend native has no forward for model type {getattr(config, 'model_type', None)!r}"
+                         " (it has plain Llama); use --backend transformers")
+    return backend
 
-    def __init__(self, model_id: str = DEFAULT_MODEL_ID, dtype: str = "auto", device: str = "auto") -> None:
+
+class Model:
+    """Any `AutoModelForCausalLM` on a device, and TGI's `generate_token` over padded batches.
+
+    The forward is ztgi's own for the architectures it has (`LlamaForward`), else the
+    `transformers` module's (`TransformersForward`); `backend` picks ("auto": the first that fits).
+    """
+
+    def __init__(self, model_id: str = DEFAULT_MODEL_ID, dtype: str = "auto", device: str = "auto",
+                 backend: str = "auto") -> None:
         source = resolve_model(model_id)
         self.name = source.name
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         started = time.monotonic()
         model = AutoModelForCausalLM.from_pretrained(source.path, dtype=self.dtype, device_map=str(self.device))
-        self.model = model.eval()
-        config = self.config = self.model.config.get_text_config(decoder=True)
-        kv_cache.check_supported(self.model.config)
+        model.eval()
+        config = self.config = model.config.get_text_config(decoder=True)
+        kv_cache.check_supported(model.config)
         self.vocab_size = int(config.vocab_size)
         self.num_layers = int(config.num_hidden_layers)
         self.max_position_embeddings = int(getattr(config, "max_position_embeddings", None) or 2**31 - 1)
-        self.eos_token_ids = frozenset(_eos_token_ids(self.model))
-        logger.info("loaded %s on %s (%s) in %.1f s; eos %s", self.name, self.device, str(self.dtype)[6:],
-                    time.monotonic() - started, sorted(self.eos_token_ids))
+        self.eos_token_ids = frozenset(_eos_token_ids(model))
+        self.backend = resolve_backend(backend, model.config)
+        with torch.inference_mode():
+            self.forward_pass = LlamaForward(model) if self.backend == "native" else TransformersForward(model)
+        logger.info("loaded %s on %s (%s, %s forward) in %.1f s; eos %s", self.name, self.device,
+                    str(self.dtype)[6:], self.backend, time.monotonic() - started, sorted(self.eos_token_ids))
 
     def info(self) -> WorkerInfo:
         return WorkerInfo(
@@ -104,12 +128,10 @@ class Model:
     def forward(self, batch: CausalLMBatch, all_positions: bool = False) -> tuple[torch.Tensor, KVCache]:
         """Logits `[batch, positions, vocab]` (last position only unless `all_positions`) and the new KV."""
         cache = batch.past or KVCache.allocate(self.num_layers, batch.attention_mask.shape[1])
-        outputs = self.model(
-            input_ids=batch.input_ids, attention_mask=batch.forward_attention_mask,
-            position_ids=batch.position_ids, past_key_values=cache.for_forward(), use_cache=True,
-            logits_to_keep=0 if all_positions else 1)
+        logits = self.forward_pass(batch.input_ids, batch.position_ids, batch.forward_attention_mask, cache,
+                                   num_logits=0 if all_positions else 1)
         cache.commit(batch.input_ids.shape[1])
-        return outputs.logits, cache
+        return logits, cache
 
     def _synchronize(self) -> int:
         if self.device.type == "cuda":

@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(config.num_threads)
     watermark.configure(config.watermark_gamma, config.watermark_delta)
     try:
-        model = Model(config.model_id, config.dtype, config.device)
+        model = Model(config.model_id, config.dtype, config.device, config.backend)
     except (ModelNotFoundError, ValueError, TypeError) as exc:
         logger.error("cannot load %s: %s", config.model_id, exc)
         return 1

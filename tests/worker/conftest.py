@@ -27,6 +27,34 @@ def tiny_model(tiny_model_dir: str) -> Model:
 
 
 @pytest.fixture(scope="session")
+def tiny_transformers_model(tiny_model_dir: str) -> Model:
+    """The tiny random Llama through the generic `transformers` forward."""
+    return Model(tiny_model_dir, dtype="float32", device="cpu", backend="transformers")
+
+
+@pytest.fixture(params=["native", "transformers"])
+def tiny_model_each_backend(request: pytest.FixtureRequest, tiny_model: Model, tiny_transformers_model: Model) -> Model:
+    """The tiny random Llama through each forward in turn (the test runs once per backend)."""
+    return tiny_model if request.param == "native" else tiny_transformers_model
+
+
+@pytest.fixture(scope="session")
+def tiny_reference(tiny_model_dir: str) -> torch.nn.Module:
+    """The tiny random Llama as a plain `transformers` module: the reference the engine must equal."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
 def smollm2_model(smollm2) -> Model:
     """SmolLM2-135M-Instruct on CPU in float32."""
     return Model(smollm2.path, dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2) -> torch.nn.Module:
+    """SmolLM2-135M-Instruct as a plain `transformers` module (what `generate` runs)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2.path, dtype=torch.float32).eval()

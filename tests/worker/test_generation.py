@@ -72,7 +72,7 @@ def test_top_n_tokens_include_ties():
     assert sorted(ids[0, :3].tolist()) == [0, 1, 2] and ids[1, :2].tolist() == [0, 1]
 
 
-def test_prefill_logprobs_equal_log_softmax_of_a_plain_forward(tiny_model):
+def test_prefill_logprobs_equal_log_softmax_of_a_plain_forward(tiny_model, tiny_reference):
     """prefill_logprobs: NaN for the first prompt token, then log_softmax(plain forward) of each next
     prompt token, for left-padded rows too; only on the first Generation, only when asked."""
     prompts = {1: [1, 504, 3458, 282, 4649], 2: [9690, 30]}
@@ -81,7 +81,7 @@ def test_prefill_logprobs_equal_log_softmax_of_a_plain_forward(tiny_model):
         request(3, [5, 6, 7], 2)]))
     for rid, ids in prompts.items():
         with torch.inference_mode():
-            logits = tiny_model.model(torch.tensor([ids])).logits[0]
+            logits = tiny_reference(torch.tensor([ids])).logits[0]
         want = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
         first = got[rid][0]
         assert first.prefill_ids == ids

@@ -58,8 +58,10 @@ def test_select_and_concatenate_keep_rows_right_aligned():
     assert not both.keys[0][2:, :, :2].any()
 
 
-def test_decode_steps_write_in_place_and_equal_a_dynamic_cache(tiny_model):
-    """Decode steps reuse the batch's buffers (no copy) and give the logits a DynamicCache gives."""
+def test_decode_steps_write_in_place_and_equal_a_dynamic_cache(tiny_model_each_backend, tiny_reference):
+    """Decode steps reuse the batch's buffers (no copy) and give the logits a DynamicCache gives,
+    through either forward."""
+    tiny_model = tiny_model_each_backend
     batch = batch_of(tiny_model, [request(1, [1, 504, 3458, 282], 6, ignore_eos=True),
                                   request(2, [1, 9690], 6, ignore_eos=True)])
     _, batch, _ = tiny_model.generate_token(batch)
@@ -67,13 +69,13 @@ def test_decode_steps_write_in_place_and_equal_a_dynamic_cache(tiny_model):
     reference = DynamicCache()
     with torch.inference_mode():
         width = batch.max_input_length
-        tiny_model.model(input_ids=batch.token_ids[:, :width - 1], attention_mask=batch.attention_mask[:, :width - 1],
-                         position_ids=(batch.attention_mask[:, :width - 1].cumsum(-1) - 1).clamp_min(0),
-                         past_key_values=reference, use_cache=True)
+        tiny_reference(input_ids=batch.token_ids[:, :width - 1], attention_mask=batch.attention_mask[:, :width - 1],
+                       position_ids=(batch.attention_mask[:, :width - 1].cumsum(-1) - 1).clamp_min(0),
+                       past_key_values=reference, use_cache=True)
         for _ in range(3):
-            expected = tiny_model.model(input_ids=batch.input_ids, attention_mask=batch.forward_attention_mask,
-                                        position_ids=batch.position_ids, past_key_values=reference,
-                                        use_cache=True).logits[:, -1]
+            expected = tiny_reference(input_ids=batch.input_ids, attention_mask=batch.forward_attention_mask,
+                                      position_ids=batch.position_ids, past_key_values=reference,
+                                      use_cache=True).logits[:, -1]
             logits, _ = tiny_model.forward(batch)
             torch.testing.assert_close(logits[:, -1], expected)
             batch.past.commit(-1)  # forward committed the step: undo, generate_token redoes it below
