@@ -93,6 +93,7 @@ def resolve_sampling(params: GenerateParameters) -> SamplingParameters:
         repetition_penalty=1.0 if params.repetition_penalty is None else float(params.repetition_penalty),
         frequency_penalty=0.0 if params.frequency_penalty is None else float(params.frequency_penalty),
         watermark=params.watermark,
+        presence_penalty=0.0 if params.presence_penalty is None else float(params.presence_penalty),
     )
 
 
@@ -109,6 +110,8 @@ def _validate_sampling(params: GenerateParameters) -> None:
         raise ValidationError("repetition_penalty", "`repetition_penalty` must be strictly positive")
     if params.frequency_penalty is not None and not -2.0 <= params.frequency_penalty <= 2.0:
         raise ValidationError("frequency_penalty", "`frequency_penalty` must be >= -2.0 and <= 2.0")
+    if params.presence_penalty is not None and not -2.0 <= params.presence_penalty <= 2.0:
+        raise ValidationError("presence_penalty", "`presence_penalty` must be >= -2.0 and <= 2.0")
     if params.top_p is not None and not 0.0 < params.top_p < 1.0:
         raise ValidationError("top_p", "`top_p` must be > 0.0 and < 1.0")
     if params.typical_p is not None and not 0.0 < params.typical_p < 1.0:

@@ -48,6 +48,7 @@ class GenerateParameters:
     return_full_text: bool = False
     ignore_eos: bool = False
     add_special_tokens: bool = True
+    presence_penalty: float | None = None  # OpenAI's; last so the older fields keep their places
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, tuple):
@@ -58,8 +59,9 @@ class GenerateParameters:
 class SamplingParameters:
     """How a worker chooses the next token for one request (TGI's NextTokenChooserParameters).
 
-    Applied in TGI's order: watermark, repetition penalty, frequency penalty, then temperature,
-    top_k, top_p, typical_p; greedy unless do_sample. Neutral values leave logits untouched.
+    Applied in TGI's order: watermark, repetition penalty, frequency penalty (then OpenAI's
+    presence penalty), then temperature, top_k, top_p, typical_p; greedy unless do_sample.
+    Neutral values leave logits untouched.
     """
 
     temperature: float = 1.0
@@ -71,6 +73,7 @@ class SamplingParameters:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     watermark: bool = False
+    presence_penalty: float = 0.0  # last: added after the others, the older fields keep their places
 
 
 @record

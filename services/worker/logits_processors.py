@@ -34,6 +34,12 @@ def frequency_penalty(scores: torch.Tensor, counts: torch.Tensor, penalty: torch
     return scores - penalty * (counts / lengths)
 
 
+def presence_penalty(scores: torch.Tensor, counts: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """OpenAI's presence penalty: minus `penalty` once for every token already present, however
+    often (a flat charge for repeating at all, where the frequency penalty grows with the count)."""
+    return scores - penalty * (counts > 0).to(scores.dtype)
+
+
 def temperature(scores: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return scores / value
 

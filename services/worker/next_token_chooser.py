@@ -1,11 +1,11 @@
 """Per-request next-token choice for a whole batch (TGI's HeterogeneousNextTokenChooser).
 
-Order, as TGI: watermark, repetition penalty, frequency penalty, then temperature, top_k, top_p,
-typical_p. A processor runs only when some row needs it, and
-then on every row at once with that row's own parameter (neutral for the others). Rows choose by
-argmax unless they sample; a sampling row draws from its own `torch.Generator`, seeded with the
-request's seed, so its tokens do not depend on which other requests share the batch. The logprob
-reported for a token is the log-softmax of the processed scores.
+Order, as TGI: watermark, repetition penalty, frequency penalty (then OpenAI's presence penalty,
+which TGI lacks), then temperature, top_k, top_p, typical_p. A processor runs only when some row
+needs it, and then on every row at once with that row's own parameter (neutral for the others).
+Rows choose by argmax unless they sample; a sampling row draws from its own `torch.Generator`,
+seeded with the request's seed, so its tokens do not depend on which other requests share the
+batch. The logprob reported for a token is the log-softmax of the processed scores.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def validate_sampling(params: SamplingParameters) -> None:
              "repetition_penalty", "must be strictly positive", params.repetition_penalty)
     _require(-2 <= params.frequency_penalty <= 2, "frequency_penalty", "must be >= -2 and <= 2",
              params.frequency_penalty)
+    _require(-2 <= params.presence_penalty <= 2, "presence_penalty", "must be >= -2 and <= 2",
+             params.presence_penalty)
     _require(0 <= params.seed <= MAX_SEED, "seed", f"must be >= 0 and <= {MAX_SEED}", params.seed)
 
 
@@ -56,6 +58,7 @@ class NextTokenChooser:
         self.watermark_rows = [i for i, p in enumerate(self.params) if p.watermark]
         self.repetition_penalty = self._column("repetition_penalty", 1.0)
         self.frequency_penalty = self._column("frequency_penalty", 0.0)
+        self.presence_penalty = self._column("presence_penalty", 0.0)
         # a greedy row ignores its temperature: it may be 0, which means greedy to many clients
         temperatures = [p.temperature if p.do_sample else 1.0 for p in self.params]
         self.temperature = self._tensor(temperatures, 1.0, torch.float32)
@@ -82,7 +85,8 @@ class NextTokenChooser:
 
     @property
     def needs_token_counts(self) -> bool:
-        return self.repetition_penalty is not None or self.frequency_penalty is not None
+        penalties = (self.repetition_penalty, self.frequency_penalty, self.presence_penalty)
+        return any(penalty is not None for penalty in penalties)
 
     @property
     def needs_history(self) -> bool:
@@ -110,6 +114,8 @@ class NextTokenChooser:
                 scores = processors.repetition_penalty(scores, counts, self.repetition_penalty)
             if self.frequency_penalty is not None:
                 scores = processors.frequency_penalty(scores, counts, self.frequency_penalty)
+            if self.presence_penalty is not None:
+                scores = processors.presence_penalty(scores, counts, self.presence_penalty)
         if self.temperature is not None:
             scores = processors.temperature(scores, self.temperature)
         if self.top_k is not None:

@@ -38,6 +38,8 @@ def test_defaults_are_valid():
     ({"repetition_penalty": 0.0}, "repetition_penalty", "`repetition_penalty` must be strictly positive"),
     ({"frequency_penalty": 2.5}, "frequency_penalty", "`frequency_penalty` must be >= -2.0 and <= 2.0"),
     ({"frequency_penalty": -2.01}, "frequency_penalty", "`frequency_penalty` must be >= -2.0 and <= 2.0"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "`presence_penalty` must be >= -2.0 and <= 2.0"),
+    ({"presence_penalty": -2.01}, "presence_penalty", "`presence_penalty` must be >= -2.0 and <= 2.0"),
     ({"top_p": 1.0}, "top_p", "`top_p` must be > 0.0 and < 1.0"),
     ({"top_p": 0.0}, "top_p", "`top_p` must be > 0.0 and < 1.0"),
     ({"typical_p": 1.0}, "typical_p", "`typical_p` must be > 0.0 and < 1.0"),
@@ -61,7 +63,7 @@ def test_each_invalid_parameter_gets_tgi_message(fields, field, message):
 def test_boundary_values_are_valid():
     """Values at TGI's inclusive bounds pass."""
     validate_parameters(GenerateParameters(
-        frequency_penalty=-2.0, top_p=0.999, typical_p=0.01, top_k=1, truncate=4095,
+        frequency_penalty=-2.0, presence_penalty=2.0, top_p=0.999, typical_p=0.01, top_k=1, truncate=4095,
         stop=["a", "b", "c", "d"], top_n_tokens=5, seed=2**64 - 1, max_new_tokens=1), LIMITS)
 
 
@@ -123,7 +125,7 @@ def test_given_seed_and_values_are_kept():
     """A client's seed and warper values pass through unchanged."""
     sampling = resolve_sampling(GenerateParameters(
         do_sample=True, seed=42, temperature=0.5, top_k=7, top_p=0.8, typical_p=0.9,
-        frequency_penalty=0.3, watermark=True))
+        frequency_penalty=0.3, watermark=True, presence_penalty=-0.4))
     assert sampling == SamplingParameters(
         temperature=0.5, top_k=7, top_p=0.8, typical_p=0.9, do_sample=True, seed=42,
-        repetition_penalty=1.0, frequency_penalty=0.3, watermark=True)
+        repetition_penalty=1.0, frequency_penalty=0.3, watermark=True, presence_penalty=-0.4)

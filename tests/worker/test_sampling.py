@@ -99,6 +99,36 @@ def test_frequency_penalty_subtracts_normalised_counts():
     assert boosted[0, 1].item() == pytest.approx(2.5)
 
 
+def test_presence_penalty_subtracts_the_penalty_once_per_present_token():
+    """OpenAI's presence penalty: logit -= penalty for every token present, however often; padding adds nothing."""
+    history = torch.tensor([[0, 1, 1, 1, 3]])
+    mask = torch.tensor([[0, 1, 1, 1, 1]])  # the first column is padding: token 0 is not present
+    scores = chooser(presence_penalty=0.75).process(LOGITS.clone(), history, mask)
+    assert scores[0].tolist() == pytest.approx([2.0, 1.0 - 0.75, 0.5, -0.75, -1.0, -3.0])
+    boosted = chooser(presence_penalty=-2.0).process(LOGITS.clone(), history, mask)
+    assert boosted[0].tolist() == pytest.approx([2.0, 3.0, 0.5, 2.0, -1.0, -3.0])
+
+
+def test_presence_penalty_in_a_mixed_batch_changes_only_its_row():
+    """A batch mixing a neutral row and a presence-penalised row: the neutral row comes out unchanged."""
+    params = [SamplingParameters(), SamplingParameters(presence_penalty=1.5), SamplingParameters(frequency_penalty=2.0)]
+    batch_chooser = NextTokenChooser.from_params(params, CPU)
+    assert batch_chooser.needs_token_counts
+    history = torch.tensor([[1, 1, 1, 3]] * 3)
+    scores = batch_chooser.process(torch.cat([LOGITS] * 3), history, torch.ones_like(history))
+    assert scores[0].tolist() == pytest.approx(LOGITS[0].tolist())
+    assert scores[1].tolist() == pytest.approx([2.0, 1.0 - 1.5, 0.5, -1.5, -1.0, -3.0])
+    assert scores[2].tolist() == pytest.approx([2.0, 1.0 - 1.5, 0.5, -0.5, -1.0, -3.0])
+
+
+def test_presence_penalty_changes_greedy_choice():
+    """A presence penalty larger than the gap to the runner-up moves greedy decoding off a present token."""
+    history, mask = torch.tensor([[0]]), torch.tensor([[1]])
+    assert chooser(presence_penalty=0.9)(LOGITS.clone(), history, mask)[0].tolist() == [0]
+    assert chooser(presence_penalty=1.1)(LOGITS.clone(), history, mask)[0].tolist() == [1]
+    assert not chooser().needs_token_counts  # a neutral request costs no counting
+
+
 def test_processors_are_per_row():
     """One batch mixing neutral and non-neutral rows changes only the rows that asked."""
     params = [SamplingParameters(), SamplingParameters(do_sample=True, top_k=2, seed=3)]
@@ -146,7 +176,8 @@ def test_different_seeds_give_different_tokens(tiny_model):
 @pytest.mark.parametrize("field, value", [
     ("temperature", 0.0), ("temperature", -1.0), ("temperature", math.nan), ("top_k", -1),
     ("top_p", 0.0), ("top_p", 1.5), ("typical_p", 0.0), ("typical_p", 1.01), ("repetition_penalty", 0.0),
-    ("repetition_penalty", -1.0), ("frequency_penalty", 2.5), ("frequency_penalty", -3.0), ("seed", -1),
+    ("repetition_penalty", -1.0), ("frequency_penalty", 2.5), ("frequency_penalty", -3.0),
+    ("presence_penalty", 2.5), ("presence_penalty", -3.0), ("presence_penalty", math.nan), ("seed", -1),
 ])
 def test_invalid_values_are_rejected_naming_the_field(field, value):
     """An out-of-range sampling value is a ValueError whose message names the field."""
