@@ -76,9 +76,6 @@ def parse_completion_request(body: Any, limits: ParameterLimits, max_client_batc
 
 def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: int | None, details: bool,
                 top_n_tokens: int | None) -> GenerateParameters:
-    presence_penalty = optional_number(body, "presence_penalty")
-    if presence_penalty:
-        raise ValidationError("presence_penalty", "`presence_penalty` is not supported by this server")
     temperature = optional_number(body, "temperature")
     top_p = optional_number(body, "top_p")
     parameters = GenerateParameters(
@@ -88,6 +85,7 @@ def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: i
         top_p=None if top_p == 1.0 else top_p,
         seed=optional_integer(body, "seed"),
         frequency_penalty=optional_number(body, "frequency_penalty"),
+        presence_penalty=optional_number(body, "presence_penalty"),
         repetition_penalty=optional_number(body, "repetition_penalty"),
         stop=_stop(body.get("stop")),
         details=details,

@@ -19,7 +19,8 @@ from common.parameters import ParameterLimits, ValidationError, validate_best_of
 from services.gateway.errors import HttpError
 
 _INT_FIELDS = ("max_new_tokens", "top_k", "seed", "truncate", "top_n_tokens")
-_FLOAT_FIELDS = ("temperature", "top_p", "typical_p", "repetition_penalty", "frequency_penalty")
+_FLOAT_FIELDS = ("temperature", "top_p", "typical_p", "repetition_penalty", "frequency_penalty",
+                 "presence_penalty")  # the last is OpenAI's, accepted here as an extension
 _BOOL_FIELDS = ("do_sample", "watermark", "details", "decoder_input_details", "return_full_text",
                 "ignore_eos")
 _UNSUPPORTED_FIELDS = ("grammar", "adapter_id")

@@ -73,10 +73,23 @@ def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
     assert sample(1234) == [first]
 
 
+def test_presence_penalty_steers_greedy_text_away_from_the_prompts_words(client: openai.OpenAI) -> None:
+    """Greedy chat with presence_penalty 2 leaves the plain greedy answer, which repeats the question's words."""
+    def answer(**arguments: float) -> str:
+        completion = client.chat.completions.create(model="any", messages=QUESTION, temperature=0,
+                                                    max_tokens=NUM_TOKENS, **arguments)
+        return completion.choices[0].message.content
+
+    assert answer() == "The capital of France"
+    assert answer(presence_penalty=2.0) != "The capital of France"
+    assert answer(presence_penalty=0.0) == "The capital of France"
+
+
 @pytest.mark.parametrize("arguments,field", [
     ({"temperature": -1.0}, "temperature"),
     ({"top_p": 1.5}, "top_p"),
     ({"frequency_penalty": 3.0}, "frequency_penalty"),
+    ({"presence_penalty": -3.0}, "presence_penalty"),
     ({"max_tokens": 10_000}, "max_new_tokens"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"n": 9}, "n"),

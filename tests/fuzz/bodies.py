@@ -23,8 +23,9 @@ CONTENT_TYPES = (None, "application/json", "application/json; charset=latin-1", 
                  "\u00e9/\u00e9")
 
 TGI_PARAMETERS = ("max_new_tokens", "temperature", "top_k", "top_p", "typical_p", "do_sample", "seed",
-                  "repetition_penalty", "frequency_penalty", "watermark", "stop", "truncate", "details",
-                  "decoder_input_details", "top_n_tokens", "return_full_text", "best_of", "grammar", "adapter_id")
+                  "repetition_penalty", "frequency_penalty", "presence_penalty", "watermark", "stop", "truncate",
+                  "details", "decoder_input_details", "top_n_tokens", "return_full_text", "best_of", "grammar",
+                  "adapter_id")
 OPENAI_FIELDS = ("model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop", "seed",
                  "stream", "stream_options", "logprobs", "top_logprobs", "frequency_penalty",
                  "presence_penalty", "echo", "suffix", "tools", "response_format", "user")

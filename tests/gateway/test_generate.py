@@ -40,12 +40,13 @@ def test_generate_passes_parameters_to_the_scheduler(gateway: GatewayProcess, sc
     """JSON parameters arrive as GenerateParameters in the Generate message."""
     parameters = {"max_new_tokens": 2, "temperature": 0.5, "top_k": 10, "top_p": 0.9, "do_sample": True,
                   "stop": ["\n"], "repetition_penalty": 1.1, "truncate": 100, "watermark": True,
-                  "best_of": 1, "grammar": None, "adapter_id": None}
+                  "best_of": 1, "grammar": None, "adapter_id": None, "presence_penalty": 0.5}
     post(gateway, "/generate", {"inputs": "Hi", "parameters": parameters, "add_special_tokens": False})
     sent = scheduler.messages(Generate)[-1].parameters
     assert (sent.max_new_tokens, sent.temperature, sent.top_k, sent.top_p, sent.do_sample) == (2, 0.5, 10, 0.9, True)
     assert (sent.stop, sent.repetition_penalty, sent.truncate, sent.watermark) == (["\n"], 1.1, 100, True)
     assert sent.add_special_tokens is False
+    assert sent.presence_penalty == 0.5  # OpenAI's, accepted as an extension
 
 
 def test_generate_sets_tgi_timing_headers(gateway: GatewayProcess) -> None:

@@ -119,13 +119,33 @@ def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
     ({"n": 5}, "n"),
     ({"temperature": -1.0}, "temperature"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"presence_penalty": -2.01}, "presence_penalty"),
 ])
 def test_chat_bad_input_is_422(client: openai.OpenAI, scheduler: ScriptedScheduler, extra: dict, field: str) -> None:
     """Unsupported or out-of-range chat parameters are refused with 422 naming the field."""
     with pytest.raises(openai.UnprocessableEntityError) as caught:
         client.chat.completions.create(model="any", messages=CHAT, **extra)
     assert field in str(caught.value.body)  # the client unwraps {"error": ...} into body
+    assert not scheduler.messages(Generate)
+
+
+def test_presence_penalty_reaches_the_scheduler(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """presence_penalty of chat and completions travels to the scheduler as given; unset stays unset."""
+    client.chat.completions.create(model="any", messages=CHAT, max_tokens=1, presence_penalty=1.25)
+    assert scheduler.messages(Generate)[-1].parameters.presence_penalty == 1.25
+    client.completions.create(model="any", prompt="One", max_tokens=1, presence_penalty=-0.5)
+    assert scheduler.messages(Generate)[-1].parameters.presence_penalty == -0.5
+    client.completions.create(model="any", prompt="One", max_tokens=1)
+    assert scheduler.messages(Generate)[-1].parameters.presence_penalty is None
+
+
+def test_presence_penalty_out_of_range_is_422(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """presence_penalty outside -2..2 is refused on /v1/completions too, the message naming the field."""
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client.completions.create(model="any", prompt="One", presence_penalty=3)
+    assert caught.value.body["message"] == "`presence_penalty` must be >= -2.0 and <= 2.0"
+    assert caught.value.body["param"] == "presence_penalty"
     assert not scheduler.messages(Generate)
 
 

@@ -43,6 +43,7 @@ BAD_BODIES = [
     ('{"inputs": "Hi", "parameters": {"repetition_penalty": -1.5}}', "/generate_stream", "repetition_penalty"),
     ('{"inputs": "Hi", "parameters": {"frequency_penalty": 2.5}}', "/generate", "frequency_penalty"),
     ('{"inputs": "Hi", "parameters": {"frequency_penalty": -3}}', "/generate", "frequency_penalty"),
+    ('{"inputs": "Hi", "parameters": {"presence_penalty": 2.5}}', "/generate", "presence_penalty"),
     ('{"inputs": "Hi", "parameters": {"max_new_tokens": -5}}', "/generate", "max_new_tokens"),
     ('{"inputs": "Hi", "parameters": {"seed": -1}}', "/generate", "seed"),
     ('{"inputs": "Hi", "parameters": {"top_n_tokens": -1}}', "/generate", "top_n_tokens"),
