@@ -112,12 +112,12 @@ def _type_html(schema: dict[str, Any]) -> str:
     if "$ref" in schema:
         name = schema["$ref"].removeprefix(_REF_PREFIX)
         kind = f"<a href='#schema-{_e(name)}'>{_e(name)}</a>"
-    elif "oneOf" in schema or "allOf" in schema:
-        kind = " | ".join(_type_html(s) for s in schema.get("oneOf", schema.get("allOf")))
+    elif alternatives := schema.get("oneOf") or schema.get("anyOf") or schema.get("allOf"):
+        kind = " | ".join(_type_html(s) for s in alternatives)
     elif schema.get("type") == "array":
         kind = f"array of {_type_html(schema.get('items', {}))}"
     elif "enum" in schema:
-        kind = " | ".join(f"&quot;{_e(v)}&quot;" for v in schema["enum"])
+        kind = " | ".join("null" if v is None else f"&quot;{_e(v)}&quot;" for v in schema["enum"])
     else:
         kind = _e(schema.get("type", "any"))
     return kind + (" | null" if schema.get("nullable") else "")

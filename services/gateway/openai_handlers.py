@@ -12,6 +12,7 @@ from aiohttp import web
 from common.client import AsyncZtgiClient, GenerateResult
 from common.messages import FinalDetails, GenerateParameters, InfoReply, StreamEvent
 from services.gateway import openai_render as render
+from services.gateway.completion_logprobs import CompletionLogprobs
 from services.gateway.openai_render import Envelope
 from services.gateway.openai_schemas import OpenAIRequest, parse_chat_request, parse_completion_request
 from services.gateway.schemas import read_json
@@ -50,7 +51,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         client.generate(prompt, parameters=dataclasses.replace(parameters, return_full_text=completion.echo))
         for prompt, parameters in _completion_choices(completion))
     results = _without_stop(results, completion.parameters.stop)
-    return web.json_response(render.completion_json(envelope, results, completion.logprobs, completion.n))
+    logprobs = [None if builder is None else builder.render(result.tokens, result.top_tokens)
+                for builder, result in zip(_completion_logprobs(completion), results)]
+    return web.json_response(render.completion_json(envelope, results, logprobs, completion.n))
 
 
 async def models(request: web.Request) -> web.Response:
@@ -68,6 +71,23 @@ async def _envelope(request: web.Request, prefix: str) -> Envelope:
 def _completion_choices(completion: OpenAIRequest) -> list[tuple[str, GenerateParameters]]:
     """(prompt, parameters) of every choice, in choice-index order: prompt-major, as OpenAI."""
     return [(prompt, completion.choice_parameters(j)) for prompt in completion.prompts for j in range(completion.n)]
+
+
+def _completion_logprobs(completion: OpenAIRequest) -> list[CompletionLogprobs | None]:
+    """Each choice's legacy `logprobs` builder (None when not asked for); with `echo` the
+    offsets start after the prompt, which begins the text."""
+    if not completion.logprobs:
+        return [None] * (len(completion.prompts) * completion.n)
+    num_top = completion.parameters.top_n_tokens or 0
+    return [CompletionLogprobs(num_top, len(prompt) if completion.echo else 0)
+            for prompt in completion.prompts for _ in range(completion.n)]
+
+
+def _event_logprobs(builder: CompletionLogprobs | None, event: StreamEvent) -> dict[str, Any] | None:
+    """A streamed token's legacy `logprobs` entries (None when not asked for)."""
+    if builder is None or event.token is None:
+        return None
+    return builder.render([event.token], [event.top_tokens])
 
 
 def _stopped(details: FinalDetails | None) -> bool:
@@ -110,6 +130,7 @@ async def _stream_completion(request: web.Request, client: AsyncZtgiClient, comp
     echoed: set[int] = set()
     choices = _completion_choices(completion)
     trimmers = [StopTrimmer(completion.parameters.stop) for _ in choices]
+    builders = _completion_logprobs(completion)
 
     def chunks(item: tuple[int, StreamEvent]) -> Iterable[Any]:
         index, event = item
@@ -119,7 +140,8 @@ async def _stream_completion(request: web.Request, client: AsyncZtgiClient, comp
             prompt = completion.prompts[index // completion.n]
             rendered.append(render.completion_echo_chunk_json(envelope, index, prompt))
         text = _streamed_text(trimmers[index], event)
-        rendered.append(render.completion_chunk_json(envelope, index, event, completion.logprobs, text))
+        logprobs = _event_logprobs(builders[index], event)
+        rendered.append(render.completion_chunk_json(envelope, index, event, logprobs, text))
         return rendered
 
     streams = [client.stream(prompt, parameters=parameters) for prompt, parameters in choices]

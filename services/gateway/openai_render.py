@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from common.client import GenerateResult
 from common.messages import FinalDetails, InfoReply, StreamEvent, Token
+from services.gateway.completion_logprobs import logprob_json
 
 _FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
 
@@ -39,14 +39,10 @@ def _token_text(event: StreamEvent) -> str:
     return "" if event.token is None or event.token.special else event.token.text
 
 
-def _logprob(token: Token) -> float:
-    return token.logprob if token.logprob is not None and math.isfinite(token.logprob) else -9999.0
-
-
 def chat_logprobs_json(tokens: list[Token], top_tokens: list[list[Token]]) -> dict[str, Any]:
     return {"content": [
-        {"token": token.text, "logprob": _logprob(token),
-         "top_logprobs": [{"token": t.text, "logprob": _logprob(t)} for t in top]}
+        {"token": token.text, "logprob": logprob_json(token),
+         "top_logprobs": [{"token": t.text, "logprob": logprob_json(t)} for t in top]}
         for token, top in zip(tokens, top_tokens)]}
 
 
@@ -79,31 +75,31 @@ def chat_usage_chunk_json(envelope: Envelope, details: list[FinalDetails], n: in
     return envelope.wrap("chat.completion.chunk", choices=[], usage=usage_json(details, n))
 
 
-def completion_choice_json(index: int, text: str, tokens: list[Token], details: FinalDetails | None,
-                           logprobs: bool) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": [_logprob(t) for t in tokens] if logprobs else None,
-            "finish_reason": finish_reason(details)}
+def completion_choice_json(index: int, text: str, details: FinalDetails | None,
+                           logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    """One choice; `logprobs` is OpenAI's legacy object (`CompletionLogprobs`), or None."""
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(details)}
 
 
-def completion_json(envelope: Envelope, results: list[GenerateResult], logprobs: bool, n: int = 1) -> dict[str, Any]:
-    choices = [completion_choice_json(i, r.text, r.tokens, r.details, logprobs)
-               for i, r in enumerate(results)]
+def completion_json(envelope: Envelope, results: list[GenerateResult], logprobs: list[dict[str, Any] | None],
+                    n: int = 1) -> dict[str, Any]:
+    """The completion: choice `i` is `results[i]` with `logprobs[i]`."""
+    choices = [completion_choice_json(i, r.text, r.details, logprobs[i]) for i, r in enumerate(results)]
     return envelope.wrap("text_completion", choices=choices, usage=usage_json([r.details for r in results], n))
 
 
-def completion_chunk_json(envelope: Envelope, index: int, event: StreamEvent, logprobs: bool,
+def completion_chunk_json(envelope: Envelope, index: int, event: StreamEvent, logprobs: dict[str, Any] | None,
                           text: str | None = None) -> dict[str, Any]:
     """One token of one choice; TGI's schema wants a string finish_reason, "" until the last."""
     text = _token_text(event) if text is None else text
-    tokens = [event.token] if event.token is not None else []
-    choice = completion_choice_json(index, text, tokens, event.details, logprobs)
+    choice = completion_choice_json(index, text, event.details, logprobs)
     choice["finish_reason"] = choice["finish_reason"] or ""
     return envelope.wrap("text_completion", choices=[choice])
 
 
 def completion_echo_chunk_json(envelope: Envelope, index: int, prompt: str) -> dict[str, Any]:
     """`echo`: the prompt, as the first chunk of its choice."""
-    choice = {**completion_choice_json(index, prompt, [], None, False), "finish_reason": ""}
+    choice = {**completion_choice_json(index, prompt, None, None), "finish_reason": ""}
     return envelope.wrap("text_completion", choices=[choice])
 
 

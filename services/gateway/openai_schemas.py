@@ -60,18 +60,33 @@ def parse_chat_request(body: Any, limits: ParameterLimits, max_client_batch_size
 
 
 def parse_completion_request(body: Any, limits: ParameterLimits, max_client_batch_size: int) -> OpenAIRequest:
-    """POST /v1/completions (several prompts become several requests, one choice each)."""
+    """POST /v1/completions (several prompts become several requests, one choice each).
+
+    The legacy `logprobs` is a number N: every token's logprob and, when N > 0, its N likeliest
+    alternatives (TGI's `top_n_tokens`).
+    """
     body = _object(body)
     if body.get("suffix") is not None:
         raise ValidationError("suffix", "Suffix is not supported and can be achieved by preprocessing the prompt.")
     prompts = _prompts(body.get("prompt"), max_client_batch_size)
     max_tokens = optional_integer(body, "max_tokens")
-    logprobs = optional_integer(body, "logprobs") is not None
+    num_logprobs = _num_top_logprobs(body, "logprobs", limits)
     parameters = _parameters(body, limits, COMPLETION_MAX_NEW_TOKENS if max_tokens is None else max_tokens,
-                             details=logprobs, top_n_tokens=None)
+                             details=num_logprobs is not None, top_n_tokens=num_logprobs or None)
     echo = optional_value(body, "echo", bool, "a boolean") or False
     return OpenAIRequest(parameters, prompts=prompts, stream=_stream(body), include_usage=_include_usage(body),
-                         logprobs=logprobs, echo=echo, n=_num_choices(body, len(prompts), max_client_batch_size))
+                         logprobs=num_logprobs is not None, echo=echo,
+                         n=_num_choices(body, len(prompts), max_client_batch_size))
+
+
+def _num_top_logprobs(body: dict[str, Any], name: str, limits: ParameterLimits) -> int | None:
+    """How many alternatives per token `name` asks for, checked here so the error names `name`
+    (it travels as `top_n_tokens`)."""
+    value = optional_integer(body, name)
+    if value is not None and not 0 <= value <= limits.max_top_n_tokens:
+        raise ValidationError(name, f"`{name}` must be >= 0 and <= {limits.max_top_n_tokens} "
+                                    f"(--max-top-n-tokens). Given: {value}")
+    return value
 
 
 def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: int | None, details: bool,

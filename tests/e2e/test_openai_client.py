@@ -62,6 +62,23 @@ def test_completion_stream_equals_greedy_completion_and_stop_is_left_out(client:
     assert "".join(c.choices[0].text for c in streamed) == text[:text.index(".")]
 
 
+def test_completion_logprobs_match_the_text_streamed_or_not(client: openai.OpenAI) -> None:
+    """logprobs=2 on the real tokenizer: each token sits at its text_offset, 2 alternatives each, same when streamed."""
+    whole = client.completions.create(model="any", prompt=PROMPT, temperature=0, max_tokens=NUM_TOKENS, logprobs=2)
+    choice = whole.choices[0]
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.text_offset) == NUM_TOKENS
+    assert "".join(logprobs.tokens) == choice.text
+    for token, offset in zip(logprobs.tokens, logprobs.text_offset):
+        assert choice.text[offset:offset + len(token)] == token
+    assert all(len(top) == 2 for top in logprobs.top_logprobs)
+    assert all(logprob <= 0 for logprob in logprobs.token_logprobs)
+    streamed = list(client.completions.create(model="any", prompt=PROMPT, temperature=0, max_tokens=NUM_TOKENS,
+                                              logprobs=2, stream=True))
+    assert [t for c in streamed for t in c.choices[0].logprobs.tokens] == logprobs.tokens
+    assert [o for c in streamed for o in c.choices[0].logprobs.text_offset] == logprobs.text_offset
+
+
 def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
     """The same seed gives the same sampled text: alone, and as choice 0 of an n=2 request."""
     def sample(seed: int, n: int = 1) -> list[str]:

@@ -49,6 +49,10 @@ def test_docs_page_works_offline(gateway: GatewayProcess, document: dict) -> Non
         assert f"<code>{path}</code>" in page
     for name in document["components"]["schemas"]:
         assert f"id='schema-{name}'" in page
+    # a nullable reference (anyOf [$ref, null]) shows as a link, not as "any"
+    logprobs_row = ("<code>logprobs</code></td><td class='type'>"
+                    "<a href='#schema-CompletionLogprobs'>CompletionLogprobs</a> | null")
+    assert logprobs_row in page
 
 
 def post(gateway: GatewayProcess, path: str, body: dict, **kwargs: object) -> requests.Response:
@@ -89,6 +93,12 @@ def test_openai_answers_match_the_document(gateway: GatewayProcess, scheduler: S
         validate_response(document, "/v1/chat/completions", "post", 200, chunk, "text/event-stream")
     completion = post(gateway, "/v1/completions", {"prompt": ["a", "b"], "max_tokens": 2, "logprobs": 1}).json()
     validate_response(document, "/v1/completions", "post", 200, completion)
+    assert completion["choices"][0]["logprobs"]["top_logprobs"] == [{"t0": -1.0}, {"t0": -1.0}]
+    for logprobs in (0, 2):
+        body = {"prompt": "a", "max_tokens": 2, "logprobs": logprobs, "stream": True}
+        lines = post(gateway, "/v1/completions", body, stream=True).iter_lines()
+        for chunk in [json.loads(line[5:]) for line in lines if line.startswith(b"data:") and b"[DONE]" not in line]:
+            validate_response(document, "/v1/completions", "post", 200, chunk, "text/event-stream")
     validate_response(document, "/v1/models", "get", 200, requests.get(gateway.url + "/v1/models", timeout=5).json())
     bad = post(gateway, "/v1/completions", {"prompt": "a", "temperature": -1})
     assert bad.status_code == 422

@@ -109,6 +109,60 @@ def test_completions_stream_merges_prompts(client: openai.OpenAI, gateway: Gatew
         validate(event, "Chunk", schemas)
 
 
+def assert_offsets_match_text(text: str, logprobs: object) -> None:
+    """Each token's text starts at its text_offset in the choice's text."""
+    for token, offset in zip(logprobs.tokens, logprobs.text_offset):
+        assert text[offset:offset + len(token)] == token, (text, logprobs)
+
+
+def test_completion_logprobs_have_openais_legacy_shape(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """logprobs=2: tokens, their logprobs, the 2 likeliest alternatives per position and each token's offset."""
+    completion = client.completions.create(model="any", prompt="One", max_tokens=3, logprobs=2)
+    choice = completion.choices[0]
+    assert scheduler.messages(Generate)[-1].parameters.top_n_tokens == 2
+    assert choice.text == " a b c"
+    assert choice.logprobs.tokens == [" a", " b", " c"]
+    assert choice.logprobs.token_logprobs == [-0.5, -1.5, -2.5]
+    assert choice.logprobs.top_logprobs == [{"t0": -1.0, "t1": -2.0}] * 3
+    assert choice.logprobs.text_offset == [0, 2, 4]
+    assert_offsets_match_text(choice.text, choice.logprobs)
+
+
+def test_completion_logprobs_0_has_no_alternatives_and_echo_shifts_offsets(client: openai.OpenAI,
+                                                                           scheduler: ScriptedScheduler) -> None:
+    """logprobs=0 asks for no top tokens (top_logprobs null); with echo the offsets start after the prompt."""
+    completion = client.completions.create(model="any", prompt="One", max_tokens=2, logprobs=0, echo=True)
+    choice = completion.choices[0]
+    assert scheduler.messages(Generate)[-1].parameters.top_n_tokens is None
+    assert choice.text == "One a b" and choice.logprobs.top_logprobs is None
+    assert (choice.logprobs.tokens, choice.logprobs.text_offset) == ([" a", " b"], [3, 5])
+    assert_offsets_match_text(choice.text, choice.logprobs)
+    assert client.completions.create(model="any", prompt="One", max_tokens=1).choices[0].logprobs is None
+
+
+def test_streamed_completion_chunks_carry_their_tokens_logprobs(client: openai.OpenAI) -> None:
+    """Streamed, each chunk carries its own token's entries, offsets running on across chunks, per choice."""
+    chunks = list(client.completions.create(model="any", prompt=["One", "Two"], max_tokens=3, logprobs=1,
+                                            stream=True))
+    for index in (0, 1):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == index]
+        assert [c.logprobs.tokens for c in mine] == [[" a"], [" b"], [" c"]]
+        assert [c.logprobs.text_offset for c in mine] == [[0], [2], [4]]
+        assert [c.logprobs.top_logprobs for c in mine] == [[{"t0": -1.0}]] * 3
+        assert [c.logprobs.token_logprobs for c in mine] == [[-0.5], [-1.5], [-2.5]]
+
+
+@pytest.mark.parametrize("logprobs", [6, -1])
+def test_completion_logprobs_out_of_range_is_422(client: openai.OpenAI, scheduler: ScriptedScheduler,
+                                                 logprobs: int) -> None:
+    """logprobs above --max-top-n-tokens (5) or below 0 is a 422 naming `logprobs`."""
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client.completions.create(model="any", prompt="One", logprobs=logprobs)
+    assert caught.value.body["param"] == "logprobs"
+    assert caught.value.body["message"] == f"`logprobs` must be >= 0 and <= 5 (--max-top-n-tokens). Given: {logprobs}"
+    assert not scheduler.messages(Generate)
+
+
 def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
     """/v1/models lists the model the scheduler reports."""
     assert [m.id for m in client.models.list().data] == ["test/tiny"]
@@ -189,3 +243,12 @@ def test_stop_sequence_is_left_out_of_openai_text(client: openai.OpenAI, schedul
     assert completion.choices[0].text == " Paris."
     chunks = client.completions.create(model="any", prompt="The capital", stop=["\n\n"], stream=True)
     assert "".join(c.choices[0].text for c in chunks) == " Paris."
+
+
+def test_stop_sequence_tokens_keep_their_logprobs(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """As vLLM: every generated token has a logprobs entry (as usage counts them), a cut stop sequence's too."""
+    scheduler.script = stopped_on_blank_line
+    completion = client.completions.create(model="any", prompt="The capital", stop=["\n\n"], logprobs=0)
+    choice = completion.choices[0]
+    assert choice.text == " Paris." and completion.usage.completion_tokens == 3
+    assert (choice.logprobs.tokens, choice.logprobs.text_offset) == ([" Paris", ".\n", "\n"], [0, 6, 8])
