@@ -128,6 +128,7 @@ async def _stream_chat(request: web.Request, client: AsyncZtgiClient, chat: Open
 async def _stream_completion(request: web.Request, client: AsyncZtgiClient, completion: OpenAIRequest,
                              envelope: Envelope) -> web.StreamResponse:
     echoed: set[int] = set()
+    final: list[FinalDetails] = []
     choices = _completion_choices(completion)
     trimmers = [StopTrimmer(completion.parameters.stop) for _ in choices]
     builders = _completion_logprobs(completion)
@@ -135,6 +136,8 @@ async def _stream_completion(request: web.Request, client: AsyncZtgiClient, comp
     def chunks(item: tuple[int, StreamEvent]) -> Iterable[Any]:
         index, event = item
         rendered = []
+        if event.details is not None:
+            final.append(event.details)
         if completion.echo and index not in echoed:
             echoed.add(index)
             prompt = completion.prompts[index // completion.n]
@@ -144,5 +147,9 @@ async def _stream_completion(request: web.Request, client: AsyncZtgiClient, comp
         rendered.append(render.completion_chunk_json(envelope, index, event, logprobs, text))
         return rendered
 
+    def trailer() -> Iterable[Any]:
+        usage = [render.completion_usage_chunk_json(envelope, final, completion.n)] if completion.include_usage else []
+        return [*usage, DONE]
+
     streams = [client.stream(prompt, parameters=parameters) for prompt, parameters in choices]
-    return await serve_sse(request, merge(streams), chunks, lambda: [DONE])
+    return await serve_sse(request, merge(streams), chunks, trailer)

@@ -103,6 +103,11 @@ def completion_echo_chunk_json(envelope: Envelope, index: int, prompt: str) -> d
     return envelope.wrap("text_completion", choices=[choice])
 
 
+def completion_usage_chunk_json(envelope: Envelope, details: list[FinalDetails], n: int) -> dict[str, Any]:
+    """`stream_options.include_usage`: the last chunk, with no choice and the whole request's usage."""
+    return envelope.wrap("text_completion", choices=[], usage=usage_json(details, n))
+
+
 def models_json(info: InfoReply) -> dict[str, Any]:
     return {"object": "list",
             "data": [{"id": info.model_id, "object": "model", "created": 0, "owned_by": info.model_id}]}

@@ -78,7 +78,8 @@ def test_openai_routes_answer_as_documented(server: LaunchedServer, document: di
           server.post("/v1/completions", {"prompt": ["a", "b"], "max_tokens": 3, "logprobs": 2}))
     check(document, "/v1/models", "get", server.get("/v1/models"))
     for path, body in (("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}}),
-                       ("/v1/completions", {"prompt": "a", "max_tokens": 3, "logprobs": 1})):
+                       ("/v1/completions", {"prompt": "a", "max_tokens": 3, "logprobs": 1,
+                                            "stream_options": {"include_usage": True}})):
         for chunk in sse_events(server.post(path, {**body, "stream": True}, stream=True)):
             validate_response(document, path, "post", 200, chunk, "text/event-stream")
 

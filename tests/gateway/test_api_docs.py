@@ -95,7 +95,8 @@ def test_openai_answers_match_the_document(gateway: GatewayProcess, scheduler: S
     validate_response(document, "/v1/completions", "post", 200, completion)
     assert completion["choices"][0]["logprobs"]["top_logprobs"] == [{"t0": -1.0}, {"t0": -1.0}]
     for logprobs in (0, 2):
-        body = {"prompt": "a", "max_tokens": 2, "logprobs": logprobs, "stream": True}
+        body = {"prompt": "a", "max_tokens": 2, "logprobs": logprobs, "stream": True,
+                "stream_options": {"include_usage": True}}
         lines = post(gateway, "/v1/completions", body, stream=True).iter_lines()
         for chunk in [json.loads(line[5:]) for line in lines if line.startswith(b"data:") and b"[DONE]" not in line]:
             validate_response(document, "/v1/completions", "post", 200, chunk, "text/event-stream")

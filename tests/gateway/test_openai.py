@@ -163,6 +163,17 @@ def test_completion_logprobs_out_of_range_is_422(client: openai.OpenAI, schedule
     assert not scheduler.messages(Generate)
 
 
+def test_completion_stream_with_usage(client: openai.OpenAI) -> None:
+    """stream_options.include_usage on /v1/completions: a last chunk with no choice and the usage of all choices."""
+    chunks = list(client.completions.create(model="any", prompt=["One", "Two"], max_tokens=2, n=2, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[-1].choices == []
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (4, 8)  # a prompt counts once
+    assert all(c.choices and c.usage is None for c in chunks[:-1])
+    plain = list(client.completions.create(model="any", prompt="One", max_tokens=2, stream=True))
+    assert all(c.choices for c in plain)
+
+
 def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
     """/v1/models lists the model the scheduler reports."""
     assert [m.id for m in client.models.list().data] == ["test/tiny"]
