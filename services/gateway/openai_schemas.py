@@ -48,7 +48,9 @@ def parse_chat_request(body: Any, limits: ParameterLimits, max_client_batch_size
         if body.get(name) is not None:
             raise ValidationError(name, f"`{name}` is not supported by this server")
     logprobs = optional_value(body, "logprobs", bool, "a boolean") or False
-    top_logprobs = optional_integer(body, "top_logprobs")
+    top_logprobs = _num_top_logprobs(body, "top_logprobs", limits)
+    if top_logprobs and not logprobs:  # OpenAI and vLLM refuse it rather than answer without them
+        raise ValidationError("top_logprobs", "`logprobs` must be true when `top_logprobs` is used")
     max_tokens = optional_integer(body, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = optional_integer(body, "max_tokens")

@@ -184,6 +184,8 @@ def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
     ({"n": 5}, "n"),
     ({"temperature": -1.0}, "temperature"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"logprobs": True, "top_logprobs": 6}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"presence_penalty": -2.01}, "presence_penalty"),
 ])
@@ -192,6 +194,7 @@ def test_chat_bad_input_is_422(client: openai.OpenAI, scheduler: ScriptedSchedul
     with pytest.raises(openai.UnprocessableEntityError) as caught:
         client.chat.completions.create(model="any", messages=CHAT, **extra)
     assert field in str(caught.value.body)  # the client unwraps {"error": ...} into body
+    assert caught.value.body["param"] == field
     assert not scheduler.messages(Generate)
 
 
