@@ -51,9 +51,9 @@ def parse_chat_request(body: Any, limits: ParameterLimits, max_client_batch_size
     top_logprobs = _num_top_logprobs(body, "top_logprobs", limits)
     if top_logprobs and not logprobs:  # OpenAI and vLLM refuse it rather than answer without them
         raise ValidationError("top_logprobs", "`logprobs` must be true when `top_logprobs` is used")
-    max_tokens = optional_integer(body, "max_completion_tokens")
+    max_tokens = _max_tokens(body, "max_completion_tokens")
     if max_tokens is None:
-        max_tokens = optional_integer(body, "max_tokens")
+        max_tokens = _max_tokens(body, "max_tokens")
     parameters = _parameters(body, limits, max_tokens, details=logprobs,
                              top_n_tokens=top_logprobs if logprobs else None)
     return OpenAIRequest(parameters, messages=_messages(body.get("messages")), stream=_stream(body),
@@ -71,7 +71,7 @@ def parse_completion_request(body: Any, limits: ParameterLimits, max_client_batc
     if body.get("suffix") is not None:
         raise ValidationError("suffix", "Suffix is not supported and can be achieved by preprocessing the prompt.")
     prompts = _prompts(body.get("prompt"), max_client_batch_size)
-    max_tokens = optional_integer(body, "max_tokens")
+    max_tokens = _max_tokens(body, "max_tokens")
     num_logprobs = _num_top_logprobs(body, "logprobs", limits)
     parameters = _parameters(body, limits, COMPLETION_MAX_NEW_TOKENS if max_tokens is None else max_tokens,
                              details=num_logprobs is not None, top_n_tokens=num_logprobs or None)
@@ -88,6 +88,15 @@ def _num_top_logprobs(body: dict[str, Any], name: str, limits: ParameterLimits) 
     if value is not None and not 0 <= value <= limits.max_top_n_tokens:
         raise ValidationError(name, f"`{name}` must be >= 0 and <= {limits.max_top_n_tokens} "
                                     f"(--max-top-n-tokens). Given: {value}")
+    return value
+
+
+def _max_tokens(body: dict[str, Any], name: str) -> int | None:
+    """`max_tokens` or `max_completion_tokens`, checked here so that the error names the field
+    sent (it travels as `max_new_tokens`)."""
+    value = optional_integer(body, name)
+    if value is not None and value <= 0:
+        raise ValidationError(name, f"`{name}` must be strictly positive. Given: {value}")
     return value
 
 

@@ -152,6 +152,15 @@ def test_streamed_completion_chunks_carry_their_tokens_logprobs(client: openai.O
         assert [c.logprobs.token_logprobs for c in mine] == [[-0.5], [-1.5], [-2.5]]
 
 
+def test_completion_max_tokens_0_names_max_tokens(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """max_tokens 0 on /v1/completions is a 422 naming `max_tokens`, the field the request has."""
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client.completions.create(model="any", prompt="One", max_tokens=0)
+    assert caught.value.body["param"] == "max_tokens"
+    assert caught.value.body["message"] == "`max_tokens` must be strictly positive. Given: 0"
+    assert not scheduler.messages(Generate)
+
+
 @pytest.mark.parametrize("logprobs", [6, -1])
 def test_completion_logprobs_out_of_range_is_422(client: openai.OpenAI, scheduler: ScriptedScheduler,
                                                  logprobs: int) -> None:
@@ -186,6 +195,8 @@ def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"logprobs": True, "top_logprobs": 6}, "top_logprobs"),
     ({"top_logprobs": 2}, "top_logprobs"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_completion_tokens": -1, "max_tokens": 5}, "max_completion_tokens"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"presence_penalty": -2.01}, "presence_penalty"),
 ])
