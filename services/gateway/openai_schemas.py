@@ -2,7 +2,7 @@
 
 As in TGI: temperature 0 means greedy, any other (or none) samples; completions default to
 100 new tokens; `suffix`, tools and grammars are refused. `top_p: 1.0` (OpenAI's "off") is
-treated as unset. `n` choices are `n` requests (choice `j` of a seeded request uses `seed + j`);
+treated as unset, and so is any `top_p` with temperature 0 (as vLLM: TGI would sample then). `n` choices are `n` requests (choice `j` of a seeded request uses `seed + j`);
 choices of all prompts together are bounded by `max_client_batch_size`.
 """
 
@@ -118,6 +118,10 @@ def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: i
         top_n_tokens=top_n_tokens,
     )
     validate_parameters(parameters, limits)
+    if not parameters.do_sample:
+        # a top_p would turn sampling back on (TGI samples when any warper is set); the argmax
+        # is the same without it, so greedy stays greedy
+        parameters = dataclasses.replace(parameters, top_p=None)
     return parameters
 
 

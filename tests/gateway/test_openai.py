@@ -9,6 +9,7 @@ import pytest
 import requests
 
 from common.messages import ChatMessage, Generate
+from common.parameters import resolve_sampling
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate
 from tests.gateway.scripted_scheduler import ScriptedScheduler, Steps, error_steps, token_steps
@@ -41,6 +42,18 @@ def test_chat_completion_samples_unless_temperature_is_0(client: openai.OpenAI, 
     client.chat.completions.create(model="any", messages=CHAT, max_tokens=1, top_p=1.0, seed=4)
     sent = scheduler.messages(Generate)[-1].parameters
     assert (sent.do_sample, sent.top_p, sent.seed) == (True, None, 4)
+
+
+def test_temperature_0_stays_greedy_with_top_p(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """temperature 0 with a top_p is greedy (as vLLM); the top_p, which would turn sampling on, is dropped."""
+    client.chat.completions.create(model="any", messages=CHAT, max_tokens=1, temperature=0, top_p=0.5)
+    sent = scheduler.messages(Generate)[-1].parameters
+    assert (sent.do_sample, sent.top_p) == (False, None)
+    assert not resolve_sampling(sent).do_sample
+    client.completions.create(model="any", prompt="One", max_tokens=1, temperature=0.7, top_p=0.5)
+    assert scheduler.messages(Generate)[-1].parameters.top_p == 0.5  # sampling keeps it
+    with pytest.raises(openai.UnprocessableEntityError):  # still checked
+        client.completions.create(model="any", prompt="One", max_tokens=1, temperature=0, top_p=1.5)
 
 
 def test_chat_completion_logprobs(client: openai.OpenAI) -> None:
