@@ -90,16 +90,17 @@ def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
     assert sample(1234) == [first]
 
 
-def test_presence_penalty_steers_greedy_text_away_from_the_prompts_words(client: openai.OpenAI) -> None:
-    """Greedy chat with presence_penalty 2 leaves the plain greedy answer, which repeats the question's words."""
-    def answer(**arguments: float) -> str:
-        completion = client.chat.completions.create(model="any", messages=QUESTION, temperature=0,
-                                                    max_tokens=NUM_TOKENS, **arguments)
-        return completion.choices[0].message.content
+def test_presence_penalty_steers_greedy_text_off_words_already_present(client: openai.OpenAI) -> None:
+    """Greedy, a repetitive prompt continues with " mat"; presence_penalty 2 (every present token -2) picks another word."""
+    def continuation(**arguments: float) -> list[str]:
+        completion = client.completions.create(model="any", prompt="The cat sat on the mat. The cat sat on the",
+                                               temperature=0, max_tokens=NUM_TOKENS, logprobs=0, **arguments)
+        return completion.choices[0].logprobs.tokens
 
-    assert answer() == "The capital of France"
-    assert answer(presence_penalty=2.0) != "The capital of France"
-    assert answer(presence_penalty=0.0) == "The capital of France"
+    plain = continuation()
+    assert plain[0] == " mat"
+    assert continuation(presence_penalty=0.0) == plain
+    assert continuation(presence_penalty=2.0)[0] != " mat"
 
 
 @pytest.mark.parametrize("arguments,field", [
