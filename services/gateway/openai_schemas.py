@@ -2,8 +2,9 @@
 
 As in TGI: temperature 0 means greedy, any other (or none) samples; completions default to
 100 new tokens; `suffix`, tools and grammars are refused. `top_p: 1.0` (OpenAI's "off") is
-treated as unset, and so is any `top_p` with temperature 0 (as vLLM: TGI would sample then). `n` choices are `n` requests (choice `j` of a seeded request uses `seed + j`);
-choices of all prompts together are bounded by `max_client_batch_size`.
+treated as unset, and so is any `top_p` with temperature 0 (as vLLM: TGI would sample then).
+`n` choices are `n` requests (choice `j` of a seeded request uses `seed + j`); choices of all
+prompts together are bounded by `max_client_batch_size`.
 """
 
 from __future__ import annotations

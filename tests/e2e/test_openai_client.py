@@ -91,7 +91,7 @@ def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
 
 
 def test_presence_penalty_steers_greedy_text_off_words_already_present(client: openai.OpenAI) -> None:
-    """Greedy, a repetitive prompt continues with " mat"; presence_penalty 2 (every present token -2) picks another word."""
+    """Greedy, a repetitive prompt goes on with " mat"; presence_penalty 2 (-2 on every present token) does not."""
     def continuation(**arguments: float) -> list[str]:
         completion = client.completions.create(model="any", prompt="The cat sat on the mat. The cat sat on the",
                                                temperature=0, max_tokens=NUM_TOKENS, logprobs=0, **arguments)
