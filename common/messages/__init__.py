@@ -8,7 +8,7 @@
 - `client`: what a client receives (stream events and query replies).
 """
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: presence_penalty in GenerateParameters and SamplingParameters
 
 from common.messages.records import *  # noqa: E402,F401,F403
 from common.messages.peer import *  # noqa: E402,F401,F403
