@@ -54,9 +54,9 @@ class LlamaForward:
         self.eps = config.rms_norm_eps
         decoder = model.model
         self.rotary = decoder.rotary_emb  # transformers' own: every rope scaling it knows
-        self.embedding = decoder.embed_tokens.weight.detach()
+        self.embedding = decoder.embed_tokens.weight.detach().clone()
         self.layers = [_layer(block) for block in decoder.layers]
-        self.norm = decoder.norm.weight.detach()
+        self.norm = decoder.norm.weight.detach().clone()
         self.lm_head = PackedLinear(model.lm_head.weight)
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -102,10 +102,10 @@ class LlamaForward:
 def _layer(block: torch.nn.Module) -> LlamaLayer:
     attention, mlp = block.self_attn, block.mlp
     return LlamaLayer(
-        attention_norm=block.input_layernorm.weight.detach(),
+        attention_norm=block.input_layernorm.weight.detach().clone(),
         qkv=PackedLinear(torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])),
         output=PackedLinear(attention.o_proj.weight),
-        mlp_norm=block.post_attention_layernorm.weight.detach(),
+        mlp_norm=block.post_attention_layernorm.weight.detach().clone(),
         gate_up=PackedLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
         down=PackedLinear(mlp.down_proj.weight),
     )
