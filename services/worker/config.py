@@ -33,6 +33,9 @@ class WorkerConfig:
     memory_budget_mb: int = 4096
     cpu_warmup_prefill_tokens: int | None = 512
     num_threads: int | None = None  # torch CPU threads (none: torch's default, every core)
+    cpu_nice: int = dataclasses.field(default=10, metadata={
+        "help": "on CPU, lower the worker's scheduling priority by this much (0: leave it), so the "
+                "tokenizer, scheduler and gateway sharing its cores preempt its compute threads at once"})
     watermark_gamma: float = 0.5  # green fraction of the vocabulary (TGI's WATERMARK_GAMMA)
     watermark_delta: float = 2.0  # logit bias of green tokens (TGI's WATERMARK_DELTA)
     heartbeat_interval_ms: int = 1000
@@ -55,6 +58,7 @@ class WorkerConfig:
         require(0 < self.watermark_gamma < 1, "--watermark-gamma must be > 0 and < 1")
         require(0 <= self.watermark_delta < float("inf"), "--watermark-delta must be finite and >= 0")
         require(self.num_threads is None or self.num_threads > 0, "--num-threads must be positive")
+        require(0 <= self.cpu_nice <= 19, "--cpu-nice must be between 0 and 19")
         curve.client_keys(self.curve_server_public_key_file, self.curve_secret_key_file)  # validates
 
     @property

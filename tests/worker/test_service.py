@@ -94,6 +94,12 @@ def worker(tiny_model_dir, tmp_path_factory):
         log.close()
 
 
+def test_cpu_worker_runs_at_lower_priority(worker):
+    """A CPU worker lowers its priority (--cpu-nice, default 10) so the pipeline's processes preempt it."""
+    process, _, _, _ = worker
+    assert os.getpriority(os.PRIO_PROCESS, process.pid) - os.getpriority(os.PRIO_PROCESS, os.getpid()) == 10
+
+
 def test_hello_carries_worker_info(worker):
     """The worker speaks first: Hello with role, protocol version, a boot nonce and its model's info."""
     _, _, hello, _ = worker
