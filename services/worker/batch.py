@@ -2,10 +2,11 @@
 
 Layout: every row is left-padded to `max_input_length` (the longest sequence so far, including
 the token fed at the next step), followed by `padding_right_offset` columns reserved for tokens
-still to come (always exactly `max_input_length + padding_right_offset` columns). The attention mask and `token_ids` (every token so far, for penalties) share this
-layout; each step fills one more column. The KV cache holds `max_input_length - 1` positions per
-layer after every step (the same columns as the mask), in buffers as wide as the mask. Filter slices rows and trims padding nobody needs any
-more; concatenate re-pads every batch to the longest one.
+still to come (always exactly `max_input_length + padding_right_offset` columns). The attention
+mask and `token_ids` (every token so far, for penalties) share this layout; each step fills one
+more column. The KV cache holds `max_input_length - 1` live positions per layer after every step
+(the same columns as the mask). Filter drops rows (moving as few KV rows as it can) and trims
+padding nobody needs any more; concatenate re-pads every batch to the longest one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from common.messages import CachedBatch, WorkerRequest
-from services.worker.kv_cache import KVCache
+from services.worker.kv_cache import KVCache, swap_remove_order
 from services.worker.next_token_chooser import NextTokenChooser
 from services.worker.stopping_criteria import StoppingCriteria
 
@@ -116,10 +117,14 @@ class CausalLMBatch:
 
     # -- filter --------------------------------------------------------------------------------
 
+    @torch.inference_mode()
     def filter(self, request_ids: Sequence[int]) -> "CausalLMBatch | None":
-        """The batch keeping only `request_ids` (in that order); None when the list is empty.
+        """The batch keeping only `request_ids`; None when the list is empty.
 
-        Raises ValueError for an id that is not in the batch; `self` is left as it was.
+        Rows are reordered as moving the fewest KV rows requires (`swap_remove_order`):
+        `request_ids` of the result (and its CachedBatch) give the new order. The KV cache is
+        filtered in place, so `self` must not be stepped afterwards. Raises ValueError for an id
+        that is not in the batch, and then `self` is left as it was.
         """
         if not request_ids:
             return None
@@ -127,12 +132,12 @@ class CausalLMBatch:
         missing = [rid for rid in request_ids if rid not in self.request_id_to_index]
         if missing:
             raise ValueError(f"requests {missing} are not in batch {self.batch_id}")
-        if list(request_ids) == self.request_ids:
+        if sorted(request_ids) == sorted(self.request_ids):
             return self
         if self.past is None:
             raise ValueError(f"batch {self.batch_id} was never prefilled: nothing to filter")
-        indices = [self.request_id_to_index[rid] for rid in request_ids]
-        return self._select(indices)
+        kept = [self.request_id_to_index[rid] for rid in request_ids]
+        return self._select(swap_remove_order(len(self), kept))
 
     def _select(self, indices: list[int]) -> "CausalLMBatch":
         stopping = [self.stopping_criterias[i] for i in indices]
@@ -143,7 +148,6 @@ class CausalLMBatch:
         start = self.max_input_length - max_input_length
         end = self.max_input_length + padding_right_offset
         rows = torch.tensor(indices, device=self.input_ids.device)
-        num_past = max_input_length - 1
         requests = [self.requests[i] for i in indices]
         return dataclasses.replace(
             self,
@@ -153,7 +157,7 @@ class CausalLMBatch:
             position_ids=self.position_ids[rows],
             attention_mask=self.attention_mask[rows, start:end],
             token_ids=self.token_ids[rows, start:end],
-            past=self.past.select(rows, num_past, max_input_length + padding_right_offset),
+            past=self.past.select(indices, max_input_length - 1),
             input_lengths=input_lengths,
             stopping_criterias=stopping,
             chooser=self.chooser.select(indices),
@@ -166,6 +170,7 @@ class CausalLMBatch:
     # -- concatenate ---------------------------------------------------------------------------
 
     @classmethod
+    @torch.inference_mode()
     def concatenate(cls, batches: Sequence["CausalLMBatch"]) -> "CausalLMBatch":
         """One batch of all requests, under the first batch's id; the inputs are left as they were."""
         if len(batches) == 1:

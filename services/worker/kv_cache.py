@@ -1,10 +1,15 @@
 """A batch's keys and values in preallocated per-layer buffers, written in place at every step.
 
-Each layer keeps one key and one value buffer `[batch, kv_heads, capacity, head_dim]`. Positions
-`[0, length)` hold the cache, in the batch's left-padded layout (a row's padding positions hold
+Each layer keeps one key and one value buffer `[rows, kv_heads, capacity, head_dim]`. Positions
+`[start, length)` hold the cache, in the batch's left-padded layout (a row's padding positions hold
 finite values its attention mask hides); a forward writes its new positions at `length` and
-attends over views of `[0, length + new)`, so a decode step copies one position per layer instead
-of the whole cache (a `DynamicCache` grows by `torch.cat`: O(n^2) copying over a sequence).
+attends over views of `[start, length + new)`, so a decode step copies one position per layer
+instead of the whole cache (a `DynamicCache` grows by `torch.cat`: O(n^2) copying over a sequence).
+
+Filtering works in place too: each dropped row's place is taken by a kept row from the end of the
+batch (one row copied per dropped request, not the whole cache into new buffers), and positions
+no kept row needs any more are skipped by moving `start`. The buffers keep their size until the
+next concatenate, which builds new ones.
 
 The capacity is the batch's planned width (prompt + tokens to come, TGI's padded budget); a forward
 that needs more grows the buffers by doubling. Untouched capacity is allocated, not written:
@@ -26,11 +31,12 @@ class KVCache:
     """Per-layer key/value buffers of one batch and how many positions are in use."""
 
     def __init__(self, capacity: int, keys: list[torch.Tensor | None], values: list[torch.Tensor | None],
-                 length: int = 0) -> None:
+                 length: int = 0, start: int = 0) -> None:
         self.capacity = capacity
         self.keys = keys
         self.values = values
         self.length = length
+        self.start = start
 
     @classmethod
     def allocate(cls, num_layers: int, capacity: int) -> "KVCache":
@@ -41,12 +47,17 @@ class KVCache:
     def num_rows(self) -> int:
         return self.keys[0].shape[0] if self.keys[0] is not None else 0
 
+    @property
+    def num_positions(self) -> int:
+        """Cached positions per row (the columns of the batch's attention mask before this step)."""
+        return self.length - self.start
+
     def for_forward(self) -> Cache:
         """A transformers Cache whose layers write into these buffers (one per model layer)."""
         return Cache(layers=[BufferLayer(self, i) for i in range(len(self.keys))])
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Writes the new positions of `layer` after `length`; views of the cache including them."""
+        """Writes the new positions of `layer` after `length`; views of the live cache including them."""
         if self.keys[layer] is None:
             shape = (keys.shape[0], keys.shape[1], self.capacity, keys.shape[3])
             self.keys[layer], self.values[layer] = keys.new_empty(shape), values.new_empty(shape)
@@ -55,7 +66,7 @@ class KVCache:
             self._grow(layer, end)
         self.keys[layer][:, :, self.length:end] = keys
         self.values[layer][:, :, self.length:end] = values
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+        return self.keys[layer][:, :, self.start:end], self.values[layer][:, :, self.start:end]
 
     def commit(self, num_new: int) -> None:
         """The forward that wrote `num_new` positions succeeded: they are part of the cache now."""
@@ -63,23 +74,38 @@ class KVCache:
 
     def _grow(self, layer: int, needed: int) -> None:
         capacity = max(needed, 2 * self.keys[layer].shape[2])
-        self.keys[layer] = _with_capacity(self.keys[layer], self.length, capacity)
-        self.values[layer] = _with_capacity(self.values[layer], self.length, capacity)
+        self.keys[layer] = _with_capacity(self.keys[layer], self.start, self.length, capacity)
+        self.values[layer] = _with_capacity(self.values[layer], self.start, self.length, capacity)
         self.capacity = max(self.capacity, capacity)
 
-    def select(self, rows: torch.Tensor, length: int, capacity: int) -> "KVCache":
-        """A new cache of `rows`, keeping their last `length` positions, with room for `capacity`."""
+    def select(self, rows: Sequence[int], length: int) -> "KVCache":
+        """The cache of `rows` (row i of the result is row `rows[i]`), keeping their last `length`
+        positions. In place when every moved row comes from beyond the kept ones (see
+        `swap_remove_order`); otherwise into new buffers. `self` must not be used afterwards."""
         start = self.length - length
+        moves = [(dest, source) for dest, source in enumerate(rows) if dest != source]
+        if any(source < len(rows) for _, source in moves):
+            return self._gathered(rows, start)
+        for buffers in (self.keys, self.values):
+            for layer, buffer in enumerate(buffers):
+                for dest, source in moves:
+                    buffer[dest, :, start:self.length] = buffer[source, :, start:self.length]
+                buffers[layer] = buffer[:len(rows)]
+        return KVCache(self.capacity, self.keys, self.values, self.length, start)
+
+    def _gathered(self, rows: Sequence[int], start: int) -> "KVCache":
+        index = torch.tensor(rows, device=self.keys[0].device)
 
         def take(buffer: torch.Tensor) -> torch.Tensor:
-            out = buffer.new_empty((len(rows), buffer.shape[1], capacity, buffer.shape[3]))
-            out[:, :, :length] = buffer[:, :, start:self.length].index_select(0, rows)
+            out = buffer.new_empty((len(rows), buffer.shape[1], buffer.shape[2], buffer.shape[3]))
+            out[:, :, start:self.length] = buffer[:, :, start:self.length].index_select(0, index)
             return out
-        return KVCache(capacity, [take(k) for k in self.keys], [take(v) for v in self.values], length)
+        return KVCache(self.capacity, [take(k) for k in self.keys], [take(v) for v in self.values], self.length, start)
 
     @classmethod
     def concatenate(cls, caches: Sequence["KVCache"], length: int, capacity: int) -> "KVCache":
-        """One cache of all rows, each right-aligned at `length` (zeros before), with room for `capacity`."""
+        """New buffers of all rows, each cache's live positions right-aligned at `length` (zeros
+        before), with room for `capacity`."""
         num_rows = sum(c.num_rows for c in caches)
 
         def stack(buffers: list[torch.Tensor]) -> torch.Tensor:
@@ -88,7 +114,8 @@ class KVCache:
             out[:, :, :length].zero_()
             start = 0
             for cache, buffer in zip(caches, buffers):
-                out[start:start + cache.num_rows, :, length - cache.length:length] = buffer[:, :, :cache.length]
+                live = cache.num_positions
+                out[start:start + cache.num_rows, :, length - live:length] = buffer[:, :, cache.start:cache.length]
                 start += cache.num_rows
             return out
         num_layers = len(caches[0].keys)
@@ -118,16 +145,27 @@ class BufferLayer(DynamicLayer):
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
-        return self.cache.length
+        return self.cache.num_positions
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.cache.length + query_length, 0
+        return self.cache.num_positions + query_length, 0
 
 
-def _with_capacity(buffer: torch.Tensor, length: int, capacity: int) -> torch.Tensor:
+def _with_capacity(buffer: torch.Tensor, start: int, length: int, capacity: int) -> torch.Tensor:
     out = buffer.new_empty((buffer.shape[0], buffer.shape[1], capacity, buffer.shape[3]))
-    out[:, :, :length] = buffer[:, :, :length]
+    out[:, :, start:length] = buffer[:, :, start:length]
     return out
+
+
+def swap_remove_order(num_rows: int, kept: Sequence[int]) -> list[int]:
+    """The rows to keep (old indices, in the new order) with the fewest rows moved: the kept rows
+    stay where they are, except that each gap a dropped row leaves is filled by the last kept row."""
+    kept_set = set(kept)
+    order = sorted(kept_set)
+    tail = [row for row in range(len(order), num_rows) if row in kept_set]
+    holes = [row for row in range(len(order)) if row not in kept_set]
+    moved = dict(zip(holes, reversed(tail)))
+    return [moved.get(row, row) for row in range(len(order))]
 
 
 def check_supported(config: object) -> None:

@@ -64,13 +64,13 @@ class LlamaForward:
         """Logits `[batch, positions, vocab]` of the last `num_logits` positions (0: all of them).
 
         `input_ids`/`position_ids` are `[batch, new]`; `attention_mask` `[batch, cached + new]`
-        (1 for real tokens); the new keys and values are written after `cache.length`, which the
+        (1 for real tokens); the new keys and values are written after the cached ones, which the
         caller commits once the step succeeded.
         """
         num_new = input_ids.shape[1]
         x = F.embedding(input_ids, self.embedding)
         cos, sin = (t.unsqueeze(1) for t in self.rotary(x, position_ids))  # [batch, 1, new, head_dim]
-        keep = _attention_keep(attention_mask, cache.length, num_new)
+        keep = _attention_keep(attention_mask, cache.num_positions, num_new)
         for index, layer in enumerate(self.layers):
             x = x + self._attention(layer, index, x, cos, sin, keep, cache)
             x = x + self._mlp(layer, x)

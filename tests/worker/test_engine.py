@@ -74,7 +74,7 @@ def test_prefill_decode_filter_clear(engine):
     assert decoded.batch.request_ids == [10, 11, 12] and sorted(engine.cache) == [1]
     assert [g.generated_tokens for g in decoded.generations] == [2, 2, 2]
     filtered = engine.filter(Filter(6, 1, [12, 10]))
-    assert isinstance(filtered, FilterResult) and filtered.batch.request_ids == [12, 10]
+    assert isinstance(filtered, FilterResult) and filtered.batch.request_ids == [10, 12]
     assert engine.filter(Filter(7, 1, [])) == FilterResult(7, None) and len(engine.cache) == 0
     prefill(engine, 3, 13)
     prefill(engine, 4, 14)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from services.worker.kv_cache import KVCache
+from services.worker.kv_cache import KVCache, swap_remove_order
 from tests.worker.engine_helpers import batch_of, request
 
 
@@ -40,8 +40,8 @@ def test_an_uncommitted_write_leaves_the_cache_as_it_was():
     assert torch.equal(keys[:, :, :2], k1)
 
 
-def test_select_and_concatenate_keep_rows_right_aligned():
-    """select keeps the rows' last positions; concatenate right-aligns each cache and zero-pads before."""
+def test_concatenate_right_aligns_each_cache_and_zero_pads_before():
+    """concatenate right-aligns each cache's live positions in new buffers and zero-pads before."""
     a = KVCache.allocate(num_layers=1, capacity=4)
     ka, va = states(2, 3, seed=1)
     a.write(0, ka, va)
@@ -50,12 +50,45 @@ def test_select_and_concatenate_keep_rows_right_aligned():
     kb, vb = states(1, 1, seed=2)
     b.write(0, kb, vb)
     b.commit(1)
-    kept = a.select(torch.tensor([1]), length=2, capacity=5)
-    assert kept.capacity == 5 and torch.equal(kept.keys[0][:, :, :2], ka[1:, :, 1:])
     both = KVCache.concatenate([a, b], length=3, capacity=6)
-    assert both.keys[0].shape == (3, 3, 6, 4) and both.length == 3
+    assert both.keys[0].shape == (3, 3, 6, 4) and both.length == 3 and both.num_positions == 3
     assert torch.equal(both.keys[0][:2, :, :3], ka) and torch.equal(both.values[0][2:, :, 2:3], vb)
     assert not both.keys[0][2:, :, :2].any()
+
+
+def test_select_in_swap_remove_order_moves_only_the_rows_that_fill_gaps():
+    """Dropping rows 1 and 2 of 5 moves rows 4 and 3 into their places, in the same buffers; the
+    live positions start after the ones no kept row needs."""
+    cache = KVCache.allocate(num_layers=2, capacity=6)
+    keys, values = states(5, 4, seed=3)
+    for layer in range(2):
+        cache.write(layer, keys, values)
+    cache.commit(4)
+    buffer = cache.keys[1].data_ptr()
+    order = swap_remove_order(5, [0, 3, 4])
+    assert order == [0, 4, 3]
+    kept = cache.select(order, length=3)
+    assert kept.keys[1].data_ptr() == buffer and kept.num_rows == 3 and kept.num_positions == 3
+    live_keys, live_values = kept.write(1, *states(3, 1, seed=4))
+    assert torch.equal(live_keys[:, :, :3], keys[order][:, :, 1:])
+    assert torch.equal(live_values[:, :, :3], values[order][:, :, 1:])
+
+
+def test_select_in_another_order_copies_into_new_buffers():
+    """An order whose moves would overwrite a row still to be read is gathered into new buffers."""
+    cache = KVCache.allocate(num_layers=1, capacity=4)
+    keys, values = states(3, 2, seed=5)
+    cache.write(0, keys, values)
+    cache.commit(2)
+    kept = cache.select([2, 0], length=2)
+    assert torch.equal(kept.keys[0][:, :, :2], keys[[2, 0]]) and torch.equal(kept.values[0][:, :, :2], values[[2, 0]])
+
+
+def test_swap_remove_order():
+    """Kept rows stay put; each gap is filled from the end; nothing moves when the tail is dropped."""
+    assert swap_remove_order(4, [0, 1]) == [0, 1]
+    assert swap_remove_order(4, [1, 2, 3]) == [3, 1, 2]
+    assert swap_remove_order(6, [5, 0, 2]) == [0, 5, 2]
 
 
 def test_decode_steps_write_in_place_and_equal_a_dynamic_cache(tiny_model_each_backend, tiny_reference):
