@@ -28,13 +28,18 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 
 class KVCache:
-    """Per-layer key/value buffers of one batch and how many positions are in use."""
+    """Per-layer key/value buffers of one batch: rows `[0, num_rows)`, positions `[start, length)`.
 
-    def __init__(self, capacity: int, keys: list[torch.Tensor | None], values: list[torch.Tensor | None],
-                 length: int = 0, start: int = 0) -> None:
+    `key_buffers`/`value_buffers` are the whole allocations; `keys`/`values` the rows in use.
+    """
+
+    def __init__(self, capacity: int, key_buffers: list[torch.Tensor | None],
+                 value_buffers: list[torch.Tensor | None], num_rows: int = 0, length: int = 0,
+                 start: int = 0) -> None:
         self.capacity = capacity
-        self.keys = keys
-        self.values = values
+        self.key_buffers = key_buffers
+        self.value_buffers = value_buffers
+        self.num_rows = num_rows
         self.length = length
         self.start = start
 
@@ -44,8 +49,12 @@ class KVCache:
         return cls(capacity, [None] * num_layers, [None] * num_layers)
 
     @property
-    def num_rows(self) -> int:
-        return self.keys[0].shape[0] if self.keys[0] is not None else 0
+    def keys(self) -> list[torch.Tensor | None]:
+        return [None if b is None else b[:self.num_rows] for b in self.key_buffers]
+
+    @property
+    def values(self) -> list[torch.Tensor | None]:
+        return [None if b is None else b[:self.num_rows] for b in self.value_buffers]
 
     @property
     def num_positions(self) -> int:
@@ -54,29 +63,39 @@ class KVCache:
 
     def for_forward(self) -> Cache:
         """A transformers Cache whose layers write into these buffers (one per model layer)."""
-        return Cache(layers=[BufferLayer(self, i) for i in range(len(self.keys))])
+        return Cache(layers=[BufferLayer(self, i) for i in range(len(self.key_buffers))])
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Writes the new positions of `layer` after `length`; views of the live cache including them."""
-        if self.keys[layer] is None:
+        if self.key_buffers[layer] is None:
             shape = (keys.shape[0], keys.shape[1], self.capacity, keys.shape[3])
-            self.keys[layer], self.values[layer] = keys.new_empty(shape), values.new_empty(shape)
+            self.key_buffers[layer], self.value_buffers[layer] = keys.new_empty(shape), values.new_empty(shape)
+            self.num_rows = keys.shape[0]
         end = self.length + keys.shape[2]
-        if end > self.keys[layer].shape[2]:
+        if end > self.key_buffers[layer].shape[2]:
             self._grow(layer, end)
-        self.keys[layer][:, :, self.length:end] = keys
-        self.values[layer][:, :, self.length:end] = values
-        return self.keys[layer][:, :, self.start:end], self.values[layer][:, :, self.start:end]
+        rows = self.num_rows
+        self.key_buffers[layer][:rows, :, self.length:end] = keys
+        self.value_buffers[layer][:rows, :, self.length:end] = values
+        return (self.key_buffers[layer][:rows, :, self.start:end],
+                self.value_buffers[layer][:rows, :, self.start:end])
 
     def commit(self, num_new: int) -> None:
         """The forward that wrote `num_new` positions succeeded: they are part of the cache now."""
         self.length += num_new
 
     def _grow(self, layer: int, needed: int) -> None:
-        capacity = max(needed, 2 * self.keys[layer].shape[2])
-        self.keys[layer] = _with_capacity(self.keys[layer], self.start, self.length, capacity)
-        self.values[layer] = _with_capacity(self.values[layer], self.start, self.length, capacity)
+        capacity = max(needed, 2 * self.key_buffers[layer].shape[2])
+        self.key_buffers[layer] = self._copied(self.key_buffers[layer], capacity)
+        self.value_buffers[layer] = self._copied(self.value_buffers[layer], capacity)
         self.capacity = max(self.capacity, capacity)
+
+    def _copied(self, buffer: torch.Tensor, capacity: int) -> torch.Tensor:
+        out = buffer.new_empty((buffer.shape[0], buffer.shape[1], capacity, buffer.shape[3]))
+        out[:self.num_rows, :, self.start:self.length] = buffer[:self.num_rows, :, self.start:self.length]
+        return out
+
+    # -- filter --------------------------------------------------------------------------------
 
     def select(self, rows: Sequence[int], length: int) -> "KVCache":
         """The cache of `rows` (row i of the result is row `rows[i]`), keeping their last `length`
@@ -86,42 +105,75 @@ class KVCache:
         moves = [(dest, source) for dest, source in enumerate(rows) if dest != source]
         if any(source < len(rows) for _, source in moves):
             return self._gathered(rows, start)
-        for buffers in (self.keys, self.values):
-            for layer, buffer in enumerate(buffers):
-                for dest, source in moves:
-                    buffer[dest, :, start:self.length] = buffer[source, :, start:self.length]
-                buffers[layer] = buffer[:len(rows)]
-        return KVCache(self.capacity, self.keys, self.values, self.length, start)
+        for buffer in (*self.key_buffers, *self.value_buffers):
+            for dest, source in moves:
+                buffer[dest, :, start:self.length] = buffer[source, :, start:self.length]
+        return KVCache(self.capacity, self.key_buffers, self.value_buffers, len(rows), self.length, start)
 
     def _gathered(self, rows: Sequence[int], start: int) -> "KVCache":
-        index = torch.tensor(rows, device=self.keys[0].device)
+        index = torch.tensor(rows, device=self.key_buffers[0].device)
 
         def take(buffer: torch.Tensor) -> torch.Tensor:
-            out = buffer.new_empty((len(rows), buffer.shape[1], buffer.shape[2], buffer.shape[3]))
+            out = buffer.new_empty((len(rows), *buffer.shape[1:]))
             out[:, :, start:self.length] = buffer[:, :, start:self.length].index_select(0, index)
             return out
-        return KVCache(self.capacity, [take(k) for k in self.keys], [take(v) for v in self.values], self.length, start)
+        return KVCache(self.capacity, [take(k) for k in self.key_buffers], [take(v) for v in self.value_buffers],
+                       len(rows), self.length, start)
+
+    # -- concatenate ---------------------------------------------------------------------------
 
     @classmethod
     def concatenate(cls, caches: Sequence["KVCache"], length: int, capacity: int) -> "KVCache":
-        """New buffers of all rows, each cache's live positions right-aligned at `length` (zeros
-        before), with room for `capacity`."""
-        num_rows = sum(c.num_rows for c in caches)
+        """All rows, each cache's live positions right-aligned at `length` (zeros before), with room
+        for `capacity` positions. The first cache takes the others in, in place, when its buffers
+        have the rows and the room (a running batch whose finished rows were filtered out);
+        otherwise new buffers are made, with spare room for the next ones."""
+        first, others = caches[0], caches[1:]
+        if first._has_room_for(others, length, capacity):
+            return first._absorb(others, length)
+        return cls._stacked(caches, length, capacity)
 
-        def stack(buffers: list[torch.Tensor]) -> torch.Tensor:
-            first = buffers[0]
-            out = first.new_empty((num_rows, first.shape[1], capacity, first.shape[3]))
+    def _has_room_for(self, others: Sequence["KVCache"], length: int, capacity: int) -> bool:
+        start = self.length - length
+        return (start >= 0 and start + capacity <= self.key_buffers[0].shape[2]
+                and self.num_rows + sum(c.num_rows for c in others) <= self.key_buffers[0].shape[0])
+
+    def _absorb(self, others: Sequence["KVCache"], length: int) -> "KVCache":
+        start = self.length - length
+        for layer in range(len(self.key_buffers)):
+            for buffers, parts in ((self.key_buffers, [c.key_buffers for c in others]),
+                                   (self.value_buffers, [c.value_buffers for c in others])):
+                buffer = buffers[layer]
+                buffer[:self.num_rows, :, start:self.start].zero_()  # when a newcomer is longer
+                row = self.num_rows
+                for cache, part in zip(others, parts):
+                    live, rows = cache.num_positions, slice(row, row + cache.num_rows)
+                    buffer[rows, :, start:self.length - live].zero_()
+                    buffer[rows, :, self.length - live:self.length] = part[layer][:cache.num_rows, :, cache.start:cache.length]
+                    row += cache.num_rows
+        num_rows = self.num_rows + sum(c.num_rows for c in others)
+        return KVCache(self.capacity, self.key_buffers, self.value_buffers, num_rows, self.length, start)
+
+    @classmethod
+    def _stacked(cls, caches: Sequence["KVCache"], length: int, capacity: int) -> "KVCache":
+        num_rows = sum(c.num_rows for c in caches)
+        width = capacity + capacity // 2  # spare room: the next newcomers may fit in place
+
+        def stack(parts: list[torch.Tensor]) -> torch.Tensor:
+            first = parts[0]
+            out = first.new_empty((num_rows, first.shape[1], width, first.shape[3]))
             out[:, :, :length].zero_()
-            start = 0
-            for cache, buffer in zip(caches, buffers):
+            row = 0
+            for cache, part in zip(caches, parts):
                 live = cache.num_positions
-                out[start:start + cache.num_rows, :, length - live:length] = buffer[:, :, cache.start:cache.length]
-                start += cache.num_rows
+                out[row:row + cache.num_rows, :, length - live:length] = \
+                    part[:cache.num_rows, :, cache.start:cache.length]
+                row += cache.num_rows
             return out
-        num_layers = len(caches[0].keys)
-        keys = [stack([c.keys[i] for c in caches]) for i in range(num_layers)]
-        values = [stack([c.values[i] for c in caches]) for i in range(num_layers)]
-        return cls(capacity, keys, values, length)
+        num_layers = len(caches[0].key_buffers)
+        keys = [stack([c.key_buffers[i] for c in caches]) for i in range(num_layers)]
+        values = [stack([c.value_buffers[i] for c in caches]) for i in range(num_layers)]
+        return cls(width, keys, values, num_rows, length)
 
 
 class BufferLayer(DynamicLayer):
@@ -131,7 +183,7 @@ class BufferLayer(DynamicLayer):
         super().__init__()
         self.cache = cache
         self.layer = layer
-        self.is_initialized = cache.keys[layer] is not None
+        self.is_initialized = cache.key_buffers[layer] is not None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -149,12 +201,6 @@ class BufferLayer(DynamicLayer):
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.cache.num_positions + query_length, 0
-
-
-def _with_capacity(buffer: torch.Tensor, start: int, length: int, capacity: int) -> torch.Tensor:
-    out = buffer.new_empty((buffer.shape[0], buffer.shape[1], capacity, buffer.shape[3]))
-    out[:, :, start:length] = buffer[:, :, start:length]
-    return out
 
 
 def swap_remove_order(num_rows: int, kept: Sequence[int]) -> list[int]:

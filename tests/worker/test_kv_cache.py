@@ -51,7 +51,8 @@ def test_concatenate_right_aligns_each_cache_and_zero_pads_before():
     b.write(0, kb, vb)
     b.commit(1)
     both = KVCache.concatenate([a, b], length=3, capacity=6)
-    assert both.keys[0].shape == (3, 3, 6, 4) and both.length == 3 and both.num_positions == 3
+    assert both.keys[0].shape[:2] == (3, 3) and both.keys[0].shape[2] >= 6  # room to spare for newcomers
+    assert both.length == 3 and both.num_positions == 3
     assert torch.equal(both.keys[0][:2, :, :3], ka) and torch.equal(both.values[0][2:, :, 2:3], vb)
     assert not both.keys[0][2:, :, :2].any()
 
@@ -82,6 +83,33 @@ def test_select_in_another_order_copies_into_new_buffers():
     cache.commit(2)
     kept = cache.select([2, 0], length=2)
     assert torch.equal(kept.keys[0][:, :, :2], keys[[2, 0]]) and torch.equal(kept.values[0][:, :, :2], values[[2, 0]])
+
+
+def test_a_filtered_cache_takes_newcomers_into_its_freed_rows_in_place():
+    """After a filter freed rows, concatenate writes the newcomers there (same buffers): shorter
+    ones right-aligned after zeros, and a longer one extends every row's live positions leftwards."""
+    running = KVCache.allocate(num_layers=1, capacity=10)
+    keys, values = states(3, 4, seed=6)
+    running.write(0, keys, values)
+    running.commit(4)
+    running = running.select(swap_remove_order(3, [0, 1]), length=3)  # live: positions 1..3
+    buffer = running.key_buffers[0].data_ptr()
+    newcomer = KVCache.allocate(num_layers=1, capacity=4)
+    new_keys, new_values = states(1, 2, seed=7)
+    newcomer.write(0, new_keys, new_values)
+    newcomer.commit(2)
+    merged = KVCache.concatenate([running, newcomer], length=3, capacity=6)
+    assert merged.key_buffers[0].data_ptr() == buffer and merged.num_rows == 3 and merged.num_positions == 3
+    assert torch.equal(merged.keys[0][:2, :, 1:4], keys[:2, :, 1:])
+    assert torch.equal(merged.values[0][2, :, 2:4], new_values[0]) and not merged.keys[0][2, :, 1].any()
+    longer = KVCache.allocate(num_layers=1, capacity=4)
+    long_keys, long_values = states(1, 4, seed=8)
+    longer.write(0, long_keys, long_values)
+    longer.commit(4)
+    dropped = merged.select([0, 1], length=3)
+    extended = KVCache.concatenate([dropped, longer], length=4, capacity=6)
+    assert extended.key_buffers[0].data_ptr() == buffer and extended.num_positions == 4
+    assert not extended.keys[0][:2, :, 0].any() and torch.equal(extended.keys[0][2, :, 0:4], long_keys[0])
 
 
 def test_swap_remove_order():
