@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable
 import pytest
 
 from common.client import AsyncZtgiClient, ZtgiClient, ZtgiError
-from common.messages import Cancel, ChatMessage, Generate, GenerateParameters, Hello, InfoReply, StatsReply
+from common.messages import PROTOCOL_VERSION, Cancel, ChatMessage, Generate, GenerateParameters, Hello, InfoReply, StatsReply
 from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps, token_steps
 
 FAST = {"heartbeat_interval_ms": 50, "heartbeat_misses": 4, "query_timeout_s": 1.0}
@@ -57,7 +57,7 @@ def test_client_says_hello_first(scheduler: ScriptedScheduler, scheduler_url: st
     """The first frame a client sends is Hello{role=client} with the protocol version."""
     run(scheduler_url, lambda c: c.health())
     first = scheduler.received[0][1]
-    assert isinstance(first, Hello) and first.role == "client" and first.protocol_version == 1
+    assert isinstance(first, Hello) and first.role == "client" and first.protocol_version == PROTOCOL_VERSION
 
 
 def test_stream_yields_events_in_order_and_ends_on_final(scheduler: ScriptedScheduler, scheduler_url: str) -> None:

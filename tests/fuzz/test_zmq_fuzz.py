@@ -24,7 +24,7 @@ from common.client import ZtgiClient
 from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.endpoints import Endpoints
 from common.messages import (
-    Adopt, CommandDone, DetokenizeJob, Forget, Heartbeat, EncodeJob, Encoded, ErrorReply, Generate, GenerateParameters, Generation,
+    PROTOCOL_VERSION, Adopt, CommandDone, DetokenizeJob, Forget, Heartbeat, EncodeJob, Encoded, ErrorReply, Generate, GenerateParameters, Generation,
     HealthCheck as HealthCheckCommand, Hello, Query, Rejected, RequestKey, SamplingParameters, StatsReply,
     TextBatch, TokenStep, Warmup, WarmupResult, WorkerInfo,
 )
@@ -210,7 +210,7 @@ def test_scheduler_survives_a_worker_that_answers_anything(tmp_path) -> None:
     num_cases = 0
     command_id = 0  # the command the fake worker is to answer
     try:
-        worker.send(encode(Hello("worker", 1, "fake", info)))
+        worker.send(encode(Hello("worker", PROTOCOL_VERSION, "fake", info)))
         warmup = receive(worker, Warmup)
         worker.send(encode(WarmupResult(warmup.command_id, 10_000)))
 
@@ -255,7 +255,7 @@ def test_a_duplicated_encode_answer_does_not_forget_a_live_request() -> None:
     client = connect(context, zmq.DEALER, endpoints.connect("frontend"), identity=b"client")
     try:
         for tokenizer in (owner, other):
-            tokenizer.send(encode(Hello("tokenizer", 1, "nonce")))
+            tokenizer.send(encode(Hello("tokenizer", PROTOCOL_VERSION, "nonce")))
             receive(tokenizer, Heartbeat)
         client.send(encode(Generate("r1", "Hi", None, GenerateParameters(max_new_tokens=3))))
         key = receive(tokenize, EncodeJob).key
