@@ -22,7 +22,7 @@ def free_port() -> int:
 class LaunchedServer:
     """`python -m services.launcher` with flags; keeps its log; stops it with SIGTERM."""
 
-    def __init__(self, run_dir: str, *flags: str, startup_timeout_s: float = 300.0) -> None:
+    def __init__(self, run_dir: str, *flags: str, startup_timeout_s: float = 120.0) -> None:
         self.port = free_port()
         self.run_dir = run_dir
         self.url = f"http://127.0.0.1:{self.port}"

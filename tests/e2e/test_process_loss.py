@@ -38,19 +38,31 @@ def stream_text(server: LaunchedServer, prompt: str, started: list) -> str:
         return "".join(texts)
 
 
+def undisturbed_texts(server: LaunchedServer) -> list[str]:
+    """Every prompt's greedy text, streamed all at once with nothing killed (batching leaves greedy
+    text unchanged, which tests/e2e/test_pipeline.py pins)."""
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return list(pool.map(lambda prompt: stream_text(server, prompt, []), PROMPTS))
+
+
+def texts_killing(server: LaunchedServer, service: str) -> list[str]:
+    """The same streams, with kill -9 of the first `service` child once 3 tokens per stream have arrived."""
+    started: list = []
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        futures = [pool.submit(stream_text, server, prompt, started) for prompt in PROMPTS]
+        while len(started) < 3 * len(PROMPTS):
+            time.sleep(0.05)
+        os.kill(child_pids(server, service)[0], signal.SIGKILL)
+        return [future.result() for future in futures]
+
+
 @pytest.mark.slow
 def test_kill_worker_streams_resume_on_the_other(tmp_path) -> None:
     """All 8 streams complete after kill -9 of a worker, each equal to its undisturbed greedy text."""
     server = LaunchedServer(str(tmp_path / "run"), "--num-workers", "2", "--max-batch-prefill-tokens", "4096")
     try:
-        expected = [stream_text(server, prompt, []) for prompt in PROMPTS]
-        started: list = []
-        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            futures = [pool.submit(stream_text, server, prompt, started) for prompt in PROMPTS]
-            while len(started) < 3 * len(PROMPTS):
-                time.sleep(0.05)
-            os.kill(child_pids(server, "worker")[0], signal.SIGKILL)
-            texts = [future.result() for future in futures]
+        expected = undisturbed_texts(server)
+        texts = texts_killing(server, "worker")
         assert texts == expected
         assert re.search(r"lost \(missed heartbeats\): [1-9]\d* requests go back", server.log), server.log
     finally:
@@ -62,14 +74,8 @@ def test_kill_tokenizer_streams_are_adopted(tmp_path) -> None:
     """All 8 streams complete after kill -9 of a tokenizer, each equal to its undisturbed text."""
     server = LaunchedServer(str(tmp_path / "run"), "--num-tokenizers", "2")
     try:
-        expected = [stream_text(server, prompt, []) for prompt in PROMPTS]
-        started: list = []
-        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            futures = [pool.submit(stream_text, server, prompt, started) for prompt in PROMPTS]
-            while len(started) < 3 * len(PROMPTS):
-                time.sleep(0.05)
-            os.kill(child_pids(server, "tokenizer")[0], signal.SIGKILL)
-            texts = [future.result() for future in futures]
+        expected = undisturbed_texts(server)
+        texts = texts_killing(server, "tokenizer")
         assert texts == expected
         assert re.search(r"[1-9]\d* requests to adopt", server.log), server.log
     finally:
