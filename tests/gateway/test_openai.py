@@ -165,23 +165,20 @@ def test_streamed_completion_chunks_carry_their_tokens_logprobs(client: openai.O
         assert [c.logprobs.token_logprobs for c in mine] == [[-0.5], [-1.5], [-2.5]]
 
 
-def test_completion_max_tokens_0_names_max_tokens(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
-    """max_tokens 0 on /v1/completions is a 422 naming `max_tokens`, the field the request has."""
+@pytest.mark.parametrize("extra,field,message", [
+    ({"max_tokens": 0}, "max_tokens", "`max_tokens` must be strictly positive. Given: 0"),
+    ({"logprobs": 6}, "logprobs", "`logprobs` must be >= 0 and <= 5 (--max-top-n-tokens). Given: 6"),
+    ({"logprobs": -1}, "logprobs", "`logprobs` must be >= 0 and <= 5 (--max-top-n-tokens). Given: -1"),
+    ({"presence_penalty": 3}, "presence_penalty", "`presence_penalty` must be >= -2.0 and <= 2.0"),
+])
+def test_completion_bad_input_is_422(client: openai.OpenAI, scheduler: ScriptedScheduler, extra: dict, field: str,
+                                     message: str) -> None:
+    """Out-of-range /v1/completions parameters are a 422 naming the field the request sent (max_tokens, not
+    TGI's max_new_tokens), with the limit (logprobs above --max-top-n-tokens, presence_penalty outside -2..2)."""
     with pytest.raises(openai.UnprocessableEntityError) as caught:
-        client.completions.create(model="any", prompt="One", max_tokens=0)
-    assert caught.value.body["param"] == "max_tokens"
-    assert caught.value.body["message"] == "`max_tokens` must be strictly positive. Given: 0"
-    assert not scheduler.messages(Generate)
-
-
-@pytest.mark.parametrize("logprobs", [6, -1])
-def test_completion_logprobs_out_of_range_is_422(client: openai.OpenAI, scheduler: ScriptedScheduler,
-                                                 logprobs: int) -> None:
-    """logprobs above --max-top-n-tokens (5) or below 0 is a 422 naming `logprobs`."""
-    with pytest.raises(openai.UnprocessableEntityError) as caught:
-        client.completions.create(model="any", prompt="One", logprobs=logprobs)
-    assert caught.value.body["param"] == "logprobs"
-    assert caught.value.body["message"] == f"`logprobs` must be >= 0 and <= 5 (--max-top-n-tokens). Given: {logprobs}"
+        client.completions.create(model="any", prompt="One", **extra)
+    assert caught.value.body["param"] == field
+    assert caught.value.body["message"] == message
     assert not scheduler.messages(Generate)
 
 
@@ -230,15 +227,6 @@ def test_presence_penalty_reaches_the_scheduler(client: openai.OpenAI, scheduler
     assert scheduler.messages(Generate)[-1].parameters.presence_penalty == -0.5
     client.completions.create(model="any", prompt="One", max_tokens=1)
     assert scheduler.messages(Generate)[-1].parameters.presence_penalty is None
-
-
-def test_presence_penalty_out_of_range_is_422(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
-    """presence_penalty outside -2..2 is refused on /v1/completions too, the message naming the field."""
-    with pytest.raises(openai.UnprocessableEntityError) as caught:
-        client.completions.create(model="any", prompt="One", presence_penalty=3)
-    assert caught.value.body["message"] == "`presence_penalty` must be >= -2.0 and <= 2.0"
-    assert caught.value.body["param"] == "presence_penalty"
-    assert not scheduler.messages(Generate)
 
 
 def test_chat_messages_must_be_text(gateway: GatewayProcess) -> None:
