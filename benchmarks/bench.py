@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("%s", exc)
         return 2
     try:
-        runs = _run_event_loop(run_levels(config, LoadGenerator(config, prompts)))
+        runs = run_event_loop(run_levels(config, LoadGenerator(config, prompts)))
     except KeyboardInterrupt:
         logger.warning("interrupted: no results")
         return 130
@@ -49,7 +49,8 @@ async def run_levels(config: BenchConfig, generator: LoadGenerator) -> list[RunR
     return [await generator.run(concurrency) for concurrency in config.concurrencies]
 
 
-def _run_event_loop(coroutine):
+def run_event_loop(coroutine):
+    """Runs `coroutine` on uvloop where it is installed."""
     try:
         import uvloop
     except ImportError:

@@ -20,7 +20,6 @@ alone as well; a model with fewer than 4096 positions needs a smaller `--max-tot
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import gc
 import logging
@@ -30,6 +29,7 @@ from typing import Sequence
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import load_model, load_tokenizer
 from benchmarks.baseline_run import BaselineRun, write_results
+from benchmarks.bench import run_event_loop
 from benchmarks.comparison import TTFT_CONCURRENCY, Comparison
 from benchmarks.config import BenchConfig, parse_sweep
 from benchmarks.engine_alone import BatchingPolicy, EngineAlone
@@ -147,15 +147,7 @@ class ZtgiOverHttp:
     def _run(self, prompts: list[Prompt], concurrency: int) -> RunResult:
         bench = BenchConfig(url=self.url, dataset=self.config.dataset, output_tokens=self.config.output_tokens,
                             num_requests=len(prompts), ignore_eos=self.config.ignore_eos, progress=False)
-        return _run_event_loop(LoadGenerator(bench, prompts).run(concurrency))
-
-
-def _run_event_loop(coroutine):
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coroutine)
-    return uvloop.run(coroutine)
+        return run_event_loop(LoadGenerator(bench, prompts).run(concurrency))
 
 
 def run_comparison(config: CompareConfig, workload: Workload, tokenizer) -> list[BaselineRun]:
