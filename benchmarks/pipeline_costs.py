@@ -7,7 +7,7 @@
 each Prefill and Decode (`tgi_batch_inference_duration`: sent to answer received) into what the
 worker reported (forward, next-token choice and Generation building, concatenate) and the
 remainder: the worker's idle time between steps, spent in messages, the worker's IO thread and
-the scheduler. It also reports the CPU seconds each ztgi service process on this machine used
+the scheduler; and each Filter's round trip (finished requests leaving the batch). It also reports the CPU seconds each ztgi service process on this machine used
 during the level (from /proc; absent when the server runs elsewhere or in containers), per output
 token: the pipeline's processes share the cores with the worker's compute threads.
 """
@@ -133,12 +133,14 @@ async def measure(config: BenchConfig, generator: LoadGenerator) -> str:
     run = await generator.run(config.concurrencies[0])
     after, cpu_after = parse_totals(await _fetch_metrics(config.url)), service_cpu_seconds()
     steps = [costs for method in ("prefill", "decode") if (costs := step_costs(before, after, method))]
-    return render(steps, cpu_used(cpu_before, cpu_after), run.summary.num_output_tokens,
+    filters = mean_ms(before, after, "tgi_batch_filter_duration", {})
+    return render(steps, filters, cpu_used(cpu_before, cpu_after), run.summary.num_output_tokens,
                   run.summary.duration_s, run.summary.output_token_throughput)
 
 
-def render(steps: list[StepCosts], cpu: dict[str, float], num_tokens: int, duration_s: float,
-           throughput: float) -> str:
+def render(steps: list[StepCosts], filters: tuple[int, float | None], cpu: dict[str, float], num_tokens: int,
+           duration_s: float, throughput: float) -> str:
+    """The report; `filters` is (count, mean round trip in ms) of the Filter commands."""
     lines = [f"{num_tokens} output tokens in {duration_s:.1f} s ({throughput:.1f} tok/s)",
              "method   steps  round trip  " + "  ".join(f"{p:>11s}" for p in ("forward", "choose", "concatenate"))
              + "  between steps (ms per step)"]
@@ -147,6 +149,8 @@ def render(steps: list[StepCosts], cpu: dict[str, float], num_tokens: int, durat
         share = 100.0 * costs.between_steps_ms / costs.round_trip_ms
         lines.append(f"{costs.method:8s} {costs.num_steps:6d}  {costs.round_trip_ms:10.2f}  {parts}"
                      f"  {costs.between_steps_ms:6.2f} ({share:.1f}%)")
+    if filters[1] is not None:
+        lines.append(f"filter   {filters[0]:6d}  {filters[1]:10.2f}  (round trip)")
     if cpu:
         lines.append("service     CPU s   ms per output token")
         lines += [f"{service:10s} {seconds:6.1f}   {1000.0 * seconds / max(num_tokens, 1):6.2f}"

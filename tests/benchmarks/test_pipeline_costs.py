@@ -80,7 +80,9 @@ def test_report_lines() -> None:
     histograms = StepHistograms()
     before = histograms.page()
     histograms.step("decode", 0.050, 0.040, 0.002, 0.001)
-    text = render([step_costs(before, histograms.page(), "decode")], {"scheduler": 0.5}, 100, 5.0, 20.0)
+    text = render([step_costs(before, histograms.page(), "decode")], (3, 2.5), {"scheduler": 0.5}, 100, 5.0, 20.0)
     assert text.splitlines()[0] == "100 output tokens in 5.0 s (20.0 tok/s)"
     assert "decode        1       50.00        40.00         2.00         1.00    7.00 (14.0%)" in text
+    assert "filter        3        2.50  (round trip)" in text
     assert "scheduler     0.5     5.00" in text
+    assert "filter" not in render([], (0, None), {}, 0, 1.0, 0.0)
