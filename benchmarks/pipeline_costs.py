@@ -7,9 +7,10 @@
 each Prefill and Decode (`tgi_batch_inference_duration`: sent to answer received) into what the
 worker reported (forward, next-token choice and Generation building, concatenate) and the
 remainder: the worker's idle time between steps, spent in messages, the worker's IO thread and
-the scheduler; and each Filter's round trip (finished requests leaving the batch). It also reports the CPU seconds each ztgi service process on this machine used
-during the level (from /proc; absent when the server runs elsewhere or in containers), per output
-token: the pipeline's processes share the cores with the worker's compute threads.
+the scheduler; and each Filter's round trip (finished requests leaving the batch). It also
+reports the CPU seconds each ztgi service process on this machine used during the level (from
+/proc; absent when the server runs elsewhere or in containers), per output token: the
+pipeline's processes share the cores with the worker's compute threads.
 """
 
 from __future__ import annotations
