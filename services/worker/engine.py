@@ -17,6 +17,7 @@ from common.messages import (
 )
 from services.worker.batch import CausalLMBatch
 from services.worker.cache import BatchCache
+from services.worker.heap import HeapTrimmer
 from services.worker.model import Model
 from services.worker.warmup import run_warmup
 
@@ -39,6 +40,7 @@ class Engine:
         self.memory_budget_mb = memory_budget_mb
         self.cpu_warmup_prefill_tokens = cpu_warmup_prefill_tokens
         self.cache: BatchCache[CausalLMBatch] = BatchCache()
+        self.heap = HeapTrimmer()  # asked after every command that frees a batch's memory
 
     def warmup(self, command: Warmup) -> WarmupResult | CommandFailed:
         def run() -> WarmupResult:
@@ -74,6 +76,8 @@ class Engine:
                 raise CommandError(_describe(exc), [rid for b in batches for rid in b.request_ids]) from exc
             for batch_id in command.batch_ids[1:]:
                 self.cache.delete(batch_id)
+            if len(command.batch_ids) > 1 or result.batch is None:  # buffers restacked or released
+                self.heap.release()
             return result
         return self._guarded(command.command_id, run)
 
@@ -83,9 +87,10 @@ class Engine:
             filtered = batch.filter(command.request_ids)
             if filtered is None:
                 self.cache.delete(command.batch_id)
-                return FilterResult(command.command_id, None)
-            self.cache.set(command.batch_id, filtered)
-            return FilterResult(command.command_id, filtered.to_cached())
+            else:
+                self.cache.set(command.batch_id, filtered)
+            self.heap.release()
+            return FilterResult(command.command_id, filtered.to_cached() if filtered else None)
         return self._guarded(command.command_id, run)
 
     def clear(self, command: Clear) -> CommandDone:
@@ -93,6 +98,7 @@ class Engine:
             self.cache.clear()
         else:
             self.cache.delete(command.batch_id)
+        self.heap.release()
         return CommandDone(command.command_id)
 
     def health_check(self, command: HealthCheck) -> CommandDone:

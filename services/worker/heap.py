@@ -1,0 +1,49 @@
+"""Handing the C heap's free pages back to the OS now and then.
+
+glibc reuses a freed block only for allocations that fit in it. A worker's batches keep changing
+shape (KV buffers restacked as requests come and go, activations of every batch size), so its
+heap fills with holes that are free but still resident: under a mixed load its RSS crept up by
+10% in a 90-second soak (tests/e2e/test_soak.py). `malloc_trim(0)` returns the whole free pages
+of every arena, not only the top of the heap. It walks the free lists (about 5 ms when there is
+something to give back), so the engine asks for it when batches shrink or leave, and it runs at
+most once per `min_interval_s`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import time
+from typing import Callable
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MIN_INTERVAL_S = 10.0
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None on another C library (musl, macOS): nothing to trim there."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+class HeapTrimmer:
+    """`release()` after memory was freed; trims when the last trim is `min_interval_s` old."""
+
+    def __init__(self, min_interval_s: float = DEFAULT_MIN_INTERVAL_S) -> None:
+        self.min_interval_s = min_interval_s
+        self.malloc_trim = _load_malloc_trim()
+        self.last_trim = time.monotonic()
+        self.num_trims = 0
+
+    def release(self) -> bool:
+        """Trims if it is time; whether it did."""
+        now = time.monotonic()
+        if self.malloc_trim is None or now - self.last_trim < self.min_interval_s:
+            return False
+        self.malloc_trim(0)
+        self.last_trim = now
+        self.num_trims += 1
+        return True
