@@ -12,11 +12,8 @@ most once per `min_interval_s`.
 from __future__ import annotations
 
 import ctypes
-import logging
 import time
 from typing import Callable
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_MIN_INTERVAL_S = 10.0
 
