@@ -8,8 +8,9 @@ instead of the whole cache (a `DynamicCache` grows by `torch.cat`: O(n^2) copyin
 
 Filtering works in place too: each dropped row's place is taken by a kept row from the end of the
 batch (one row copied per dropped request, not the whole cache into new buffers), and positions
-no kept row needs any more are skipped by moving `start`. The buffers keep their size until the
-next concatenate, which builds new ones.
+no kept row needs any more are skipped by moving `start`. The buffers keep their size: a later
+concatenate writes newcomers into the freed rows, and builds new buffers only when the rows or
+the room run out.
 
 The capacity is the batch's planned width (prompt + tokens to come, TGI's padded budget); a forward
 that needs more grows the buffers by doubling. Untouched capacity is allocated, not written:

@@ -236,8 +236,8 @@ def _lower_priority_on_cpu(config: WorkerConfig) -> None:
     """A CPU worker's compute threads keep every core busy while a step runs; the pipeline's
     light processes wake for a fraction of a millisecond per step and, at equal priority, wait a
     timeslice for a core. Lowered here, before torch starts its threads (they inherit it), the
-    worker yields to them at once: TTFT at concurrency 1 measured 65 -> 52 ms, throughput at 16
-    unchanged (BENCHMARKS.md)."""
+    worker yields to them at once: the way back from a worker's answer to the client's event took
+    5-15 ms without it and about 2 ms with it (BENCHMARKS.md, "The worker process on CPU")."""
     if config.cpu_nice and resolve_device(config.device).type == "cpu":
         os.nice(config.cpu_nice)
 
