@@ -40,7 +40,7 @@ class Engine:
         self.memory_budget_mb = memory_budget_mb
         self.cpu_warmup_prefill_tokens = cpu_warmup_prefill_tokens
         self.cache: BatchCache[CausalLMBatch] = BatchCache()
-        self.heap = HeapTrimmer()  # asked after every command that frees a batch's memory
+        self.heap = HeapTrimmer()  # told by every command that frees a batch's memory
 
     def warmup(self, command: Warmup) -> WarmupResult | CommandFailed:
         def run() -> WarmupResult:
@@ -77,7 +77,7 @@ class Engine:
             for batch_id in command.batch_ids[1:]:
                 self.cache.delete(batch_id)
             if len(command.batch_ids) > 1 or result.batch is None:  # buffers restacked or released
-                self.heap.release()
+                self.heap.freed()
             return result
         return self._guarded(command.command_id, run)
 
@@ -89,7 +89,7 @@ class Engine:
                 self.cache.delete(command.batch_id)
             else:
                 self.cache.set(command.batch_id, filtered)
-            self.heap.release()
+            self.heap.freed()
             return FilterResult(command.command_id, filtered.to_cached() if filtered else None)
         return self._guarded(command.command_id, run)
 
@@ -98,11 +98,15 @@ class Engine:
             self.cache.clear()
         else:
             self.cache.delete(command.batch_id)
-        self.heap.release()
+        self.heap.freed()
         return CommandDone(command.command_id)
 
     def health_check(self, command: HealthCheck) -> CommandDone:
         return CommandDone(command.command_id)
+
+    def tidy(self) -> None:
+        """Housekeeping that no answer waits for: run after a command's answer has been sent."""
+        self.heap.release()
 
     # -- helpers -------------------------------------------------------------------------------
 

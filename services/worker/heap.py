@@ -5,8 +5,9 @@ shape (KV buffers restacked as requests come and go, activations of every batch 
 heap fills with holes that are free but still resident: under a mixed load its RSS crept up by
 10% in a 90-second soak (tests/e2e/test_soak.py). `malloc_trim(0)` returns the whole free pages
 of every arena, not only the top of the heap. It walks the free lists (about 5 ms when there is
-something to give back), so the engine asks for it when batches shrink or leave, and it runs at
-most once per `min_interval_s`.
+something to give back), so the engine notes when batches shrink or leave (`freed`), the engine
+loop trims after the answer of that command is on its way (`release`, off the critical path),
+and a trim runs at most once per `min_interval_s`.
 """
 
 from __future__ import annotations
@@ -27,20 +28,27 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
 
 
 class HeapTrimmer:
-    """`release()` after memory was freed; trims when the last trim is `min_interval_s` old."""
+    """`freed()` when memory was freed; `release()` trims if some was and the last trim is
+    `min_interval_s` old."""
 
     def __init__(self, min_interval_s: float = DEFAULT_MIN_INTERVAL_S) -> None:
         self.min_interval_s = min_interval_s
         self.malloc_trim = _load_malloc_trim()
         self.last_trim = time.monotonic()
         self.num_trims = 0
+        self.pending = False
+
+    def freed(self) -> None:
+        """Memory went back to the heap: the next due `release` trims."""
+        self.pending = True
 
     def release(self) -> bool:
-        """Trims if it is time; whether it did."""
+        """Trims if memory was freed since the last trim and it is time; whether it did."""
         now = time.monotonic()
-        if self.malloc_trim is None or now - self.last_trim < self.min_interval_s:
+        if self.malloc_trim is None or not self.pending or now - self.last_trim < self.min_interval_s:
             return False
         self.malloc_trim(0)
         self.last_trim = now
         self.num_trims += 1
+        self.pending = False
         return True

@@ -50,7 +50,8 @@ RESET = object()  # engine thread: the scheduler restarted, drop every cached ba
 
 
 class EngineLoop:
-    """Runs commands from `commands` one at a time; sends each encoded answer on an inproc PAIR."""
+    """Runs commands from `commands` one at a time; sends each encoded answer on an inproc PAIR,
+    then, when no command waits, the engine's housekeeping (`Engine.tidy`)."""
 
     def __init__(self, engine: Engine, context: zmq.Context, answers_address: str) -> None:
         self.engine = engine
@@ -69,6 +70,8 @@ class EngineLoop:
                     self.engine.cache.clear()
                     continue
                 answers.send(encode(self.execute(command)))
+                if self.commands.empty():
+                    self.engine.tidy()
         finally:
             answers.close()
 
