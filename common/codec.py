@@ -29,11 +29,12 @@ class MessageError(ValueError):
 
 
 T = TypeVar("T")
-Checker = Callable[[Any, str], Any]
+Checker = Callable[[Any], Any]
 
 _TAG_TO_CLASS: dict[str, type] = {}
 _CLASS_TO_TAG: dict[type, str] = {}
 _RECORD_CHECKERS: dict[type, list[tuple[str, Checker]]] = {}
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def record(cls: type[T]) -> type[T]:
@@ -80,7 +81,7 @@ def decode(data: bytes, expected: type[T] | tuple[type, ...] | None = None) -> T
     cls = _TAG_TO_CLASS.get(wire[0])
     if cls is None:
         raise MessageError(f"unknown message tag {wire[0]!r}")
-    msg = _build(cls, wire[1:], wire[0])
+    msg = _decode_fields(cls, wire[1:], wire[0])
     if expected is not None and not isinstance(msg, expected):
         raise MessageError(f"unexpected message {wire[0]!r} on this socket")
     return msg
@@ -93,30 +94,62 @@ def tag_of(cls: type) -> str:
 # -- to the wire -----------------------------------------------------------------------------
 
 def _fields_to_wire(obj: Any) -> list:
-    return [_to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    names = _FIELD_NAMES.get(type(obj))
+    if names is None:
+        names = _FIELD_NAMES[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+    return [_to_wire(getattr(obj, name)) for name in names]
 
 
 def _to_wire(value: Any) -> Any:
     if type(value) in _RECORD_CHECKERS:
         return _fields_to_wire(value)
-    if isinstance(value, list) and value and type(value[0]) in _RECORD_CHECKERS:
+    if type(value) is list and value and type(value[0]) in _RECORD_CHECKERS:
         return [_fields_to_wire(v) for v in value]
     return value
 
 
 # -- from the wire ---------------------------------------------------------------------------
+#
+# Checkers take a value and return it (floats as float); a bad value raises _FieldError with
+# what is wrong, and the path to it grows as the error leaves each record, so a valid message
+# costs no string formatting and no exception.
 
-def _build(cls: type, values: Any, where: str) -> Any:
-    if not isinstance(values, list):
-        raise MessageError(f"{where}: expected an array of fields, got {type(values).__name__}")
+class _FieldError(MessageError):
+    """A bad value; `path` (".field", "[key]") is filled in on the way out."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.path: list[str] = []
+
+    def located(self, where: str) -> MessageError:
+        return MessageError(f"{where}{''.join(self.path)}: {self.detail}")
+
+
+def _decode_fields(cls: type, values: Any, where: str) -> Any:
+    try:
+        return _build(cls, values)
+    except _FieldError as exc:
+        raise exc.located(where) from None
+
+
+def _build(cls: type, values: Any) -> Any:
+    if type(values) is not list:
+        raise _FieldError(f"expected an array of fields, got {type(values).__name__}")
     checkers = _checkers_for(cls)
     if len(values) != len(checkers):
-        raise MessageError(f"{where}: expected {len(checkers)} fields, got {len(values)}")
-    kwargs = {name: check(value, f"{where}.{name}") for (name, check), value in zip(checkers, values)}
+        raise _FieldError(f"expected {len(checkers)} fields, got {len(values)}")
+    args = []
+    for (name, check), value in zip(checkers, values):
+        try:
+            args.append(check(value))
+        except _FieldError as exc:
+            exc.path.insert(0, f".{name}")
+            raise
     try:
-        return cls(**kwargs)
+        return cls(*args)
     except (TypeError, ValueError) as exc:  # __post_init__ validation
-        raise MessageError(f"{where}: {exc}") from None
+        raise _FieldError(str(exc)) from None
 
 
 def _checkers_for(cls: type) -> list[tuple[str, Checker]]:
@@ -131,17 +164,17 @@ def _checker(tp: Any) -> Checker:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
-        return lambda v, where: v
+        return lambda v: v
     if tp is float:
         return _check_float
-    if tp in (int, str, bool, bytes):
+    if tp is int:
+        return _check_int
+    if tp in (str, bool, bytes, type(None)):
         return _scalar_checker(tp)
-    if tp is type(None):
-        return _scalar_checker(type(None))
     if tp in _RECORD_CHECKERS:
-        return lambda v, where: _build(tp, v, where)
+        return lambda v: _build(tp, v)
     if origin in (typing.Union, types.UnionType):
-        return _union_checker([_checker(a) for a in args])
+        return _union_checker(args)
     if origin is list:
         return _int_list_checker if args[0] is int else _list_checker(_checker(args[0]))
     if origin is dict:
@@ -152,62 +185,85 @@ def _checker(tp: Any) -> Checker:
 
 
 def _scalar_checker(tp: type) -> Checker:
-    def check(value: Any, where: str) -> Any:
-        # bool is an int subclass: keep the two apart in both directions
-        if type(value) is not tp and not (tp is int and isinstance(value, int) and not isinstance(value, bool)):
-            raise MessageError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+    def check(value: Any) -> Any:
+        if type(value) is not tp:
+            raise _FieldError(f"expected {tp.__name__}, got {type(value).__name__}")
         return value
 
     return check
 
 
-def _check_float(value: Any, where: str) -> float:
+def _check_int(value: Any) -> int:
+    # bool is an int subclass: keep the two apart in both directions
+    if type(value) is not int and (not isinstance(value, int) or isinstance(value, bool)):
+        raise _FieldError(f"expected int, got {type(value).__name__}")
+    return value
+
+
+def _check_float(value: Any) -> float:
+    if type(value) is float:
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise MessageError(f"{where}: expected float, got {type(value).__name__}")
+        raise _FieldError(f"expected float, got {type(value).__name__}")
     return float(value)
 
 
-def _union_checker(options: list[Checker]) -> Checker:
-    def check(value: Any, where: str) -> Any:
+def _union_checker(types_: tuple) -> Checker:
+    """`X | None` checks None first; the other options are tried in order."""
+    options = [_checker(tp) for tp in types_ if tp is not type(None)]
+    optional = len(options) < len(types_)
+
+    def check(value: Any) -> Any:
+        if value is None and optional:
+            return None
         for option in options:
             try:
-                return option(value, where)
-            except MessageError:
+                return option(value)
+            except _FieldError:
                 continue
-        raise MessageError(f"{where}: value of type {type(value).__name__} matches no allowed type")
+        raise _FieldError(f"value of type {type(value).__name__} matches no allowed type")
 
     return check
 
 
 def _list_checker(item: Checker) -> Checker:
-    def check(value: Any, where: str) -> list:
-        if not isinstance(value, list):
-            raise MessageError(f"{where}: expected array, got {type(value).__name__}")
-        return [item(v, where) for v in value]
+    def check(value: Any) -> list:
+        if type(value) is not list:
+            raise _FieldError(f"expected array, got {type(value).__name__}")
+        return [item(v) for v in value]
 
     return check
 
 
-def _int_list_checker(value: Any, where: str) -> list:
+def _int_list_checker(value: Any) -> list:
     """Fast path for token id arrays, the bulk of most messages."""
-    if not isinstance(value, list) or not all(type(v) is int for v in value):
-        raise MessageError(f"{where}: expected an array of integers")
+    if type(value) is not list or not all(type(v) is int for v in value):
+        raise _FieldError("expected an array of integers")
     return value
 
 
 def _dict_checker(key: Checker, val: Checker) -> Checker:
-    def check(value: Any, where: str) -> dict:
-        if not isinstance(value, dict):
-            raise MessageError(f"{where}: expected map, got {type(value).__name__}")
-        return {key(k, where): val(v, f"{where}[{k!r}]") for k, v in value.items()}
+    def check(value: Any) -> dict:
+        if type(value) is not dict:
+            raise _FieldError(f"expected map, got {type(value).__name__}")
+        checked = {}
+        for k, v in value.items():
+            try:
+                checked[key(k)] = val(v)
+            except _FieldError as exc:
+                exc.path.insert(0, f"[{k!r}]")
+                raise
+        return checked
 
     return check
 
 
 def _literal_checker(allowed: tuple) -> Checker:
-    def check(value: Any, where: str) -> Any:
-        if value not in allowed or isinstance(value, bool) != any(isinstance(a, bool) for a in allowed):
-            raise MessageError(f"{where}: {value!r} is not one of {list(allowed)}")
+    allows_bool = any(isinstance(a, bool) for a in allowed)
+
+    def check(value: Any) -> Any:
+        if value not in allowed or isinstance(value, bool) != allows_bool:
+            raise _FieldError(f"{value!r} is not one of {list(allowed)}")
         return value
 
     return check
