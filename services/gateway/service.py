@@ -9,6 +9,7 @@ from typing import Sequence
 from aiohttp import web
 
 from common.config import parse_config
+from common.gc_freeze import freeze_startup_objects
 from common.logs import setup_logging
 from services.gateway.app import make_app
 from services.gateway.config import GatewayConfig
@@ -30,8 +31,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(f"gateway[{config.gateway_index}]", config.log_level)
     logger.info("serving http://%s:%d for the scheduler at %s", config.host, config.port, config.scheduler_url)
     debug = logging.getLogger().isEnabledFor(logging.DEBUG)
+    app = make_app(config)
+    freeze_startup_objects()
     web.run_app(
-        make_app(config), host=config.host, port=config.port, reuse_port=config.reuse_port or None,
+        app, host=config.host, port=config.port, reuse_port=config.reuse_port or None,
         shutdown_timeout=config.shutdown_timeout_s, handler_cancellation=True, print=None,
         access_log=logging.getLogger("aiohttp.access") if debug else None, loop=new_event_loop())
     logger.info("stopped")

@@ -15,6 +15,7 @@ from common import curve
 from common.codec import MAX_MESSAGE_BYTES
 from common.config import parse_config
 from common.identity import new_boot_nonce
+from common.gc_freeze import freeze_startup_objects
 from common.logs import setup_logging
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.hub import Hub
@@ -174,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    freeze_startup_objects()
     try:
         service.run()
     finally:

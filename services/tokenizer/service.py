@@ -15,6 +15,7 @@ from common import curve
 from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.config import parse_config
 from common.identity import new_boot_nonce, new_identity
+from common.gc_freeze import freeze_startup_objects
 from common.logs import setup_logging
 from common.messages import (
     PROTOCOL_VERSION, Adopt, DetokenizeJob, EncodeJob, Encoded, Forget, Heartbeat, Hello, Rejected,
@@ -203,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("%s", exc)
         return 1
     service = TokenizerService(config, tokenizer, stop_requested)
+    freeze_startup_objects()
     try:
         service.run()
     finally:

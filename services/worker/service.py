@@ -13,7 +13,6 @@ measured 40 ms from a second thread against 32 ms from the loading thread).
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import queue
@@ -29,6 +28,7 @@ from common import curve
 from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.config import parse_config
 from common.identity import new_boot_nonce, new_identity
+from common.gc_freeze import freeze_startup_objects
 from common.logs import setup_logging
 from common.messages import (
     PROTOCOL_VERSION, Clear, CommandFailed, Decode, Filter, HealthCheck, Heartbeat, Hello, Prefill, Warmup,
@@ -100,8 +100,7 @@ class EngineLoop:
     def _warmup(self, command: Warmup) -> object:
         answer = self.engine.warmup(command)
         if isinstance(answer, WarmupResult):
-            gc.collect()
-            gc.freeze()  # the model and everything alive now stay: keep them out of later collections
+            freeze_startup_objects()  # the model and everything alive now stay out of later collections
         return answer
 
     def stop(self) -> None:
