@@ -30,6 +30,10 @@ class Detokenizer:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
+        # every token is decoded twice (DecodeState.next_text): a fast tokenizer's Rust backend
+        # gives the same text as `decode(..., clean_up_tokenization_spaces=False)` without
+        # transformers' per-call argument handling
+        self.backend = tokenizer.backend_tokenizer if tokenizer.is_fast else None
         self.special_ids = frozenset(tokenizer.all_special_ids)
         self.key_to_state: dict[RequestKey, DecodeState] = {}
 
@@ -122,14 +126,20 @@ class Detokenizer:
     # -- token texts ---------------------------------------------------------------------------
 
     def _decode(self, ids: list[int]) -> str:
+        if self.backend is not None:
+            return self.backend.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def _tokens(self, ids: list[int], logprobs: list[float | None]) -> list[Token]:
         """Each id decoded on its own (TGI's texts for top and prefill tokens)."""
         if not ids:
             return []  # batch_decode([]) answers [""]
-        texts = self.tokenizer.batch_decode([[token_id] for token_id in ids], skip_special_tokens=False,
-                                            clean_up_tokenization_spaces=False)
+        single_ids = [[token_id] for token_id in ids]
+        if self.backend is not None:
+            texts = self.backend.decode_batch(single_ids, skip_special_tokens=False)
+        else:
+            texts = self.tokenizer.batch_decode(single_ids, skip_special_tokens=False,
+                                                clean_up_tokenization_spaces=False)
         return [Token(id=token_id, text=text, logprob=logprob, special=token_id in self.special_ids)
                 for token_id, text, logprob in zip(ids, texts, logprobs)]
 

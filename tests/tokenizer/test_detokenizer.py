@@ -239,3 +239,19 @@ def test_adopted_request_continues_the_stream(detokenizer, tokenizer):
         events += _events(successor.detokenize(DetokenizeJob([TokenStep(key, step)])), key.client_id)
     assert [e.token.text for e in events] == [e.token.text for e in original[3:]]
     assert events[-1].generated_text == original[-1].generated_text == MULTILINGUAL_OUTPUTS[0]
+
+
+@pytest.mark.parametrize("text", MULTILINGUAL_OUTPUTS + ["<|im_start|>user\nhi<|im_end|>"])
+def test_rust_backend_decodes_as_transformers_does(detokenizer, tokenizer, text):
+    """The fast path (the tokenizer's Rust backend) gives transformers' text for every window
+    the incremental decode asks for, and for top tokens decoded one by one."""
+    assert detokenizer.backend is not None
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    for start in range(len(ids)):
+        for stop in range(start, len(ids) + 1):
+            window = ids[start:stop]
+            assert detokenizer._decode(window) == tokenizer.decode(
+                window, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    texts = [token.text for token in detokenizer._tokens(ids, [None] * len(ids))]
+    assert texts == tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False,
+                                           clean_up_tokenization_spaces=False)
