@@ -14,8 +14,8 @@ import zmq
 from common import curve
 from common.codec import MAX_MESSAGE_BYTES
 from common.config import parse_config
-from common.identity import new_boot_nonce
 from common.gc_freeze import freeze_startup_objects
+from common.identity import new_boot_nonce
 from common.logs import setup_logging
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.hub import Hub
