@@ -7,7 +7,7 @@ import json
 from typing import Any, Sequence
 
 from benchmarks.load_generator import RunResult
-from benchmarks.metrics import RequestRecord, Summary
+from benchmarks.metrics import RequestRecord, Summary, summarize
 
 
 @dataclasses.dataclass
@@ -33,6 +33,18 @@ class BaselineRun:
         if with_requests:
             result["requests"] = [r.to_json() for r in self.records]
         return result
+
+
+def joined(parts: Sequence[BaselineRun]) -> BaselineRun:
+    """Runs of one system at one level, one after the other, as one run: the records renumbered
+    in order with their start times laid end to end, the durations added (`extra` is dropped)."""
+    records: list[RequestRecord] = []
+    offset_s = 0.0
+    for part in parts:
+        records += [dataclasses.replace(record, request_id=len(records) + index, start_s=record.start_s + offset_s)
+                    for index, record in enumerate(part.records)]
+        offset_s += part.summary.duration_s
+    return BaselineRun(parts[0].system, parts[0].concurrency, records, summarize(records, offset_s))
 
 
 def results_json(config: Any, runs: Sequence[BaselineRun], with_requests: bool = True) -> dict[str, Any]:

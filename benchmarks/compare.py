@@ -4,10 +4,10 @@
         --output results.json --plot sweep.png
 
 On one machine, one run at a time, each repeat runs static batching (`transformers` `generate`,
-batch `--static-batch-size`), then at concurrency 1 and each of `--concurrencies` the worker
-engine in-process and, right after it, ztgi (`ztgi launch` started here on a free port, loaded by
-`ztgi bench`'s load generator over `/generate_stream`). Every system is warmed up first with
-two-token requests at its largest batch. With the defaults (the whole mixed set) a repeat takes
+batch `--static-batch-size`), then at each of `--concurrencies` the worker engine in-process and,
+right after it, ztgi (`ztgi launch` started here on a free port, loaded by `ztgi bench`'s load
+generator over `/generate_stream`); at concurrency 1 the two take turns of `--ttft-turn`
+requests. Every system is warmed up first with two-token requests at its largest batch. With the defaults (the whole mixed set) a repeat takes
 minutes on a few CPU cores; `--max-requests` shortens it. The workload is identical for all:
 the same prompts in the same order, the same `max_new_tokens`, the ids ztgi's tokenizer makes,
 greedy, the same model and dtype, and `--ignore-eos` (on by default, so every system generates
@@ -26,15 +26,17 @@ import logging
 import sys
 from typing import Sequence
 
+import aiohttp
+
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import load_model, load_tokenizer
-from benchmarks.baseline_run import BaselineRun, write_results
+from benchmarks.baseline_run import BaselineRun, joined, write_results
 from benchmarks.bench import run_event_loop
 from benchmarks.comparison import TTFT_CONCURRENCY, Comparison
 from benchmarks.config import BenchConfig, parse_sweep
 from benchmarks.engine_alone import BatchingPolicy, EngineAlone
 from benchmarks.launched_server import LaunchedServer, ServerStartError
-from benchmarks.load_generator import LoadGenerator, RunResult
+from benchmarks.load_generator import LoadGenerator, RunResult, http_session
 from benchmarks.offline_workload import OfflineRequest, encode_prompts, load_prompts
 from benchmarks.static_batching import StaticBatching
 from benchmarks.workload import Prompt, WorkloadError
@@ -64,6 +66,8 @@ class CompareConfig(BaselineConfig):
         "throughput levels for the engine and ztgi (concurrency 1 is always run, for TTFT)"))
     ttft_requests: int = dataclasses.field(default=8, metadata=_help(
         "requests of the concurrency-1 runs (the first N prompts)"))
+    ttft_turn: int = dataclasses.field(default=4, metadata=_help(
+        "at concurrency 1 the engine and ztgi take turns of this many requests"))
     repeats: int = dataclasses.field(default=1, metadata=_help("runs of everything; figures are medians"))
     plot: str | None = dataclasses.field(default=None, metadata=_help("write a PNG of the comparison here"))
     port: int | None = dataclasses.field(default=None, metadata=_help("ztgi's HTTP port (default: a free one)"))
@@ -81,6 +85,7 @@ class CompareConfig(BaselineConfig):
         require(self.static_batch_size >= 1, f"--static-batch-size must be >= 1, got {self.static_batch_size}")
         throughput_levels(self.concurrencies)
         require(self.ttft_requests >= 1, f"--ttft-requests must be >= 1, got {self.ttft_requests}")
+        require(self.ttft_turn >= 1, f"--ttft-turn must be >= 1, got {self.ttft_turn}")
         require(self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}")
         require(self.startup_timeout_s > 0, "--startup-timeout-s must be positive")
         require(self.max_batch_prefill_tokens >= 1, "--max-batch-prefill-tokens must be >= 1")
@@ -144,10 +149,22 @@ class ZtgiOverHttp:
     def run(self, prompts: list[Prompt], concurrency: int) -> BaselineRun:
         return BaselineRun.from_bench("ztgi", self._run(prompts, concurrency))
 
+    def session(self) -> aiohttp.ClientSession:
+        """A session whose connection `run_in` calls share (none of them pays for connecting)."""
+        return http_session(self._bench(1).request_timeout_s)
+
+    async def run_in(self, session: aiohttp.ClientSession, prompts: list[Prompt], concurrency: int) -> BaselineRun:
+        return BaselineRun.from_bench("ztgi", await self._generator(prompts).run_in(session, concurrency))
+
     def _run(self, prompts: list[Prompt], concurrency: int) -> RunResult:
-        bench = BenchConfig(url=self.url, dataset=self.config.dataset, output_tokens=self.config.output_tokens,
-                            num_requests=len(prompts), ignore_eos=self.config.ignore_eos, progress=False)
-        return run_event_loop(LoadGenerator(bench, prompts).run(concurrency))
+        return run_event_loop(self._generator(prompts).run(concurrency))
+
+    def _generator(self, prompts: list[Prompt]) -> LoadGenerator:
+        return LoadGenerator(self._bench(len(prompts)), prompts)
+
+    def _bench(self, num_requests: int) -> BenchConfig:
+        return BenchConfig(url=self.url, dataset=self.config.dataset, output_tokens=self.config.output_tokens,
+                           num_requests=num_requests, ignore_eos=self.config.ignore_eos, progress=False)
 
 
 def run_comparison(config: CompareConfig, workload: Workload, tokenizer) -> list[BaselineRun]:
@@ -175,14 +192,45 @@ def _one_repeat(config: CompareConfig, workload: Workload, static: StaticBatchin
     logger.info("repeat %d/%d: static batching at batch %d", repeat + 1, config.repeats, config.static_batch_size)
     runs = [static.run(workload.requests)]
     for level in config.levels:  # engine and ztgi back to back: a drift in machine load hits both alike
-        logger.info("repeat %d/%d: engine alone, then ztgi over HTTP, at concurrency %d",
+        logger.info("repeat %d/%d: engine alone and ztgi over HTTP at concurrency %d",
                     repeat + 1, config.repeats, level)
-        runs.append(engine.run(workload.at(level, config.ttft_requests).requests, level))
-        runs.append(ztgi.run(workload.at(level, config.ttft_requests).prompts, level))
+        if level == TTFT_CONCURRENCY:
+            runs += run_event_loop(_in_turns(workload.at(level, config.ttft_requests), engine, ztgi, config.ttft_turn))
+        else:
+            runs.append(engine.run(workload.requests, level))
+            runs.append(ztgi.run(workload.prompts, level))
     for run in runs:
         run.extra["repeat"] = repeat
         logger.info("%s@%d: %.1f tok/s", run.system, run.concurrency, run.summary.output_token_throughput)
     return runs
+
+
+def turns(num_requests: int, turn: int) -> list[tuple[str, slice]]:
+    """The concurrency-1 level's order: `turn` requests on one system, the same ones on the
+    other, then the next ones, the first to go alternating: ("engine", 0:4), ("ztgi", 0:4),
+    ("ztgi", 4:8), ("engine", 4:8), ..."""
+    order = []
+    for index, start in enumerate(range(0, num_requests, turn)):
+        part = slice(start, min(start + turn, num_requests))
+        pair = [("engine", part), ("ztgi", part)]
+        order += pair if index % 2 == 0 else pair[::-1]
+    return order
+
+
+async def _in_turns(workload: Workload, engine: EngineAlone, ztgi: ZtgiOverHttp, turn: int) -> list[BaselineRun]:
+    """The engine and ztgi taking turns of `turn` requests, joined into one run each: the speed of
+    these machines drifts by 20-30% over minutes (BENCHMARKS.md), which running one system's
+    whole level after the other's would add to the TTFT ratio. ztgi's turns share one HTTP
+    connection, opened by an untimed two-token request, as one closed-loop run's would."""
+    parts: dict[str, list[BaselineRun]] = {"engine": [], "ztgi": []}
+    async with ztgi.session() as session:
+        await ztgi.run_in(session, [dataclasses.replace(workload.prompts[0], max_new_tokens=2)], TTFT_CONCURRENCY)
+        for system, part in turns(len(workload.prompts), turn):
+            if system == "engine":
+                parts[system].append(engine.run(workload.requests[part], TTFT_CONCURRENCY))
+            else:
+                parts[system].append(await ztgi.run_in(session, workload.prompts[part], TTFT_CONCURRENCY))
+    return [joined(parts["engine"]), joined(parts["ztgi"])]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

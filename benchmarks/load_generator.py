@@ -23,6 +23,7 @@ from benchmarks.workload import Prompt
 logger = logging.getLogger(__name__)
 
 READ_BUFFER_BYTES = 1 << 20  # a final event repeats the whole text: lines may be long
+KEEPALIVE_S = 300.0  # a session reused across load levels keeps its connections between them
 
 
 @dataclasses.dataclass
@@ -37,6 +38,13 @@ class RunResult:
     def to_json(self) -> dict:
         return {"concurrency": self.concurrency, "request_rate": self.request_rate,
                 "summary": self.summary.to_json(), "requests": [r.to_json() for r in self.records]}
+
+
+def http_session(request_timeout_s: float | None) -> aiohttp.ClientSession:
+    """A session for `LoadGenerator.run_in`; its idle connections stay open for `KEEPALIVE_S`."""
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFFER_BYTES)
 
 
 class LoadGenerator:
@@ -55,17 +63,18 @@ class LoadGenerator:
         self.num_requests = config.num_requests or (None if config.duration_s else len(prompts))
 
     async def run(self, concurrency: int | None) -> RunResult:
-        """Runs one load level and summarizes it (duration: first send to last answer)."""
+        """Runs one load level in a session of its own."""
+        async with http_session(self.config.request_timeout_s) as session:
+            return await self.run_in(session, concurrency)
+
+    async def run_in(self, session: aiohttp.ClientSession, concurrency: int | None) -> RunResult:
+        """Runs one load level over `session` and summarizes it (duration: first send to last answer)."""
         logger.info("running %s requests against %s%s, concurrency %s, request rate %s",
                     self.num_requests or "unbounded", self.config.url, self.backend.path,
                     concurrency or "unbounded", self.config.request_rate or "unbounded")
-        connector = aiohttp.TCPConnector(limit=0)
-        timeout = aiohttp.ClientTimeout(total=self.config.request_timeout_s)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                         read_bufsize=READ_BUFFER_BYTES) as session:
-            start = time.perf_counter()
-            records = await self._send_all(session, concurrency, start)
-            duration_s = time.perf_counter() - start
+        start = time.perf_counter()
+        records = await self._send_all(session, concurrency, start)
+        duration_s = time.perf_counter() - start
         return RunResult(concurrency, self.config.request_rate, records, summarize(records, duration_s))
 
     async def _send_all(self, session: aiohttp.ClientSession, concurrency: int | None,

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from benchmarks.baseline_model import load_model, load_tokenizer
-from benchmarks.baseline_run import BaselineRun
-from benchmarks.compare import CompareConfig
+from benchmarks.baseline_run import BaselineRun, joined
+from benchmarks.compare import CompareConfig, turns
 from benchmarks.comparison import Comparison
 from benchmarks.engine_alone import EngineAlone
 from benchmarks.metrics import RequestRecord, summarize
@@ -142,3 +142,27 @@ def test_compare_gives_ztgi_and_the_engine_the_same_limits() -> None:
         CompareConfig(concurrencies="16,zero")
     with pytest.raises(ConfigError, match="--repeats"):
         CompareConfig(repeats=0)
+
+
+def test_concurrency_one_alternates_turns_and_who_goes_first() -> None:
+    """Both systems get every request once, in turns, the first of each pair alternating."""
+    assert turns(10, 4) == [("engine", slice(0, 4)), ("ztgi", slice(0, 4)), ("ztgi", slice(4, 8)),
+                            ("engine", slice(4, 8)), ("engine", slice(8, 10)), ("ztgi", slice(8, 10))]
+    assert turns(3, 8) == [("engine", slice(0, 3)), ("ztgi", slice(0, 3))]
+
+
+def test_joined_turns_read_as_one_run() -> None:
+    """Records are renumbered and laid end to end; the durations add up; figures are recomputed."""
+    def part(num_requests: int, duration_s: float) -> BaselineRun:
+        records = []
+        for index in range(num_requests):
+            record = RequestRecord(index, 4, start_s=0.5 * index)
+            record.set_timings(0.5 * index, [0.5 * index + 0.1 * (t + 1) for t in range(4)], 0.5 * index + 0.4)
+            records.append(record)
+        return BaselineRun("ztgi", 1, records, summarize(records, duration_s))
+
+    run = joined([part(2, 1.0), part(3, 1.5)])
+    assert [r.request_id for r in run.records] == [0, 1, 2, 3, 4]
+    assert [r.start_s for r in run.records] == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0])
+    assert run.summary.duration_s == pytest.approx(2.5) and run.summary.num_output_tokens == 20
+    assert run.summary.ttft_s.p50 == pytest.approx(0.1)
