@@ -36,6 +36,9 @@ class WorkerConfig:
     cpu_nice: int = dataclasses.field(default=10, metadata={
         "help": "on CPU, lower the worker's scheduling priority by this much (0: leave it), so the "
                 "tokenizer, scheduler and gateway sharing its cores preempt its compute threads at once"})
+    cpu_idle_class: bool = dataclasses.field(default=True, metadata={
+        "help": "on CPU (Linux), run the worker in the kernel's SCHED_IDLE class: any other task that wakes "
+                "on its cores runs at once, where at nice 10 alone it could wait out the worker's time slice"})
     watermark_gamma: float = 0.5  # green fraction of the vocabulary (TGI's WATERMARK_GAMMA)
     watermark_delta: float = 2.0  # logit bias of green tokens (TGI's WATERMARK_DELTA)
     heartbeat_interval_ms: int = 1000

@@ -238,10 +238,20 @@ def _lower_priority_on_cpu(config: WorkerConfig) -> None:
     """A CPU worker's compute threads keep every core busy while a step runs; the pipeline's
     light processes wake for a fraction of a millisecond per step and, at equal priority, wait a
     timeslice for a core. Lowered here, before torch starts its threads (they inherit it), the
-    worker yields to them at once: the way back from a worker's answer to the client's event took
-    5-15 ms without it and about 2 ms with it (BENCHMARKS.md, "The worker process on CPU")."""
-    if config.cpu_nice and resolve_device(config.device).type == "cpu":
+    worker yields to them: the way back from a worker's answer to the client's event took 5-15 ms
+    at equal priority and about 2 ms at nice 10 (BENCHMARKS.md, "The worker process on CPU").
+    Nice alone still let one hop in two wait 3-10 ms for the worker's time slice to end (a
+    first token's way back, machine C); a task in the SCHED_IDLE class is preempted by any
+    other task that wakes."""
+    if resolve_device(config.device).type != "cpu":
+        return
+    if config.cpu_nice:
         os.nice(config.cpu_nice)
+    if config.cpu_idle_class and hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError as exc:  # a seccomp profile may refuse it: nice still applies
+            logger.warning("could not enter the SCHED_IDLE class: %s", exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -255,11 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    if config.num_threads is not None:
-        torch.set_num_threads(config.num_threads)
     watermark.configure(config.watermark_gamma, config.watermark_delta)
     try:
         _lower_priority_on_cpu(config)
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
         model = Model(config.model_id, config.dtype, config.device, config.backend)
     except (ModelNotFoundError, ValueError, TypeError) as exc:
         logger.error("cannot load %s: %s", config.model_id, exc)

@@ -95,9 +95,11 @@ def worker(tiny_model_dir, tmp_path_factory):
 
 
 def test_cpu_worker_runs_at_lower_priority(worker):
-    """A CPU worker lowers its priority (--cpu-nice, default 10) so the pipeline's processes preempt it."""
+    """A CPU worker lowers its priority (--cpu-nice, default 10) and enters the SCHED_IDLE class
+    (--cpu-idle-class, default on), so the pipeline's processes preempt it."""
     process, _, _, _ = worker
     assert os.getpriority(os.PRIO_PROCESS, process.pid) - os.getpriority(os.PRIO_PROCESS, os.getpid()) == 10
+    assert os.sched_getscheduler(process.pid) == os.SCHED_IDLE
 
 
 def test_hello_carries_worker_info(worker):
