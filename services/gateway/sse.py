@@ -16,6 +16,15 @@ SSE_HEADERS = {
 }
 
 
+class _HeadersWithFirstEvent(web.StreamResponse):
+    """A StreamResponse whose headers leave in one write with the first event. aiohttp's
+    StreamResponse sends them at `prepare`, a write of their own that wakes the HTTP client for
+    nothing on the first token's path (0.2 ms of it on machine C); `web.Response` buffers its
+    headers this way."""
+
+    _send_headers_immediately = False
+
+
 class EventStream:
     """One SSE response: `open`, then `send` JSON events (`data: {...}\\n\\n`), then `close`.
 
@@ -25,7 +34,7 @@ class EventStream:
 
     def __init__(self, request: web.Request, headers: dict[str, str] | None = None) -> None:
         self.request = request
-        self.response = web.StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
+        self.response = _HeadersWithFirstEvent(headers={**SSE_HEADERS, **(headers or {})})
         self.task: asyncio.Task | None = None
         self.abort_reason: dict[str, str] | None = None
 
