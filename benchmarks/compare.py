@@ -11,8 +11,8 @@ requests. Every system is warmed up first with two-token requests at its largest
 the defaults (the whole mixed set) a repeat takes minutes on a few CPU cores; `--max-requests`
 shortens it. The workload is identical for all: the same prompts in the same order, the same
 `max_new_tokens`, the ids ztgi's tokenizer makes, greedy, the same model and dtype, and
-`--ignore-eos` (on by default, so every system generates exactly the same number of tokens). The concurrency-1 runs measure TTFT and use only the first
-`--ttft-requests` prompts. Each figure is the median over `--repeats`; the table ends with the
+`--ignore-eos` (on by default, so every system generates exactly the same number of tokens).
+The concurrency-1 runs measure TTFT and use only the first `--ttft-requests` prompts. Each figure is the median over `--repeats`; the table ends with the
 ratios the product claims (see `benchmarks/comparison.py`). ztgi's limits (`--max-total-tokens`,
 `--max-batch-prefill-tokens`, ...) go to `ztgi launch`, and the batching ones drive the engine
 alone as well; a model with fewer than 4096 positions needs a smaller `--max-total-tokens`.
@@ -21,7 +21,6 @@ alone as well; a model with fewer than 4096 positions needs a smaller `--max-tot
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import sys
 from typing import Sequence
@@ -41,6 +40,7 @@ from benchmarks.offline_workload import OfflineRequest, encode_prompts, load_pro
 from benchmarks.static_batching import StaticBatching
 from benchmarks.workload import Prompt, WorkloadError
 from common.config import ConfigError, parse_config, require
+from common.gc_freeze import freeze_startup_objects
 from common.logs import setup_logging
 from services.worker.model import Model
 
@@ -176,8 +176,7 @@ def run_comparison(config: CompareConfig, workload: Workload, tokenizer) -> list
     max_level = max(config.levels)
     static.warmup(workload.requests)
     engine.warmup(workload.requests[:max_level])
-    gc.collect()
-    gc.freeze()  # as the worker does after its warmup: the models stay out of later collections
+    freeze_startup_objects()  # as the worker does after its warmup: the models stay out of later collections
     runs: list[BaselineRun] = []
     with LaunchedServer(config.launch_flags(), config.startup_timeout_s, config.port) as server:
         ztgi = ZtgiOverHttp(server.url, config)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import gc
 import itertools
 import json
 import logging
@@ -32,6 +31,7 @@ from benchmarks.metrics import RequestRecord, summarize
 from benchmarks.offline_workload import OfflineRequest, encode_prompts, load_prompts
 from benchmarks.workload import WorkloadError
 from common.config import ConfigError, parse_config, require
+from common.gc_freeze import freeze_startup_objects
 from common.logs import setup_logging
 from common.messages import Encoded, Generation, RequestKey, SamplingParameters
 from services.scheduler.queue import RequestQueue
@@ -226,8 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = EngineAlone(Model(config.model_id, config.dtype, config.device, config.backend), BatchingPolicy.of(config),
                          config.ignore_eos)
     engine.warmup(requests[:config.concurrency])
-    gc.collect()
-    gc.freeze()  # as the worker does after its warmup: the model stays out of later collections
+    freeze_startup_objects()  # as the worker does after its warmup: the model stays out of later collections
     run = engine.run(requests, config.concurrency)
     sys.stdout.write(json.dumps(results_json(config, [run], with_requests=False), indent=1) + "\n")
     if config.output:

@@ -27,8 +27,8 @@ import zmq
 from common import curve
 from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.config import parse_config
-from common.identity import new_boot_nonce, new_identity
 from common.gc_freeze import freeze_startup_objects
+from common.identity import new_boot_nonce, new_identity
 from common.logs import setup_logging
 from common.messages import (
     PROTOCOL_VERSION, Clear, CommandFailed, Decode, Filter, HealthCheck, Heartbeat, Hello, Prefill, Warmup,
