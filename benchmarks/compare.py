@@ -6,16 +6,17 @@
 On one machine, one run at a time, each repeat runs static batching (`transformers` `generate`,
 batch `--static-batch-size`), then at each of `--concurrencies` the worker engine in-process and,
 right after it, ztgi (`ztgi launch` started here on a free port, loaded by `ztgi bench`'s load
-generator over `/generate_stream`); at concurrency 1 the two take turns of `--ttft-turn`
-requests. Every system is warmed up first with two-token requests at its largest batch. With
-the defaults (the whole mixed set) a repeat takes minutes on a few CPU cores; `--max-requests`
-shortens it. The workload is identical for all: the same prompts in the same order, the same
-`max_new_tokens`, the ids ztgi's tokenizer makes, greedy, the same model and dtype, and
-`--ignore-eos` (on by default, so every system generates exactly the same number of tokens).
-The concurrency-1 runs measure TTFT and use only the first `--ttft-requests` prompts. Each figure is the median over `--repeats`; the table ends with the
-ratios the product claims (see `benchmarks/comparison.py`). ztgi's limits (`--max-total-tokens`,
-`--max-batch-prefill-tokens`, ...) go to `ztgi launch`, and the batching ones drive the engine
-alone as well; a model with fewer than 4096 positions needs a smaller `--max-total-tokens`.
+generator over `/generate_stream`); at concurrency 1 the two take turns of `--ttft-turn` requests.
+Every system is warmed up first with two-token requests at its largest batch. With the defaults
+(the whole mixed set) a repeat takes minutes on a few CPU cores; `--max-requests` shortens it. The
+workload is identical for all: the same prompts in the same order, the same `max_new_tokens`, the
+ids ztgi's tokenizer makes, greedy, the same model and dtype, and `--ignore-eos` (on by default, so
+every system generates exactly the same number of tokens). The concurrency-1 runs measure TTFT and
+use only the first `--ttft-requests` prompts. Each figure is the median over `--repeats`; the table
+ends with the ratios the product claims (see `benchmarks/comparison.py`). ztgi's limits
+(`--max-total-tokens`, `--max-batch-prefill-tokens`, ...) go to `ztgi launch`, and the batching
+ones drive the engine alone as well; a model with fewer than 4096 positions needs a smaller
+`--max-total-tokens`.
 """
 
 from __future__ import annotations
