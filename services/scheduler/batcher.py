@@ -99,8 +99,12 @@ class Batcher:
     def ready_workers(self) -> list[WorkerSlot]:
         return [slot for slot in self.workers.values() if slot.ready]
 
-    def touch(self, identity: bytes, now: float) -> bool:
+    def touch(self, identity: bytes, now: float, boot_nonce: str | None = None) -> bool:
+        """A worker was heard from: by the identity it registered with, or, for a heartbeat from
+        its liveness socket (another identity), by its boot nonce."""
         slot = self.workers.get(identity)
+        if slot is None and boot_nonce is not None:
+            slot = next((s for s in self.workers.values() if s.boot_nonce == boot_nonce), None)
         if slot is not None:
             slot.last_seen = now
         return slot is not None

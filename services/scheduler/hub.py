@@ -206,8 +206,8 @@ class Hub:
                                  msg.protocol_version, PROTOCOL_VERSION)
                     return
                 self.batcher.register(worker_id, msg)
-            case Heartbeat():
-                self.batcher.touch(worker_id, now)
+            case Heartbeat():  # from the worker's liveness socket, known by its boot nonce
+                self.batcher.touch(worker_id, now, msg.boot_nonce)
                 self.outbox.to_worker(worker_id, Heartbeat(self.boot_nonce))
             case _:
                 self.batcher.touch(worker_id, now)

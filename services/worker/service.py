@@ -1,21 +1,23 @@
 """The worker process: commands in from the scheduler, answers out, heartbeats throughout.
 
-Two threads. The IO thread owns the DEALER to the scheduler: it says Hello, heartbeats, decodes
-every frame, answers malformed ones itself and hands each command to the engine loop in order.
-The engine loop runs commands one at a time (a prefill may take seconds) and passes the encoded
-answer back over an inproc PAIR, which the IO thread forwards. So a long step never delays a
-heartbeat, and each socket is used by one thread only.
+Two threads, each with its own DEALER to the scheduler's `workers` ROUTER. The engine loop runs
+on the main thread (the one that loaded the model) and owns the command socket: it says Hello,
+receives each command, runs it (a prefill may take seconds) and sends the answer itself, so a
+command and its answer cross no thread. The IO thread owns the liveness socket: it heartbeats
+with the worker's boot nonce, by which the scheduler knows whose heartbeats they are, so a long
+step never delays one; when the scheduler's answers carry a new nonce (it restarted), it tells
+the engine loop over an inproc PAIR to drop every cached batch and say Hello again.
 
-The engine loop runs on the main thread, the one that loaded the model: torch work split over
-two threads gives OpenMP two thread teams that slow each other down (a SmolLM2 decode step
-measured 40 ms from a second thread against 32 ms from the loading thread).
+Handing each command and answer through the IO thread instead cost the first token 0.3-0.4 ms
+(a queue and an inproc PAIR, two thread wake-ups per step, machine C). torch work split over two
+threads gives OpenMP two thread teams that slow each other down (a SmolLM2 decode step measured
+40 ms from a second thread against 32 ms from the loading thread), hence the main thread.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
 import signal
 import threading
 import time
@@ -42,38 +44,52 @@ from services.worker.model import Model, resolve_device
 
 logger = logging.getLogger(__name__)
 
-SCHEDULER_MESSAGES = (Heartbeat, Warmup, Prefill, Decode, Filter, Clear, HealthCheck)
-MAX_MESSAGES_PER_PASS = 64
+COMMANDS = (Warmup, Prefill, Decode, Filter, Clear, HealthCheck)
+SCHEDULER_MESSAGES = (Heartbeat, *COMMANDS)
 MAX_WAIT_MS = 100  # how late a stop signal may be noticed
 STOP_TIMEOUT_S = 5.0  # how long the IO thread may take to notice a stop
-RESET = object()  # engine thread: the scheduler restarted, drop every cached batch
+RESET = b"reset"  # IO thread -> engine loop: the scheduler restarted
 
 
 class EngineLoop:
-    """Runs commands from `commands` one at a time; sends each encoded answer on an inproc PAIR,
-    then, when no command waits, the engine's housekeeping (`Engine.tidy`)."""
+    """The main thread: each command from the command socket run and answered in order, then,
+    when no command waits, the engine's housekeeping (`Engine.tidy`)."""
 
-    def __init__(self, engine: Engine, context: zmq.Context, answers_address: str) -> None:
+    def __init__(self, engine: Engine, commands: zmq.Socket, control: zmq.Socket, hello: Hello,
+                 stop_requested: threading.Event) -> None:
         self.engine = engine
-        self.context = context
-        self.answers_address = answers_address
-        self.commands: queue.Queue[object] = queue.Queue()
+        self.commands = commands
+        self.control = control
+        self.hello = hello
+        self.stop_requested = stop_requested
+        self.poller = zmq.Poller()
+        self.poller.register(control, zmq.POLLIN)
+        self.poller.register(commands, zmq.POLLIN)
 
     def run(self) -> None:
-        """Until a None command: execute, answer."""
-        answers = self.context.socket(zmq.PAIR)
-        answers.setsockopt(zmq.LINGER, 0)
-        answers.connect(self.answers_address)
-        try:
-            while (command := self.commands.get()) is not None:
-                if command is RESET:
-                    self.engine.cache.clear()
-                    continue
-                answers.send(encode(self.execute(command)))
-                if self.commands.empty():
+        """Until a stop signal: Hello, then one command at a time; a reset from the IO thread first."""
+        self._send(self.hello)
+        while not self.stop_requested.is_set():
+            ready = dict(self.poller.poll(MAX_WAIT_MS))
+            if self.control in ready:
+                self._on_control(self.control.recv())
+            elif self.commands in ready:
+                self.serve(self.commands.recv_multipart())
+                if not self.commands.get(zmq.EVENTS) & zmq.POLLIN:
                     self.engine.tidy()
-        finally:
-            answers.close()
+
+    def serve(self, frames: list[bytes]) -> None:
+        """One frame from the scheduler: a command is run and answered; anything else is answered
+        with CommandFailed(-1)."""
+        try:
+            if len(frames) != 1:
+                raise MessageError(f"expected a one-frame message, got {len(frames)} frames")
+            command = decode(frames[0], COMMANDS)
+        except MessageError as exc:
+            logger.warning("bad frame from the scheduler: %s", exc)
+            self._send(CommandFailed(command_id=-1, error=f"malformed message: {exc}", request_ids=[]))
+            return
+        self._send(self.execute(command))
 
     def execute(self, command: object) -> object:
         """One verb, one engine call, one answer."""
@@ -103,49 +119,61 @@ class EngineLoop:
             freeze_startup_objects()  # the model and everything alive now stay out of later collections
         return answer
 
-    def stop(self) -> None:
-        """Ends `run` once the command in progress (if any) is answered."""
-        self.commands.put(None)
-
-    def reset(self) -> None:
-        """Drops the commands not started yet, then every cached batch."""
+    def _on_control(self, signal_: bytes) -> None:
+        """The scheduler restarted: the commands the old one left are dropped, then every cached
+        batch, and the new one hears Hello."""
+        if signal_ != RESET:
+            return
         while True:
             try:
-                self.commands.get_nowait()
-            except queue.Empty:
+                self.commands.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
                 break
-        self.commands.put(RESET)
+        self.engine.cache.clear()
+        self._send(self.hello)
+
+    def _send(self, msg: object) -> None:
+        try:
+            self.commands.send(encode(msg), zmq.NOBLOCK)
+        except zmq.Again:  # the scheduler is gone long enough to fill the queue
+            logger.warning("send queue full: an answer to the scheduler was dropped")
 
 
 class WorkerService:
-    """The IO thread: scheduler socket, heartbeats, and the hand-off to the engine loop."""
+    """Both sockets; the IO thread's heartbeats; the engine loop on the calling thread."""
 
     def __init__(self, config: WorkerConfig, engine: Engine, stop_requested: threading.Event) -> None:
         self.config = config
-        self.info = engine.model.info()
         self.stop_requested = stop_requested
         self.identity = new_identity("worker")
         self.boot_nonce = new_boot_nonce()
         self.scheduler_nonce: str | None = None
         self.context = zmq.Context()
-        self.scheduler = self.context.socket(zmq.DEALER)
-        self.scheduler.setsockopt(zmq.LINGER, 0)
-        self.scheduler.setsockopt(zmq.IDENTITY, self.identity)
-        self.scheduler.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # libzmq drops a larger frame unread
-        curve.apply(self.scheduler, config.curve_keys)
-        self.scheduler.connect(config.endpoints.connect("workers"))
-        answers_address = f"inproc://answers-{self.boot_nonce}"
-        self.answers = self.context.socket(zmq.PAIR)
-        self.answers.setsockopt(zmq.LINGER, 0)
-        self.answers.bind(answers_address)
-        self.engine_loop = EngineLoop(engine, self.context, answers_address)
+        self.liveness = self._dealer(self.identity + b"/liveness")
+        control_address = f"inproc://control-{self.boot_nonce}"
+        self.control = self.context.socket(zmq.PAIR)
+        self.control.setsockopt(zmq.LINGER, 0)
+        self.control.bind(control_address)
+        engine_control = self.context.socket(zmq.PAIR)
+        engine_control.setsockopt(zmq.LINGER, 0)
+        engine_control.connect(control_address)
+        hello = Hello(role="worker", protocol_version=PROTOCOL_VERSION, boot_nonce=self.boot_nonce,
+                      worker=engine.model.info())
+        self.engine_loop = EngineLoop(engine, self._dealer(self.identity), engine_control, hello, stop_requested)
         self.io_thread = threading.Thread(target=self._run_io, name="io", daemon=True)
-        self.poller = zmq.Poller()
-        self.poller.register(self.scheduler, zmq.POLLIN)
-        self.poller.register(self.answers, zmq.POLLIN)
+
+    def _dealer(self, identity: bytes) -> zmq.Socket:
+        socket = self.context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.IDENTITY, identity)
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # libzmq drops a larger frame unread
+        curve.apply(socket, self.config.curve_keys)
+        socket.connect(self.config.endpoints.connect("workers"))
+        return socket
 
     def run(self) -> None:
         """Serves until a stop signal: the IO loop on its own thread, the engine loop on this one."""
+        logger.info("worker %s connected to %s", self.identity.decode(), self.config.scheduler_url)
         self.io_thread.start()
         self.engine_loop.run()
 
@@ -155,73 +183,38 @@ class WorkerService:
         except Exception:
             logger.exception("the IO loop failed: stopping")
             self.stop_requested.set()
-        finally:
-            self.engine_loop.stop()
 
     def _io_loop(self) -> None:
-        """The IO loop, until a stop signal."""
-        logger.info("worker %s connected to %s", self.identity.decode(), self.config.scheduler_url)
-        self._send(self._hello())
+        """Heartbeats every interval and the scheduler's answers to them, until a stop signal."""
         interval_s = self.config.heartbeat_interval_ms / 1000.0
-        next_heartbeat = time.monotonic() + interval_s
+        next_heartbeat = time.monotonic()
         while not self.stop_requested.is_set():
-            wait_ms = min(MAX_WAIT_MS, max(0, int((next_heartbeat - time.monotonic()) * 1000)))
-            ready = dict(self.poller.poll(wait_ms))
-            if self.answers in ready:
-                for frames in self._receive(self.answers):
-                    self._forward(frames)
-            if self.scheduler in ready:
-                for frames in self._receive(self.scheduler):
-                    self.on_scheduler_frames(frames)
             if time.monotonic() >= next_heartbeat:
-                self._send(Heartbeat(self.boot_nonce))
+                self._send_heartbeat()
                 next_heartbeat = time.monotonic() + interval_s
+            wait_ms = min(MAX_WAIT_MS, max(0, int((next_heartbeat - time.monotonic()) * 1000)))
+            if self.liveness.poll(wait_ms):
+                self.on_liveness_frames(self.liveness.recv_multipart())
 
-    def on_scheduler_frames(self, frames: list[bytes]) -> None:
-        """A heartbeat is handled here; a command goes to the engine thread; a bad frame is answered."""
+    def on_liveness_frames(self, frames: list[bytes]) -> None:
+        """The scheduler's heartbeat: its nonce tells whether it restarted. Nothing else comes here."""
         try:
             if len(frames) != 1:
                 raise MessageError(f"expected a one-frame message, got {len(frames)} frames")
-            msg = decode(frames[0], SCHEDULER_MESSAGES)
+            heartbeat = decode(frames[0], (Heartbeat,))
         except MessageError as exc:
-            logger.warning("bad frame from the scheduler: %s", exc)
-            self._send(CommandFailed(command_id=-1, error=f"malformed message: {exc}", request_ids=[]))
+            logger.warning("bad frame on the liveness socket: %s", exc)
             return
-        match msg:
-            case Heartbeat():
-                self._on_heartbeat(msg.boot_nonce)
-            case _:
-                self.engine_loop.commands.put(msg)
-
-    def _on_heartbeat(self, scheduler_nonce: str) -> None:
-        if self.scheduler_nonce is not None and scheduler_nonce != self.scheduler_nonce:
+        if self.scheduler_nonce is not None and heartbeat.boot_nonce != self.scheduler_nonce:
             logger.info("scheduler restarted: dropping cached batches and registering again")
-            self.engine_loop.reset()
-            self._send(self._hello())
-        self.scheduler_nonce = scheduler_nonce
+            self.control.send(RESET)
+        self.scheduler_nonce = heartbeat.boot_nonce
 
-    def _hello(self) -> Hello:
-        return Hello(role="worker", protocol_version=PROTOCOL_VERSION, boot_nonce=self.boot_nonce,
-                     worker=self.info)
-
-    def _receive(self, socket: zmq.Socket) -> list[list[bytes]]:
-        """Up to MAX_MESSAGES_PER_PASS messages without blocking."""
-        messages = []
-        for _ in range(MAX_MESSAGES_PER_PASS):
-            try:
-                messages.append(socket.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                break
-        return messages
-
-    def _send(self, msg: object) -> None:
-        self._forward([encode(msg)])
-
-    def _forward(self, frames: list[bytes]) -> None:
+    def _send_heartbeat(self) -> None:
         try:
-            self.scheduler.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:  # the scheduler is gone long enough to fill the queue
-            logger.warning("send queue full: a message to the scheduler was dropped")
+            self.liveness.send(encode(Heartbeat(self.boot_nonce)), zmq.NOBLOCK)
+        except zmq.Again:
+            logger.warning("send queue full: a heartbeat was dropped")
 
     def close(self) -> None:
         """After `run`: stops the IO thread (bounded), then closes the sockets."""
@@ -229,9 +222,7 @@ class WorkerService:
         if self.io_thread.is_alive():
             self.io_thread.join(STOP_TIMEOUT_S)
         if not self.io_thread.is_alive():
-            self.scheduler.close(linger=0)
-            self.answers.close(linger=0)
-            self.context.term()
+            self.context.destroy(linger=0)
 
 
 def _lower_priority_on_cpu(config: WorkerConfig) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
@@ -44,7 +45,8 @@ class Harness:
         self.take("detokenize")
 
     def add_worker(self, identity: bytes, max_batch_total_tokens: int = 10_000) -> None:
-        self.hub.on_worker_frame(identity, encode(m.Hello("worker", m.PROTOCOL_VERSION, "w", INFO)))
+        boot_nonce = f"nonce-of-{identity.decode()}"
+        self.hub.on_worker_frame(identity, encode(m.Hello("worker", m.PROTOCOL_VERSION, boot_nonce, INFO)))
         (_, warmup), = self.messages_to("workers")
         assert isinstance(warmup, m.Warmup)
         self.hub.on_worker_frame(identity, encode(m.WarmupResult(warmup.command_id, max_batch_total_tokens)))
@@ -178,6 +180,24 @@ def test_stop_sequence_hit_from_tokenizer() -> None:
     assert h.messages_to("detokenize") == []  # the token after the hit is dropped
     (_, filter_cmd), = h.messages_to("workers")
     assert isinstance(filter_cmd, m.Filter) and filter_cmd.request_ids == []
+
+
+def test_worker_heartbeats_from_its_liveness_socket_keep_it() -> None:
+    """A worker heartbeats from a second socket (another identity) with its boot nonce: that keeps
+    it registered and is answered there; a heartbeat with a nonce nobody registered keeps no one."""
+    h = Harness(heartbeat_interval_ms=100, heartbeat_misses=5)
+    h.add_worker(WORKER_A)
+    h.add_worker(WORKER_B)
+    liveness = WORKER_A + b"/liveness"
+    for worker in (WORKER_A, WORKER_B):
+        h.hub.batcher.workers[worker].last_seen -= 10.0  # both silent for 10 s, twenty intervals
+    h.hub.on_worker_frame(liveness, encode(m.Heartbeat(f"nonce-of-{WORKER_A.decode()}")))
+    h.hub.on_worker_frame(b"stranger", encode(m.Heartbeat("nonce-of-nobody")))
+    assert [(peer, type(msg)) for peer, msg in h.messages_to("workers")] == [
+        (liveness, m.Heartbeat), (b"stranger", m.Heartbeat)]
+    h.hub.tick(time.monotonic())
+    assert WORKER_A in h.hub.batcher.workers and WORKER_B not in h.hub.batcher.workers
+    assert b"stranger" not in h.hub.batcher.workers and liveness not in h.hub.batcher.workers
 
 
 def test_lost_worker_requests_resume_on_another() -> None:

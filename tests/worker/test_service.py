@@ -37,6 +37,7 @@ class SchedulerSide:
         self.boot_nonce = new_boot_nonce()
         self.worker_id: bytes | None = None
         self.num_heartbeats = 0
+        self.heartbeat_ids: set[bytes] = set()
 
     def send(self, msg: object) -> None:
         self.router.send_multipart([self.worker_id, encode(msg)])
@@ -52,10 +53,12 @@ class SchedulerSide:
                 break
             identity, frame = self.router.recv_multipart()
             msg = decode(frame)
-            self.worker_id = identity
             if isinstance(msg, Heartbeat):
                 self.num_heartbeats += 1
+                self.heartbeat_ids.add(identity)
                 self.router.send_multipart([identity, encode(Heartbeat(self.boot_nonce))])
+            else:
+                self.worker_id = identity  # commands go to the socket that said Hello
             if isinstance(msg, kind):
                 return msg
         raise AssertionError(f"no {kind.__name__} from the worker within {timeout_s} s")
@@ -110,6 +113,16 @@ def test_hello_carries_worker_info(worker):
     assert hello.worker.vocab_size == 49152 and hello.worker.eos_token_ids == [2]
     assert hello.worker.device == "cpu" and hello.worker.dtype == "float32"
     assert hello.worker.max_position_embeddings == 2048
+
+
+def test_heartbeats_come_from_a_socket_of_their_own(worker):
+    """Hello and answers come from the command socket; heartbeats from the liveness socket, with
+    the boot nonce of the Hello."""
+    _, side, hello, _ = worker
+    heartbeat = side.receive(Heartbeat)
+    assert heartbeat.boot_nonce == hello.boot_nonce
+    assert side.heartbeat_ids and side.worker_id not in side.heartbeat_ids
+    assert side.ask(HealthCheck(2), CommandDone) == CommandDone(2)
 
 
 def test_heartbeats_keep_coming_during_a_long_command(worker):
