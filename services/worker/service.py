@@ -119,10 +119,10 @@ class EngineLoop:
             freeze_startup_objects()  # the model and everything alive now stay out of later collections
         return answer
 
-    def _on_control(self, signal_: bytes) -> None:
+    def _on_control(self, message: bytes) -> None:
         """The scheduler restarted: the commands the old one left are dropped, then every cached
         batch, and the new one hears Hello."""
-        if signal_ != RESET:
+        if message != RESET:
             return
         while True:
             try:
