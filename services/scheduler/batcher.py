@@ -9,6 +9,13 @@ new batch and the next Decode concatenates both. After every step, requests that
 stopped on a stop sequence or were cancelled leave their batch by a Filter before anything else
 runs. Budgets count padding (the backend pads to the longest input). Each worker runs one
 command at a time; several workers are data-parallel replicas that all pull from the one queue.
+
+Pipelined decode (`--pipeline-decode`, off by default): while a worker runs a Decode and nothing
+else is due (no request of the batch has left, the queue is not to be admitted), the batch's
+next Decode is sent behind it, so the worker starts the next step the moment it answers instead
+of waiting a round trip through the scheduler. A request that finishes in a step then runs one
+more step before its Filter (the worker leaves stopped requests out of its answers), and a
+Decode of a batch that ended meanwhile gets an empty answer from the worker.
 """
 
 from __future__ import annotations
@@ -117,7 +124,7 @@ class Batcher:
         if slot is None:
             logger.debug("answer from unregistered worker %r dropped", identity)
             return
-        in_flight = slot.in_flight
+        in_flight = slot.in_flight[0] if slot.in_flight else None
         command_id = getattr(answer, "command_id", None)
         if in_flight is None or command_id != in_flight.command_id:
             if isinstance(answer, CommandFailed):
@@ -126,7 +133,9 @@ class Batcher:
                 logger.warning("worker %r answered command %s, expected %s; dropped", identity, command_id,
                                in_flight.command_id if in_flight else None)
             return
-        slot.in_flight = None
+        slot.in_flight.popleft()
+        if slot.in_flight:  # a pipelined command starts now: its round trip counts from here
+            slot.in_flight[0].sent_at = max(slot.in_flight[0].sent_at, time.monotonic())
         if not isinstance(answer, (CommandFailed, ANSWER_TYPES[in_flight.kind])):
             # a broken or hostile worker: the command failed, whatever the answer says
             error = f"answered {in_flight.kind.value} with {type(answer).__name__}"
@@ -159,8 +168,9 @@ class Batcher:
                     result.max_batch_total_tokens)
 
     def _on_step(self, slot: WorkerSlot, in_flight: InFlight, result: StepResult) -> None:
-        slot.num_steps += 1
-        self.metrics.record_step(in_flight.kind.value, time.monotonic() - in_flight.sent_at, result.timings)
+        if result.generations or result.batch is not None:  # else a pipelined Decode of a batch that ended: no step ran
+            slot.num_steps += 1
+            self.metrics.record_step(in_flight.kind.value, time.monotonic() - in_flight.sent_at, result.timings)
         if in_flight.kind is CommandKind.PREFILL:
             slot.num_requests_served += len(in_flight.request_ids)
             slot.waiting_tokens = 1
@@ -215,8 +225,10 @@ class Batcher:
             self.advance(slot)
 
     def advance(self, slot: WorkerSlot, share: int | None = None) -> None:
-        """Sends the idle worker its next command: Filter, Prefill or Decode, or nothing."""
+        """Sends the idle worker its next command: Filter, Prefill or Decode, or nothing; a busy
+        worker may get its next Decode pipelined."""
         if not slot.idle:
+            self._pipeline_decode(slot)
             return
         if self._filter_finished(slot):
             return
@@ -246,15 +258,43 @@ class Batcher:
         return False
 
     def _admit_into_running(self, slot: WorkerSlot) -> bool:
+        min_size, max_size = self._admission_sizes(slot)
+        if max_size is not None and max_size <= 0:
+            return False
+        token_budget = slot.max_batch_total_tokens - slot.batch_max_tokens
+        return self._prefill_next(slot, min_size, max_size, token_budget)
+
+    def _admission_sizes(self, slot: WorkerSlot) -> tuple[int | None, int | None]:
+        """TGI's rule for newcomers joining a running batch: at least `min_size` of them (None:
+        any number, the queue has waited `max_waiting_tokens` steps), at most `max_size`."""
         config = self.config
         batch_size = slot.batch_size
         min_size = None if slot.waiting_tokens >= config.max_waiting_tokens else int(
             batch_size * config.waiting_served_ratio)
         max_size = None if config.max_batch_size is None else config.max_batch_size - batch_size
-        if max_size is not None and max_size <= 0:
+        return min_size, max_size
+
+    def _admission_due(self, slot: WorkerSlot) -> bool:
+        """Whether the queue would be looked at for this worker's running batch now."""
+        if not self.queue or self._other_worker_is_empty(slot):
             return False
-        token_budget = slot.max_batch_total_tokens - slot.batch_max_tokens
-        return self._prefill_next(slot, min_size, max_size, token_budget)
+        min_size, max_size = self._admission_sizes(slot)
+        return (max_size is None or max_size > 0) and len(self.queue) >= (min_size or 1)
+
+    def _pipeline_decode(self, slot: WorkerSlot) -> None:
+        """Behind a lone Decode in flight, the batch's next Decode, unless a Filter (a request of
+        the batch has left) or an admission is due first: those wait for the worker's answer."""
+        if not self.config.pipeline_decode or not slot.ready or len(slot.in_flight) != 1:
+            return
+        running = slot.in_flight[0]
+        if running.kind is not CommandKind.DECODE or self._admission_due(slot):
+            return
+        if any(request_id not in self.table for request_id in running.request_ids):
+            return
+        batch_ids = running.batch_ids[:1]  # the Decode in flight concatenates into its first batch
+        slot.waiting_tokens += 1
+        self._send(slot, CommandKind.DECODE, running.request_ids, batch_ids,
+                   lambda command_id: Decode(command_id, batch_ids))
 
     def _prefill_next(self, slot: WorkerSlot, min_size: int | None, max_size: int | None,
                       token_budget: int) -> bool:
@@ -280,9 +320,10 @@ class Batcher:
         slot.waiting_tokens += 1
         self._send(slot, CommandKind.DECODE, request_ids, batch_ids,
                    lambda command_id: Decode(command_id, batch_ids))
+        self._pipeline_decode(slot)
 
     def _send(self, slot: WorkerSlot, kind: CommandKind, request_ids: list[int], batch_ids: list[int],
               build: Callable[[int], object]) -> None:
         command_id = next(self._command_ids)
-        slot.in_flight = InFlight(command_id, kind, request_ids, batch_ids)
+        slot.in_flight.append(InFlight(command_id, kind, request_ids, batch_ids))
         self.outbox.to_worker(slot.identity, build(command_id))

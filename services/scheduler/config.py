@@ -25,6 +25,10 @@ class SchedulerConfig:
     max_stop_sequences: int = 4
     waiting_served_ratio: float = 0.3
     max_waiting_tokens: int = 20
+    pipeline_decode: bool = dataclasses.field(default=False, metadata={
+        "help": "send a running batch's next Decode before the previous step's answer is back, so the "
+                "worker steps back to back (off: one command at a time, as TGI; on a CPU worker the "
+                "light services' work then slows the step instead, BENCHMARKS.md)"})
     heartbeat_interval_ms: int = 1000
     heartbeat_misses: int = 5
     no_worker_timeout_s: float = 30.0

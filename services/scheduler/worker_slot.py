@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import time
@@ -20,7 +21,7 @@ class CommandKind(enum.Enum):
 
 @dataclasses.dataclass(slots=True)
 class InFlight:
-    """The one command a worker is running; `request_ids` are the requests it concerns."""
+    """A command sent to a worker and not answered yet; `request_ids` are the requests it concerns."""
 
     command_id: int
     kind: CommandKind
@@ -34,8 +35,10 @@ class WorkerSlot:
     """A worker's registration, its cached batches and where it is in TGI's batching loop.
 
     `batches` are the cached batches the next Decode concatenates (usually one; two right after
-    new requests were prefilled beside a running batch). `admission_checked` says the queue was
-    already looked at for this decode round, so a round admits at most one new batch.
+    new requests were prefilled beside a running batch), as of the last answer. `in_flight` holds
+    the commands sent and not answered, in order: one, or two when a Decode was pipelined behind
+    a Decode. `admission_checked` says the queue was already looked at for this decode round, so
+    a round admits at most one new batch.
     """
 
     identity: bytes
@@ -46,7 +49,7 @@ class WorkerSlot:
     max_batch_total_tokens: int = 0
     ready: bool = False
     batches: list[CachedBatch] = dataclasses.field(default_factory=list)
-    in_flight: InFlight | None = None
+    in_flight: collections.deque[InFlight] = dataclasses.field(default_factory=collections.deque)
     waiting_tokens: int = 0
     admission_checked: bool = False
     num_requests_served: int = 0
@@ -54,7 +57,7 @@ class WorkerSlot:
 
     @property
     def idle(self) -> bool:
-        return self.ready and self.in_flight is None
+        return self.ready and not self.in_flight
 
     @property
     def batch_size(self) -> int:

@@ -62,21 +62,29 @@ class Engine:
         return self._guarded(command.command_id, run, request_ids)
 
     def decode(self, command: Decode) -> StepResult | CommandFailed:
+        """One step of the named batches, concatenated first; batches that ended meanwhile (a
+        Decode sent ahead of the answer that ended them) are left out, and with none left the
+        answer is an empty step."""
         def run() -> StepResult:
-            batches = self._cached(command.batch_ids)
+            if not command.batch_ids:
+                raise CommandError("no batch ids given")
+            batch_ids = [batch_id for batch_id in command.batch_ids if not self.cache.has_ended(batch_id)]
+            if not batch_ids:
+                return StepResult(command.command_id, [], None, Timings())
+            batches = self._cached(batch_ids)
             started = time.perf_counter_ns()
             try:
                 batch = CausalLMBatch.concatenate(batches)
                 concatenate_ns = time.perf_counter_ns() - started
                 result = self._step(command.command_id, batch, concatenate_ns)
             except Exception as exc:
-                logger.exception("decode of batches %s failed: dropping them", command.batch_ids)
-                for batch_id in command.batch_ids:
+                logger.exception("decode of batches %s failed: dropping them", batch_ids)
+                for batch_id in batch_ids:
                     self.cache.delete(batch_id)
                 raise CommandError(_describe(exc), [rid for b in batches for rid in b.request_ids]) from exc
-            for batch_id in command.batch_ids[1:]:
+            for batch_id in batch_ids[1:]:
                 self.cache.delete(batch_id)
-            if len(command.batch_ids) > 1 or result.batch is None:  # buffers restacked or released
+            if len(batch_ids) > 1 or result.batch is None:  # buffers restacked or released
                 self.heap.freed()
             return result
         return self._guarded(command.command_id, run)
@@ -86,7 +94,7 @@ class Engine:
             [batch] = self._cached([command.batch_id])
             filtered = batch.filter(command.request_ids)
             if filtered is None:
-                self.cache.delete(command.batch_id)
+                self.cache.end(command.batch_id)
             else:
                 self.cache.set(command.batch_id, filtered)
             self.heap.freed()
@@ -115,7 +123,7 @@ class Engine:
         started = time.perf_counter_ns()
         generations, next_batch, timings = self.model.generate_token(batch)
         if next_batch is None:
-            self.cache.delete(batch.batch_id)
+            self.cache.end(batch.batch_id)
         else:
             self.cache.set(batch.batch_id, next_batch)
         total_ns = time.perf_counter_ns() - started + concatenate_ns

@@ -23,10 +23,11 @@ PROMPTS = [
 NUM_NEW_TOKENS = 32
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    """One launched pipeline for the module (1 worker, 1 tokenizer, 1 gateway)."""
-    launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--max-concurrent-requests", "24")
+@pytest.fixture(scope="module", params=[(), ("--pipeline-decode",)], ids=["one-at-a-time", "pipelined-decode"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """One launched pipeline (1 worker, 1 tokenizer, 1 gateway) per batching mode: TGI's one
+    command at a time, and with the next Decode pipelined behind the one running."""
+    launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--max-concurrent-requests", "24", *request.param)
     yield launched
     assert launched.stop() == 0, launched.log
 

@@ -23,8 +23,9 @@ class Harness:
     """Plays every neighbour of the hub: a client, a tokenizer and workers."""
 
     def __init__(self, **config: object) -> None:
+        """TGI's one command at a time unless a test asks for `pipeline_decode`."""
         defaults = dict(max_concurrent_requests=8, max_input_tokens=100, max_total_tokens=200,
-                        max_batch_prefill_tokens=1000)
+                        max_batch_prefill_tokens=1000, pipeline_decode=False)
         defaults.update(config)
         self.hub = Hub(SchedulerConfig(**defaults), "nonce-1")
         self.tokenizer_hello()

@@ -6,7 +6,7 @@ import pytest
 
 from common.messages import (
     Batch, Clear, CommandDone, CommandFailed, Decode, Filter, FilterResult, HealthCheck, Prefill, StepResult,
-    Warmup, WarmupResult,
+    Timings, Warmup, WarmupResult,
 )
 from services.worker.engine import Engine
 from services.worker.heap import HeapTrimmer
@@ -90,6 +90,22 @@ def test_last_step_drops_the_batch(engine):
     result = engine.decode(Decode(2, [1]))
     assert result.batch is None and result.generations[0].finish_reason == "length"
     assert len(engine.cache) == 0
+
+
+def test_decode_of_a_batch_that_ended_answers_an_empty_step(engine):
+    """A Decode pipelined behind the step that ended its batch (every request stopped, or a Filter
+    kept none) gets an empty answer; with a live batch beside it, only the live one steps. A
+    cleared batch is not one that ended: decoding it fails."""
+    prefill(engine, 1, 10, max_new_tokens=2)
+    assert engine.decode(Decode(2, [1])).batch is None
+    assert engine.decode(Decode(3, [1])) == StepResult(3, [], None, Timings())
+    prefill(engine, 2, 11)
+    assert engine.filter(Filter(4, 2, [])).batch is None
+    prefill(engine, 3, 12)
+    beside = engine.decode(Decode(5, [2, 3]))
+    assert beside.batch.batch_id == 3 and [g.request_id for g in beside.generations] == [12]
+    engine.clear(Clear(6, 3))
+    assert "unknown batch" in engine.decode(Decode(7, [3])).error
 
 
 def test_invalid_prefill_fails_naming_the_field(engine):
