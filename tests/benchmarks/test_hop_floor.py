@@ -1,4 +1,4 @@
-"""The hop floor tool: its figures on known times, and a real run over real processes and sockets."""
+"""The hop floor tool: its figures on known times, and real runs over real processes and sockets."""
 
 from __future__ import annotations
 
@@ -22,6 +22,17 @@ def test_a_run_times_every_message_over_the_route(capsys) -> None:
     assert match, output
     p50, p10, p90, per_hop = map(int, match.groups())
     assert 0 < p10 <= p50 <= p90 and per_hop > 0
+
+
+def test_an_http_run_times_every_request_to_its_first_event(capsys) -> None:
+    """A bare aiohttp server as a process, the client timing each request to its first SSE event."""
+    assert main(["--http", "--messages", "10", "--gap-ms", "0", "--warmup", "2"]) == 0
+    output = capsys.readouterr().out
+    match = re.fullmatch(r"HTTP request to first SSE event, 10 requests 0 ms apart: p50 (\d+) us "
+                         r"\(p10 (\d+), p90 (\d+)\)\n", output)
+    assert match, output
+    p50, p10, p90 = map(int, match.groups())
+    assert 0 < p10 <= p50 <= p90
 
 
 def test_bad_flags_exit_2(capsys) -> None:
