@@ -67,8 +67,8 @@ class LaunchConfig:
         """ZTGI_* variables for every child: the settings more than one service reads."""
         names = ("model_id", "dtype", "device", "backend", "max_concurrent_requests", "max_input_tokens",
                  "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
-                 "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode", "max_stop_sequences",
-                 "max_top_n_tokens", "max_best_of", "heartbeat_interval_ms", "heartbeat_misses",
+                 "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode",
+                 "max_stop_sequences", "max_top_n_tokens", "max_best_of", "heartbeat_interval_ms", "heartbeat_misses",
                  "no_worker_timeout_s", "drain_timeout_s", "health_window_s", "log_level")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
                if getattr(self, name) is not None}

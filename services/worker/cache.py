@@ -34,6 +34,7 @@ class BatchCache(Generic[B]):
 
     def set(self, batch_id: int, batch: B) -> None:
         self._batches[batch_id] = batch
+        self._ended.pop(batch_id, None)  # an id in use again (a new scheduler numbers from 1) is live
 
     def pop(self, batch_id: int) -> B | None:
         return self._batches.pop(batch_id, None)

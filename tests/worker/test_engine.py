@@ -106,6 +106,8 @@ def test_decode_of_a_batch_that_ended_answers_an_empty_step(engine):
     assert beside.batch.batch_id == 3 and [g.request_id for g in beside.generations] == [12]
     engine.clear(Clear(6, 3))
     assert "unknown batch" in engine.decode(Decode(7, [3])).error
+    prefill(engine, 1, 13)  # an ended id used again (a restarted scheduler numbers from 1) is live
+    assert [g.request_id for g in engine.decode(Decode(8, [1])).generations] == [13]
 
 
 def test_invalid_prefill_fails_naming_the_field(engine):
