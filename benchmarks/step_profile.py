@@ -29,7 +29,7 @@ from common.config import ConfigError, parse_config, require
 from common.logs import setup_logging
 from common.messages import SamplingParameters, StepResult, Timings, WorkerRequest
 from services.worker.batch import CausalLMBatch
-from services.worker.model import Model
+from services.worker.backend import load_model
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     input_ids = [r.input_ids for r in encode_prompts(load_tokenizer(config.model_id), prompts)]
-    model = Model(config.model_id, config.dtype, config.device, config.backend)
+    model = load_model(config.model_id, config.dtype, config.device, config.backend, "padded")
     for batch_size in parse_sweep(config.batch_sizes):
         result = profile_steps(model, input_ids, batch_size, config.steps, config.warmup_steps)
         sys.stdout.write(render(batch_size, result))

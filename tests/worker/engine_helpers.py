@@ -6,13 +6,14 @@ from typing import Iterable
 
 from common.messages import Generation, SamplingParameters, WorkerRequest
 from services.worker.batch import CausalLMBatch
-from services.worker.model import Model
+from services.worker.model import PaddedModel as Model
 
 
 def request(request_id: int, input_ids: list[int], max_new_tokens: int = 8, *, ignore_eos: bool = False,
-            top_n_tokens: int = 0, prefill_logprobs: bool = False, **sampling: object) -> WorkerRequest:
+            top_n_tokens: int = 0, prefill_logprobs: bool = False, block_ids: Iterable[int] = (),
+            chunk_len: int | None = None, **sampling: object) -> WorkerRequest:
     return WorkerRequest(request_id, list(input_ids), SamplingParameters(**sampling), max_new_tokens,
-                         ignore_eos, top_n_tokens, prefill_logprobs)
+                         ignore_eos, top_n_tokens, prefill_logprobs, list(block_ids), chunk_len=chunk_len)
 
 
 def batch_of(model: Model, requests: Iterable[WorkerRequest], batch_id: int = 1) -> CausalLMBatch:
