@@ -80,3 +80,16 @@ def smollm2_reference(smollm2) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(smollm2.path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(params=["paged", "padded"])
+def tiny_each_layout(request: pytest.FixtureRequest, tiny_paged_model: PagedModel, tiny_model: PaddedModel):
+    """The tiny random Llama with each KV cache layout in turn (the test runs once per layout)."""
+    return tiny_paged_model if request.param == "paged" else tiny_model
+
+
+@pytest.fixture(params=["paged", "padded"])
+def smollm2_each_layout(request: pytest.FixtureRequest, smollm2_paged_model: PagedModel,
+                        smollm2_model: PaddedModel):
+    """SmolLM2 with each KV cache layout in turn."""
+    return smollm2_paged_model if request.param == "paged" else smollm2_model

@@ -70,7 +70,7 @@ class PagedModel:
             return [], None, Timings()
         if self.pool is None:
             raise RuntimeError("the KV pool is not allocated: the worker was not warmed up")
-        inputs = build_step_inputs(batch, self.block_size, self.pool.num_blocks, self.device)
+        inputs = build_step_inputs(batch, self.pool)
         if inputs is None:
             return [], batch, Timings()
         logits = self.forward_pass(inputs.input_ids, inputs.positions, inputs.attention, self.pool, inputs.logit_rows)

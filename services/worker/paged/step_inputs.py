@@ -8,6 +8,7 @@ import torch
 
 from services.worker.paged.attention import AttentionInputs, PrefillSpan, decode_inputs
 from services.worker.paged.batch import PagedBatch, Sequence
+from services.worker.paged.kv_pool import KVPool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,11 +37,13 @@ class StepInputs:
         return int(self.input_ids.shape[0])
 
 
-def build_step_inputs(batch: PagedBatch, block_size: int, num_blocks: int,
-                      device: torch.device) -> StepInputs | None:
+def build_step_inputs(batch: PagedBatch, pool: KVPool) -> StepInputs | None:
     """The step's inputs, decodes first; None when no sequence has anything to run. ValueError
     (nothing changed) when a sequence's blocks cannot hold its tokens or are not in the pool."""
-    decodes, prefills = _planned(batch, block_size, num_blocks)
+    block_size, device = pool.block_size, pool.keys[0].device
+    decodes, prefills = _planned(batch, block_size, pool.num_blocks)
+    for index, _, _ in decodes + prefills:
+        pool.prepare(batch.sequences[index].block_ids)
     if not decodes and not prefills:
         return None
     entries, row = [], 0
