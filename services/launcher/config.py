@@ -6,6 +6,7 @@ import dataclasses
 
 from common.config import require
 from common.model_source import DEFAULT_MODEL_ID
+from services.worker.config import KV_CACHES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +55,10 @@ class LaunchConfig:
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
-        for name in ("num_workers", "num_tokenizers", "num_gateways"):
+        for name in ("num_workers", "num_tokenizers", "num_gateways", "block_size", "step_target_ms"):
             require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         require(0 < self.port < 65536, f"--port {self.port} is not a TCP port")
+        require(self.kv_cache in KV_CACHES, f"--kv-cache {self.kv_cache!r} must be one of {', '.join(KV_CACHES)}")
         require(self.startup_timeout_s > 0, "--startup-timeout-s must be positive")
         require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
                 "--heartbeat-interval-ms and --heartbeat-misses must be positive")

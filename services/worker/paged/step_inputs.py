@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from services.worker.paged.attention import AttentionInputs, PrefillSpan, decode_inputs
+from services.worker.paged.attention import AttentionInputs, PrefillSpan, decode_groups
 from services.worker.paged.batch import PagedBatch, Sequence
 from services.worker.paged.kv_pool import KVPool
 
@@ -75,6 +75,7 @@ def _planned(batch: PagedBatch, block_size: int,
             continue
         _check_blocks(sequence, start + count, block_size, num_blocks)
         (prefills if sequence.is_prefilling else decodes).append((index, start, count))
+    decodes.sort(key=lambda entry: entry[1])  # by context length: groups of similar lengths
     return decodes, prefills
 
 
@@ -95,14 +96,14 @@ def _slots(sequence: Sequence, entry: Entry, block_size: int) -> torch.Tensor:
 
 def _attention_inputs(sequences: list[Sequence], decodes: list[Entry], prefills: list[Entry], slots: torch.Tensor,
                       block_size: int, device: torch.device) -> AttentionInputs:
-    decode_table = decode_mask = None
+    groups = []
     if decodes:
         tables = [sequences[e.index].block_ids[:e.start // block_size + 1] for e in decodes]
-        decode_table, decode_mask = decode_inputs(tables, [e.start + 1 for e in decodes], block_size, device)
+        groups = decode_groups(tables, [e.start + 1 for e in decodes], block_size, device)
     spans = [PrefillSpan(e.row, e.row + e.count, e.start, torch.tensor(
         sequences[e.index].block_ids[:-(-(e.start + e.count) // block_size)], dtype=torch.int64, device=device))
         for e in prefills]
-    return AttentionInputs(slots.to(device), len(decodes), decode_table, decode_mask, spans)
+    return AttentionInputs(slots.to(device), groups, spans)
 
 
 def _logit_rows(sequences: list[Sequence],
