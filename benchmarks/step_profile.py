@@ -30,6 +30,7 @@ from common.logs import setup_logging
 from common.messages import SamplingParameters, StepResult, Timings, WorkerRequest
 from services.worker.batch import CausalLMBatch
 from services.worker.backend import load_model
+from services.worker.generations import step_rows
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def profile_steps(model: Model, input_ids: Sequence[list[int]], batch_size: int,
             times.append(time.perf_counter())
             next_ids, logprobs = batch.chooser(logits[:, -1, :], *model._history(batch))
             times.append(time.perf_counter())
-            rows = model._step_rows(batch, next_ids, logprobs)
+            rows = step_rows(next_ids, logprobs, batch.top_n_tokens)
             times.append(time.perf_counter())
             generations = model._generations(batch, rows, {})
             times.append(time.perf_counter())
