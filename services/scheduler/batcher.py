@@ -240,6 +240,19 @@ class Batcher:
         batch = Batch(next(self._batch_ids), [request], max_tokens=2)
         self._send(slot, CommandKind.CANARY, [], [batch.batch_id], lambda command_id: Prefill(command_id, batch))
 
+    def _only_newcomers_refused(self, slot: WorkerSlot, in_flight: InFlight, failure: CommandFailed) -> bool:
+        """A paged Prefill whose newcomers the worker refused (bad input) before it touched its
+        cached batch: only they fail. The running requests' block updates were not applied: they
+        are sent again with the next step."""
+        if not (slot.is_paged and in_flight.kind is CommandKind.PREFILL and failure.request_ids):
+            return False
+        if not set(failure.request_ids) <= set(in_flight.newcomers):
+            return False
+        for request_id, num_sent in in_flight.blocks_sent_before.items():
+            if (request := self.table.get(request_id)) is not None:
+                request.num_blocks_sent = num_sent
+        return True
+
     def _on_failed(self, slot: WorkerSlot, in_flight: InFlight, failure: CommandFailed) -> None:
         logger.error("worker %s failed %s: %s", slot.identity.decode(errors="replace"),
                      in_flight.kind.value, failure.error)
@@ -248,7 +261,9 @@ class Batcher:
             return
         self.metrics.record_failed_step(in_flight.kind.value)
         failed_ids = set(in_flight.request_ids)
-        if in_flight.kind is not CommandKind.PREFILL or slot.is_paged:  # its batches may be unusable
+        if self._only_newcomers_refused(slot, in_flight, failure):
+            failed_ids = set(in_flight.newcomers)
+        elif in_flight.kind is not CommandKind.PREFILL or slot.is_paged:  # its batches may be unusable
             failed_ids.update(rid for batch in slot.batches for rid in batch.request_ids)
             slot.batches = []
             # tracked like any command: nothing else is sent to the worker before it is done
@@ -334,6 +349,7 @@ class Batcher:
 
     def _send_paged_step(self, slot: WorkerSlot, step: PagedStep) -> None:
         """One Decode, or a Prefill of the newcomers joined with the cached batch."""
+        blocks_sent_before = {r.request_id: r.num_blocks_sent for r in step.running}
         updates = []
         for request in step.running:
             blocks, chunk = request.new_blocks(), step.chunks.get(request.request_id)
@@ -357,6 +373,8 @@ class Batcher:
                       sum(r.total_tokens for r in step.admitted))
         self._send(slot, CommandKind.PREFILL, request_ids, [*batch_ids, batch.batch_id],
                    lambda command_id: Prefill(command_id, batch, batch_ids, updates), step.num_new)
+        slot.in_flight[-1].newcomers = [r.request_id for r in step.admitted]
+        slot.in_flight[-1].blocks_sent_before = blocks_sent_before
 
     def _admit_into_running(self, slot: WorkerSlot) -> bool:
         min_size, max_size = self._admission_sizes(slot)

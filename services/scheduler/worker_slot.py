@@ -30,6 +30,8 @@ class InFlight:
     batch_ids: list[int]
     sent_at: float = dataclasses.field(default_factory=time.monotonic)
     num_new: dict[int, int] = dataclasses.field(default_factory=dict)  # paged: KV tokens each request computes
+    newcomers: list[int] = dataclasses.field(default_factory=list)  # paged Prefill: the requests it admits
+    blocks_sent_before: dict[int, int] = dataclasses.field(default_factory=dict)  # paged: to undo if refused
 
 
 @dataclasses.dataclass(slots=True)

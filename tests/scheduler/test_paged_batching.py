@@ -30,8 +30,8 @@ class PagedPeer:
     """The worker side: applies Prefill/Decode/Filter as a paged worker does and asserts what a
     paged worker would refuse (a block held twice, a step beyond its blocks or over budget)."""
 
-    def __init__(self, num_blocks: int, step_tokens: int) -> None:
-        self.num_blocks, self.step_tokens = num_blocks, step_tokens
+    def __init__(self, num_blocks: int, step_tokens: int, refuse: int | None = None) -> None:
+        self.num_blocks, self.step_tokens, self.refuse = num_blocks, step_tokens, refuse
         self.seqs: dict[int, Seq] = {}
         self.batch_id: int | None = None
         self.max_running = 0
@@ -40,6 +40,10 @@ class PagedPeer:
     def run(self, command: object) -> object:
         match command:
             case m.Prefill():
+                refused = [r.request_id for r in command.batch.requests if r.request_id == self.refuse]
+                if refused:  # bad input: refused before anything changes, as the engine does
+                    return m.CommandFailed(command.command_id, "request outside the vocabulary",
+                                           [r.request_id for r in command.batch.requests])
                 for r in command.batch.requests:
                     self.seqs[r.request_id] = Seq(len(r.input_ids), len(r.input_ids), 0, list(r.block_ids),
                                                   r.chunk_len, r.max_new_tokens)
@@ -85,16 +89,24 @@ class PagedPeer:
         return m.StepResult(command_id, generations, self._cached(), m.Timings())
 
 
-def _run(requests: list[tuple[int, int]], num_blocks: int, step_tokens: int = 64) -> tuple[PagedPeer, Hub, dict]:
+def _run(requests: list[tuple[int, int]], num_blocks: int, step_tokens: int = 64,
+         refuse: int | None = None) -> tuple[PagedPeer, Hub, dict]:
     """Submits (input tokens, max_new_tokens) requests and runs until every one finished."""
     hub = Hub(SchedulerConfig(max_concurrent_requests=128, max_input_tokens=100, max_total_tokens=200), "nonce")
     hub.on_tokenizer_frame(TOKENIZER, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t")))
     hub.on_worker_frame(WORKER, encode(m.Hello("worker", m.PROTOCOL_VERSION, "w", INFO)))
-    peer = PagedPeer(num_blocks, step_tokens)
+    peer = PagedPeer(num_blocks, step_tokens, refuse)
     warmup = decode(hub.outbox.workers.pop()[-1])
     hub.on_worker_frame(WORKER, encode(m.WarmupResult(warmup.command_id, num_blocks * BLOCK_SIZE, num_blocks,
                                                       BLOCK_SIZE, step_tokens)))
     for i, (num_input, max_new) in enumerate(requests):
+        if i == len(requests) - 1 and refuse is not None:  # the last one arrives while others run
+            for _ in range(3):
+                hub.schedule()
+                commands = [decode(frames[-1]) for frames in hub.outbox.workers]
+                hub.outbox.workers.clear()
+                for command in commands:
+                    hub.on_worker_frame(WORKER, encode(peer.run(command)))
         key = m.RequestKey(CLIENT, f"r{i}")
         hub.on_client_frame(CLIENT, encode(m.Generate(key.request_id, "x", None, m.GenerateParameters())))
         hub.on_tokenized_frame(encode(m.Encoded(key, list(range(10, 10 + num_input)), m.SamplingParameters(),
@@ -105,16 +117,21 @@ def _run(requests: list[tuple[int, int]], num_blocks: int, step_tokens: int = 64
         hub.schedule()
         commands = [decode(frames[-1]) for frames in hub.outbox.workers]
         hub.outbox.workers.clear()
-        for frames in hub.outbox.detokenize:
-            job = decode(frames[-1])
-            for step in getattr(job, "steps", []):  # DetokenizeJobs (heartbeats aside)
-                generated[step.key.request_id] = generated.get(step.key.request_id, 0) + 1
-        hub.outbox.detokenize.clear()
+        _count_tokens(hub, generated)
         if not commands:
             break
         for command in commands:
             hub.on_worker_frame(WORKER, encode(peer.run(command)))
+    _count_tokens(hub, generated)
     return peer, hub, generated
+
+
+def _count_tokens(hub: Hub, generated: dict[str, int]) -> None:
+    for frames in hub.outbox.detokenize:
+        job = decode(frames[-1])
+        for step in getattr(job, "steps", []):  # DetokenizeJobs (heartbeats aside)
+            generated[step.key.request_id] = generated.get(step.key.request_id, 0) + 1
+    hub.outbox.detokenize.clear()
 
 
 def test_every_request_finishes_within_blocks_and_budget() -> None:
@@ -153,3 +170,15 @@ def test_a_request_larger_than_any_pool_is_refused_at_admission() -> None:
     events = [decode(frames[-1]) for frames in hub.outbox.frontend]
     error = events[-1].events[0]
     assert error.error_type == "validation" and "64 tokens" in error.error and len(hub.table) == 0
+
+
+def test_refused_newcomers_fail_alone_and_the_running_requests_go_on() -> None:
+    """The worker refuses a joined Prefill's newcomer (bad input, nothing applied): only it fails,
+    and the running requests, whose block updates rode on that Prefill, finish all their tokens."""
+    requests = [(6, 12), (9, 12), (5, 4)]
+    peer, hub, generated = _run(requests, num_blocks=64, step_tokens=64, refuse=3)
+    assert generated == {"r0": 12, "r1": 12}
+    errors = [e for frames in hub.outbox.frontend for e in decode(frames[-1]).events if e.error]
+    assert [e.request_id for e in errors] == ["r2"] and errors[0].error_type == "generation"
+    slot, = hub.batcher.workers.values()
+    assert slot.allocator.num_free == 64
