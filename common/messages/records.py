@@ -198,6 +198,7 @@ class FinalDetails:
     input_tokens: int
     seed: int | None = None
     prefill: list[Token] = ()  # type: ignore[assignment]
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     def __post_init__(self) -> None:
         if isinstance(self.prefill, tuple):

@@ -19,10 +19,12 @@ class EncodeJob:
 
 @record
 class TokenStep:
-    """One request's token of one step, addressed by its key."""
+    """One request's token of one step, addressed by its key; `cached_tokens`: how many of its
+    prompt tokens the worker took from the prefix cache (for the final event's details)."""
 
     key: RequestKey
     generation: Generation
+    cached_tokens: int = 0
 
 
 @message("detokenize_job")

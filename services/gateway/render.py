@@ -52,6 +52,7 @@ def details_json(result: GenerateResult, details: FinalDetails,
         "finish_reason": details.finish_reason,
         "generated_tokens": details.generated_tokens,
         "seed": details.seed,
+        "cached_tokens": details.cached_tokens,
         "prefill": [prefill_token_json(t) for t in details.prefill] if parameters.decoder_input_details else [],
         "tokens": [token_json(t) for t in result.tokens],
         "best_of_sequences": None,
@@ -74,6 +75,7 @@ def stream_event_json(event: StreamEvent, index: int) -> dict[str, Any]:
             "generated_tokens": event.details.generated_tokens,
             "input_length": event.details.input_tokens,
             "seed": event.details.seed,
+            "cached_tokens": event.details.cached_tokens,
         }
     return {
         "index": index,

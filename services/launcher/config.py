@@ -38,6 +38,7 @@ class LaunchConfig:
     max_batch_size: int | None = None
     waiting_served_ratio: float = 0.3
     max_waiting_tokens: int = 20
+    prefix_caching: bool = True  # paged workers reuse the KV blocks of cached prompt prefixes
     pipeline_decode: bool = False  # the scheduler sends a batch's next Decode before the last answer is back
     max_stop_sequences: int = 4
     max_top_n_tokens: int = 5
@@ -75,7 +76,7 @@ class LaunchConfig:
                  "memory_budget_mb", "max_concurrent_requests", "max_input_tokens",
                  "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
                  "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode",
-                 "max_stop_sequences", "max_top_n_tokens", "max_best_of", "heartbeat_interval_ms", "heartbeat_misses",
+                 "prefix_caching", "max_stop_sequences", "max_top_n_tokens", "max_best_of", "heartbeat_interval_ms", "heartbeat_misses",
                  "no_worker_timeout_s", "drain_timeout_s", "health_window_s", "log_level")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
                if getattr(self, name) is not None}

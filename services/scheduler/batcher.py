@@ -39,6 +39,7 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.outbox import Outbox
 from services.scheduler.paged_batcher import PagedBatcher, PagedStep
+from services.scheduler.placement import Placement
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_table import RequestTable
@@ -188,7 +189,7 @@ class Batcher:
     def _on_warmup(self, slot: WorkerSlot, result: WarmupResult) -> None:
         slot.max_batch_total_tokens = result.max_batch_total_tokens
         if result.num_blocks > 0:
-            slot.allocator = BlockAllocator(result.num_blocks, result.block_size)
+            slot.allocator = BlockAllocator(result.num_blocks, result.block_size, self.config.prefix_caching)
             slot.max_step_tokens = result.max_step_tokens
         slot.ready = True
         logger.info("worker %s ready: max_batch_total_tokens=%d", slot.identity.decode(errors="replace"),
@@ -216,6 +217,15 @@ class Batcher:
             request = self.table.get(request_id)
             if request is not None and request.worker_id == slot.identity:
                 request.num_computed += num_new
+                self._index_full_blocks(slot.allocator, request)
+
+    @staticmethod
+    def _index_full_blocks(allocator: BlockAllocator, request: Request) -> None:
+        """Blocks the step filled become cached, for the requests after this one (prefix caching)."""
+        num_full = request.num_computed // allocator.block_size
+        if allocator.cache is not None and num_full > request.num_indexed_blocks:
+            allocator.index(request.tokens, request.block_ids, request.num_computed)
+            request.num_indexed_blocks = num_full
 
     def _on_canary(self, slot: WorkerSlot, answer: object) -> None:
         if slot.allocator is not None and slot.canary_block_ids:
@@ -327,13 +337,27 @@ class Batcher:
     def _advance_paged(self, slot: WorkerSlot) -> None:
         running = [self.table.get(rid) for batch in slot.batches for rid in batch.request_ids]
         running = [r for r in running if r is not None]
-        may_admit = not (running and self._other_worker_is_empty(slot))
+        placement = self._placement(slot)
+        may_admit = placement is not None or not (running and self._other_worker_is_empty(slot))
         budget = slot.step_token_budget(self.config.max_batch_prefill_tokens)
-        step = self.paged.plan(running, slot.allocator, budget, may_admit)
+        step = self.paged.plan(running, slot.allocator, budget, may_admit, placement)
+        if step.admitted:
+            self.metrics.record_prefix_hits(step.admitted)
         if step.victims:
             self._preempt(slot, step.victims)
         elif not step.is_empty:
             self._send_paged_step(slot, step)
+
+    def _placement(self, slot: WorkerSlot) -> Placement | None:
+        """Cache-aware placement, when prefix caching is on and several paged workers serve."""
+        slots = [s for s in self.ready_workers() if s.is_paged]
+        if not self.config.prefix_caching or len(slots) < 2 or not self.queue:
+            return None
+        running: dict[bytes, list[Request]] = {}
+        for request in self.table:
+            if request.status is RequestStatus.RUNNING and request.worker_id is not None:
+                running.setdefault(request.worker_id, []).append(request)
+        return Placement(slot, slots, running)
 
     def _preempt(self, slot: WorkerSlot, victims: list[Request]) -> None:
         """Frees the victims' blocks and queues them first; the Filter takes them off the worker."""

@@ -35,6 +35,10 @@ class SchedulerConfig:
         "help": "send a running batch's next Decode before the previous step's answer is back, so the "
                 "worker steps back to back (off: one command at a time, as TGI; on a CPU worker the "
                 "light services' work then slows the step instead, BENCHMARKS.md)"})
+    prefix_caching: bool = dataclasses.field(default=True, metadata={
+        "help": "paged workers keep full KV blocks indexed by their tokens after use: a request reuses "
+                "the longest cached prefix of its input (shared system prompts, earlier chat turns) and "
+                "prefills only the rest; with several workers it goes to the one holding its prefix"})
     heartbeat_interval_ms: int = 1000
     heartbeat_misses: int = 5
     no_worker_timeout_s: float = 30.0

@@ -229,7 +229,8 @@ class Hub:
             if request.num_resumed_tokens:
                 generation = dataclasses.replace(
                     generation, generated_tokens=generation.generated_tokens + request.num_resumed_tokens)
-            steps_by_tokenizer[request.tokenizer_id].append((request, TokenStep(request.key, generation)))
+            steps_by_tokenizer[request.tokenizer_id].append(
+                (request, TokenStep(request.key, generation, request.num_cached_tokens)))
             if generation.finish_reason is not None:
                 self.table.remove(request)
                 self.batcher.release_blocks(request)

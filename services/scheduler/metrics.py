@@ -120,6 +120,12 @@ class SchedulerMetrics:
             "ztgi_scheduler_request_failure", "counter", "Requests the scheduler ended with an error, by error type")
         self.preemptions = Family(
             "ztgi_preemptions", "counter", "Requests preempted when a paged worker ran out of KV blocks (requeued)")
+        self.prefix_cache_queried_tokens = Family(
+            "ztgi_prefix_cache_queried_tokens", "counter",
+            "Input tokens of admitted requests looked up in a paged worker's prefix cache")
+        self.prefix_cache_hit_tokens = Family(
+            "ztgi_prefix_cache_hit_tokens", "counter",
+            "Input tokens whose KV came from the prefix cache instead of being computed")
         self.prefill_chunks = Family(
             "ztgi_prefill_chunks", "counter", "Chunks of prompts prefilled over several steps (chunked prefill)")
 
@@ -131,7 +137,11 @@ class SchedulerMetrics:
         """Every family, plus gauges of the workers' current batches."""
         max_tokens = Family("tgi_batch_current_max_tokens", "gauge", "Maximum tokens of each worker's current batch")
         blocks = {state: Family(f"ztgi_kv_blocks_{state}", "gauge", f"KV blocks of each paged worker's pool: {state}")
-                  for state in ("total", "used", "free")}
+                  for state in ("total", "used", "free", "cached")}
+        evictions = Family("ztgi_prefix_cache_evictions", "counter",
+                           "Cached KV blocks evicted (least recently used) to make room, per paged worker")
+        hit_rate = Family("ztgi_prefix_cache_hit_rate", "gauge",
+                          "Share of looked-up input tokens found in the prefix cache, since start")
         for worker in workers:
             name = worker.identity.decode(errors="replace")
             max_tokens.inc(float(worker.batch_max_tokens), worker=name)
@@ -140,7 +150,12 @@ class SchedulerMetrics:
                 blocks["total"].inc(float(allocator.num_blocks), worker=name)
                 blocks["used"].inc(float(allocator.num_used), worker=name)
                 blocks["free"].inc(float(allocator.num_free), worker=name)
-        return [family.to_message() for family in [*self.families, max_tokens, *blocks.values()]]
+                blocks["cached"].inc(float(allocator.num_cached), worker=name)
+                evictions.inc(float(allocator.num_evictions), worker=name)
+        queried = sum(self.prefix_cache_queried_tokens.values.values())
+        hit_rate.inc(sum(self.prefix_cache_hit_tokens.values.values()) / queried if queried else 0.0)
+        extra = [max_tokens, *blocks.values(), evictions, hit_rate]
+        return [family.to_message() for family in [*self.families, *extra]]
 
     # -- worker commands -----------------------------------------------------------------------
 
@@ -164,6 +179,12 @@ class SchedulerMetrics:
             chunk = step.chunks.get(request.request_id)
             if chunk is not None and chunk < request.prefill_len:
                 self.prefill_chunks.inc()
+
+    def record_prefix_hits(self, admitted: list[Request]) -> None:
+        """Newcomers of a paged step: the input tokens looked up, and those the cache held."""
+        for request in admitted:
+            self.prefix_cache_queried_tokens.inc(float(request.prefill_len))
+            self.prefix_cache_hit_tokens.inc(float(request.num_computed))
 
     def record_filter(self, duration_s: float) -> None:
         self.batch_filter_duration.observe(duration_s)

@@ -6,7 +6,11 @@ chunks; then queued requests are admitted while the step's token budget and the 
 allow, a long prompt taking only the part of its prefill that fits (chunked prefill). When a
 running request needs a block and none is free, the most recently admitted request is preempted:
 its blocks are freed and it goes back to the front of the queue, to resume from prompt + tokens
-so far (nothing lost, nothing streamed twice). Decisions only: the batcher sends the commands.
+so far (nothing lost, nothing streamed twice). With prefix caching a newcomer first takes the
+cached blocks of the longest prefix of its input (their tokens compared) and computes only the
+rest, at least its last token; the blocks it fills are indexed for the requests after it.
+With several workers a request waits for the one holding its prefix (`Placement`) unless that
+one is much busier. Decisions only: the batcher sends the commands.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import dataclasses
 
 from services.scheduler.block_allocator import BlockAllocator
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.placement import Placement
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request
 
@@ -43,15 +48,17 @@ class PagedBatcher:
         self.config = config
         self.queue = queue
 
-    def plan(self, running: list[Request], allocator: BlockAllocator, budget: int, may_admit: bool) -> PagedStep:
-        """`running`: the worker's requests in admission order. Allocates the blocks the step needs."""
+    def plan(self, running: list[Request], allocator: BlockAllocator, budget: int, may_admit: bool,
+             placement: Placement | None = None) -> PagedStep:
+        """`running`: the worker's requests in admission order. Allocates the blocks the step needs.
+        `placement` (several workers) says which queued requests this worker may take."""
         step = PagedStep()
         used = self._decodes(step, running, allocator)
         if step.victims:
             return step
         used = self._chunks(step, running, budget, used)
         if may_admit:
-            self._admit(step, len(running), allocator, budget, used)
+            self._admit(step, len(running), allocator, budget, used, placement)
         return step
 
     def _decodes(self, step: PagedStep, running: list[Request], allocator: BlockAllocator) -> int:
@@ -81,23 +88,38 @@ class PagedBatcher:
             used += chunk
         return used
 
-    def _admit(self, step: PagedStep, size: int, allocator: BlockAllocator, budget: int, used: int) -> None:
-        """From the front of the queue while tokens, blocks and the batch size allow. A request
-        takes the blocks of its whole input at once, so its later chunks never wait for blocks."""
+    def _admit(self, step: PagedStep, size: int, allocator: BlockAllocator, budget: int, used: int,
+               placement: Placement | None) -> None:
+        """From the front of the queue while tokens, blocks and the batch size allow (skipping the
+        requests `placement` keeps for another worker). A request takes the blocks of its whole
+        input at once, so its later chunks never wait for blocks."""
         reserve = int(allocator.num_blocks * RESERVE_FRACTION) if size else 0
         max_size = self.config.max_batch_size
-        while self.queue and used < budget and (max_size is None or size < max_size):
-            request = self.queue.peek()
-            prefill_len = request.input_length
-            needed = allocator.blocks_for(prefill_len)
-            if needed > allocator.num_free - reserve:
+        candidates = self.queue if placement is None else placement.candidates(self.queue)
+        for request in list(candidates):
+            if used >= budget or (max_size is not None and size >= max_size):
                 return
-            self.queue.popleft()
-            request.block_ids = allocator.allocate(needed) or []
-            request.prefill_len, request.num_computed = prefill_len, 0
-            chunk = min(prefill_len, budget - used)
+            prefill_len = request.input_length
+            hit = allocator.match(request.tokens) if self._may_reuse(request) else []
+            needed = allocator.blocks_for(prefill_len) - len(hit)
+            if needed > allocator.num_free - allocator.num_unheld(hit) - reserve:
+                return
+            self.queue.remove(request)
+            allocator.acquire(hit)
+            request.block_ids = hit + (allocator.allocate(needed) or [])
+            cache_len = len(hit) * allocator.block_size
+            request.prefill_len, request.num_computed, request.num_indexed_blocks = prefill_len, cache_len, len(hit)
+            if not request.generated_ids:
+                request.num_cached_tokens = cache_len
+            chunk = min(prefill_len - cache_len, budget - used)
             step.admitted.append(request)
             step.chunks[request.request_id] = chunk
             step.num_new[request.request_id] = chunk
             used += chunk
             size += 1
+
+    @staticmethod
+    def _may_reuse(request: Request) -> bool:
+        """Prefill logprobs need every prompt token's logits: such a request computes them all."""
+        assert request.encoded is not None
+        return not (request.encoded.prefill_logprobs and not request.generated_ids)

@@ -38,6 +38,14 @@ class Request:
     num_blocks_sent: int = 0
     prefill_len: int = 0
     num_computed: int = 0
+    num_cached_tokens: int = 0  # prefix cache: input tokens its (re)start took from cached blocks
+    num_indexed_blocks: int = 0  # prefix cache: its full blocks already given to the cache
+
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt + generated so far: what its KV blocks hold, in order."""
+        assert self.encoded is not None
+        return self.encoded.input_ids + self.generated_ids
 
     @property
     def tokenizer_id(self) -> bytes:
@@ -68,7 +76,7 @@ class Request:
         self.worker_id = None
         self.num_resumed_tokens = len(self.generated_ids)
         self.block_ids = []
-        self.num_blocks_sent = self.prefill_len = self.num_computed = 0
+        self.num_blocks_sent = self.prefill_len = self.num_computed = self.num_indexed_blocks = 0
 
     def new_blocks(self) -> list[int]:
         """Blocks the worker has not been told about yet; from now on it has been."""
@@ -95,5 +103,6 @@ class Request:
             top_n_tokens=encoded.top_n_tokens,
             prefill_logprobs=encoded.prefill_logprobs and not self.generated_ids,
             block_ids=self.new_blocks(),
+            cache_len=self.num_computed,
             chunk_len=chunk_len,
         )

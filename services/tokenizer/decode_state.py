@@ -35,6 +35,7 @@ class DecodeState:
     num_generated_tokens: int = 0
     generated_parts: list[str] = dataclasses.field(default_factory=list)
     prefill: list[Token] = dataclasses.field(default_factory=list)
+    cached_tokens: int = 0
 
     @classmethod
     def start(cls, encoded: Encoded, params: GenerateParameters) -> DecodeState:

@@ -68,6 +68,7 @@ class Detokenizer:
             if state is None:
                 logger.debug("token for unknown request %r skipped", step.key)
                 continue
+            state.cached_tokens = step.cached_tokens
             event, stopped = self._event(step.key, state, step.generation)
             client_to_events[step.key.client_id].append(event)
             if stopped:
@@ -121,6 +122,7 @@ class Detokenizer:
             input_tokens=len(state.input_ids),
             seed=state.seed,
             prefill=state.prefill,
+            cached_tokens=state.cached_tokens,
         )
 
     # -- token texts ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Paged batching in the scheduler: block tables, the per-step token budget, chunked prefill and
-preemption, driven through the hub by a worker peer that keeps the books a paged worker keeps
-(which blocks each request holds, how many of its tokens have KV) and checks every command."""
+"""Paged batching in the scheduler: block tables, the per-step token budget, chunked prefill,
+preemption and prefix caching, driven through the hub by a worker peer that keeps the books a
+paged worker keeps (which blocks each request holds, which tokens each block slot holds, how many
+of a request's tokens have KV) and checks every command."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ BLOCK_SIZE = 4
 
 @dataclasses.dataclass
 class Seq:
-    tokens: int  # input + generated so far
+    tokens: list[int]  # input + generated so far
     prefill_len: int
     computed: int
     blocks: list[int]
@@ -26,16 +27,26 @@ class Seq:
     remaining: int
 
 
+def next_token(tokens: list[int]) -> int:
+    """The peer's 'model': a deterministic function of the whole context (as greedy decoding is),
+    so a request whose reused blocks held other tokens would answer differently."""
+    return 10 + sum((i + 1) * t for i, t in enumerate(tokens)) % 89
+
+
 class PagedPeer:
     """The worker side: applies Prefill/Decode/Filter as a paged worker does and asserts what a
-    paged worker would refuse (a block held twice, a step beyond its blocks or over budget)."""
+    paged worker would get wrong: a block written while another request holds it, cached KV
+    (`cache_len`) that is not the request's own tokens, a step beyond its blocks or over budget.
+    Each token's 'KV' is the token id written in its slot; a token is chosen from the slots."""
 
     def __init__(self, num_blocks: int, step_tokens: int, refuse: int | None = None) -> None:
         self.num_blocks, self.step_tokens, self.refuse = num_blocks, step_tokens, refuse
         self.seqs: dict[int, Seq] = {}
+        self.slots: dict[tuple[int, int], int] = {}  # (block, offset) -> the token whose KV it holds
         self.batch_id: int | None = None
         self.max_running = 0
         self.chunked_steps = 0
+        self.cached_tokens = 0
 
     def run(self, command: object) -> object:
         match command:
@@ -45,8 +56,12 @@ class PagedPeer:
                     return m.CommandFailed(command.command_id, "request outside the vocabulary",
                                            [r.request_id for r in command.batch.requests])
                 for r in command.batch.requests:
-                    self.seqs[r.request_id] = Seq(len(r.input_ids), len(r.input_ids), 0, list(r.block_ids),
-                                                  r.chunk_len, r.max_new_tokens)
+                    assert 0 <= r.cache_len < len(r.input_ids), f"request {r.request_id}: cache_len {r.cache_len}"
+                    assert [self.slots.get(self._slot(r.block_ids, p)) for p in range(r.cache_len)] == \
+                        r.input_ids[:r.cache_len], f"request {r.request_id} reuses blocks holding other tokens"
+                    self.cached_tokens += r.cache_len
+                    self.seqs[r.request_id] = Seq(list(r.input_ids), len(r.input_ids), r.cache_len,
+                                                  list(r.block_ids), r.chunk_len, r.max_new_tokens)
                 self.batch_id = command.batch_ids[0] if command.batch_ids else command.batch.batch_id
                 return self._step(command.command_id, command.updates)
             case m.Decode():
@@ -56,6 +71,18 @@ class PagedPeer:
                 return m.FilterResult(command.command_id, self._cached())
         raise AssertionError(f"unexpected {command}")
 
+    @staticmethod
+    def _slot(blocks: list[int], position: int) -> tuple[int, int]:
+        return blocks[position // BLOCK_SIZE], position % BLOCK_SIZE
+
+    def _write(self, rid: int, seq: Seq, start: int, count: int) -> None:
+        """Stores the tokens' 'KV'; no other request may hold a block being written."""
+        for position in range(start, start + count):
+            block, offset = self._slot(seq.blocks, position)
+            holders = [other for other, s in self.seqs.items() if other != rid and block in s.blocks]
+            assert not holders, f"request {rid} writes block {block} that requests {holders} hold"
+            self.slots[block, offset] = seq.tokens[position]
+
     def _cached(self) -> m.CachedBatch | None:
         return m.CachedBatch(self.batch_id, list(self.seqs), 0) if self.seqs else None
 
@@ -64,7 +91,8 @@ class PagedPeer:
             self.seqs[update.request_id].blocks += update.new_block_ids
             self.seqs[update.request_id].chunk = update.chunk_len
         held = [b for s in self.seqs.values() for b in s.blocks]
-        assert len(held) == len(set(held)) and all(0 <= b < self.num_blocks for b in held)
+        assert all(0 <= b < self.num_blocks for b in held)
+        assert all(len(set(s.blocks)) == len(s.blocks) for s in self.seqs.values())
         self.max_running = max(self.max_running, len(self.seqs))
         generations, num_tokens = [], 0
         for rid, seq in list(self.seqs.items()):
@@ -77,14 +105,17 @@ class PagedPeer:
                 continue
             assert len(seq.blocks) * BLOCK_SIZE >= seq.computed + count, f"request {rid} beyond its blocks"
             self.chunked_steps += prefilling and seq.computed + count < seq.prefill_len
+            self._write(rid, seq, seq.computed, count)
             seq.computed += count
             num_tokens += count
             if prefilling and seq.computed < seq.prefill_len:
                 seq.chunk = 0
                 continue
-            seq.tokens += 1
+            context = [self.slots[self._slot(seq.blocks, p)] for p in range(seq.computed)]
+            token = next_token(context)
+            seq.tokens.append(token)
             seq.remaining -= 1
-            generations.append(m.Generation(rid, 7, -0.1, "length" if seq.remaining == 0 else None, 1))
+            generations.append(m.Generation(rid, token, -0.1, "length" if seq.remaining == 0 else None, 1))
         assert num_tokens <= self.step_tokens, f"{num_tokens} tokens over the step budget"
         return m.StepResult(command_id, generations, self._cached(), m.Timings())
 

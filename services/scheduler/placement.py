@@ -1,0 +1,75 @@
+"""Cache-aware placement of queued requests over data-parallel paged workers (SGLang's router).
+
+A request belongs to the worker holding the longest prefix of its input, counted in whole
+blocks: cached in that worker's prefix cache, or being computed there by a request it runs now
+(so the second request of a burst sharing a document follows the first one, before the first
+one's blocks are even full). Another worker takes it anyway when the holder is much busier (it
+runs at least twice as many requests, and `MIN_IMBALANCE` more). A request no worker holds any
+of goes to the least busy worker.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from services.scheduler.request import Request
+from services.scheduler.worker_slot import WorkerSlot
+
+MIN_IMBALANCE = 4  # a holder this many requests busier (and twice as busy) loses a request to another
+MAX_LOOKAHEAD = 64  # queued requests a worker looks through for ones placed on it
+
+
+class Placement:
+    """For one worker's admission: which queued requests it takes now."""
+
+    def __init__(self, slot: WorkerSlot, slots: list[WorkerSlot], running: dict[bytes, list[Request]]) -> None:
+        self.slot = slot
+        self.slots = slots
+        self.running = running
+        self.loads = {s.identity: len(running.get(s.identity, ())) for s in slots}
+
+    def candidates(self, queue: Iterable[Request]) -> Iterator[Request]:
+        """The queued requests this worker may take, in queue order; each one yielded is counted
+        as taken (the caller takes it or stops)."""
+        for index, request in enumerate(queue):
+            if index >= MAX_LOOKAHEAD:
+                return
+            if self.owner(request) is self.slot:
+                self.loads[self.slot.identity] += 1
+                yield request
+
+    def owner(self, request: Request) -> WorkerSlot:
+        """The worker that should run `request` now."""
+        tokens = request.tokens
+        matches = {s.identity: self.num_matched_blocks(s, tokens) for s in self.slots}
+        load = self.loads
+        least_busy = min(self.slots, key=lambda s: (load[s.identity], s is not self.slot))
+        holder = max(self.slots, key=lambda s: (matches[s.identity], -load[s.identity], s is self.slot))
+        if matches[holder.identity] == 0 or self._much_busier(load[holder.identity], load[least_busy.identity]):
+            return least_busy
+        return holder
+
+    @staticmethod
+    def _much_busier(load: int, other: int) -> bool:
+        return load >= 2 * other + MIN_IMBALANCE
+
+    def num_matched_blocks(self, slot: WorkerSlot, tokens: list[int]) -> int:
+        """Whole blocks of `tokens` the worker holds: cached, or in a request it runs now."""
+        allocator = slot.allocator
+        assert allocator is not None
+        best = len(allocator.match(tokens))
+        size = allocator.block_size
+        for other in self.running.get(slot.identity, ()):
+            best = max(best, _common_blocks(tokens, other.tokens, size, best))
+        return best
+
+
+def _common_blocks(tokens: list[int], other: list[int], size: int, at_least: int) -> int:
+    """Whole blocks the two token lists share from the start (0 unless more than `at_least`)."""
+    limit = min(len(tokens) - 1, len(other)) // size
+    if limit <= at_least or tokens[:(at_least + 1) * size] != other[:(at_least + 1) * size]:
+        return 0
+    count = at_least + 1
+    while count < limit and tokens[count * size:(count + 1) * size] == other[count * size:(count + 1) * size]:
+        count += 1
+    return count
