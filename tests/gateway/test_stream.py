@@ -29,7 +29,8 @@ def test_stream_events_follow_tgi_schema_and_order(gateway: GatewayProcess, sche
     assert [e["token"]["text"] for e in events] == [" a", " b", " c"]
     assert [e["generated_text"] for e in events] == [None, None, " a b c"]
     assert [e["details"] is None for e in events] == [True, True, False]
-    assert events[-1]["details"] == {"finish_reason": "length", "generated_tokens": 3, "input_length": 2, "seed": 3}
+    assert events[-1]["details"] == {"finish_reason": "length", "generated_tokens": 3, "input_length": 2, "seed": 3,
+                                     "cached_tokens": 0}
 
 
 def test_stream_always_ends_with_details(gateway: GatewayProcess) -> None:
