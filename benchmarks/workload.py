@@ -10,6 +10,11 @@ import random
 from benchmarks.config import BenchConfig
 
 MIXED_DATASET_PATH = os.path.join(os.path.dirname(__file__), "data", "mixed.jsonl")
+BUILT_IN_DATASETS = {  # name -> file in benchmarks/data (prefix_datasets.py writes the last two)
+    "mixed": MIXED_DATASET_PATH,
+    "shared-prefix": os.path.join(os.path.dirname(__file__), "data", "shared_prefix.jsonl"),
+    "multi-turn": os.path.join(os.path.dirname(__file__), "data", "multi_turn.jsonl"),
+}
 DEFAULT_INPUT_TOKENS = 128
 DEFAULT_OUTPUT_TOKENS = 128
 DEFAULT_NUM_GENERATED = 100
@@ -55,7 +60,7 @@ def build_workload(config: BenchConfig) -> list[Prompt]:
         return generate_prompts(num_prompts, config.input_tokens or DEFAULT_INPUT_TOKENS,
                                 config.output_tokens or DEFAULT_OUTPUT_TOKENS,
                                 config.input_tokens_range, config.seed)
-    path = MIXED_DATASET_PATH if config.dataset == "mixed" else config.dataset
+    path = BUILT_IN_DATASETS.get(config.dataset, config.dataset)
     prompts = load_dataset(path)
     if config.output_tokens is not None:
         prompts = [dataclasses.replace(p, max_new_tokens=config.output_tokens) for p in prompts]

@@ -1,0 +1,52 @@
+"""Writes the prefix-caching workloads next to the mixed set (`python -m benchmarks.prefix_datasets`).
+
+- `shared_prefix.jsonl`: 32 requests sharing one ~1,500-token document, each with its own question
+  (RAG, a long system prompt): with prefix caching only the first computes the document.
+- `multi_turn.jsonl`: 16 conversations of 6 turns, turn-major (every conversation's turn k before
+  any turn k+1): each prompt is the transcript so far, so a turn's prompt starts with the one before.
+  The assistant replies in the transcripts are fixed text, not what the model answered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+from benchmarks.workload import WORDS
+
+DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
+DOCUMENT_WORDS = 1450
+
+
+def _sentences(rng: random.Random, num_words: int) -> str:
+    words = rng.choices(WORDS, k=num_words)
+    return " ".join(" ".join(words[i:i + 12]).capitalize() + "." for i in range(0, num_words, 12))
+
+
+def shared_prefix(rng: random.Random) -> list[dict]:
+    document = _sentences(rng, DOCUMENT_WORDS)
+    return [{"prompt": f"Document:\n{document}\n\nQuestion {i + 1}: in one sentence, what does the document say "
+                       f"about the {rng.choice(WORDS)} and the {rng.choice(WORDS)}?\nAnswer:",
+             "max_new_tokens": 32} for i in range(32)]
+
+
+def multi_turn(rng: random.Random, num_conversations: int = 16, num_turns: int = 6) -> list[dict]:
+    transcripts = [f"System: you are assistant number {c}. {_sentences(rng, 150)}\n" for c in range(num_conversations)]
+    lines = []
+    for _ in range(num_turns):
+        for c in range(num_conversations):
+            transcripts[c] += f"User: {_sentences(rng, 30)}\nAssistant:"
+            lines.append({"prompt": transcripts[c], "max_new_tokens": 32})
+            transcripts[c] += f" {_sentences(rng, 36)}\n"
+    return lines
+
+
+def main() -> None:
+    for name, lines in (("shared_prefix", shared_prefix(random.Random(18))), ("multi_turn", multi_turn(random.Random(18)))):
+        with open(os.path.join(DATA_DIR, f"{name}.jsonl"), "w", encoding="utf-8") as file:
+            file.writelines(json.dumps(line) + "\n" for line in lines)
+
+
+if __name__ == "__main__":
+    main()
