@@ -23,6 +23,8 @@ class _Timeline:
     token_times: list[float] = dataclasses.field(default_factory=list)
     end: float | None = None
     num_reported_tokens: int | None = None
+    text: str | None = None
+    cached_tokens: int | None = None
 
 
 async def send_request(session: aiohttp.ClientSession, url: str, backend: HttpBackend,
@@ -43,6 +45,7 @@ async def send_request(session: aiohttp.ClientSession, url: str, backend: HttpBa
         record.error = record.error[:MAX_ERROR_CHARS]
     record.set_timings(timeline.start, timeline.token_times, timeline.end or time.perf_counter(),
                        timeline.num_reported_tokens)
+    record.text, record.cached_tokens = timeline.text, timeline.cached_tokens
 
 
 async def _read_stream(content: aiohttp.StreamReader, backend: HttpBackend,
@@ -56,6 +59,8 @@ async def _read_stream(content: aiohttp.StreamReader, backend: HttpBackend,
             timeline.token_times.append(time.perf_counter())
         if chunk.num_reported_tokens is not None:
             timeline.num_reported_tokens = chunk.num_reported_tokens
+        if chunk.done:
+            timeline.text, timeline.cached_tokens = chunk.text, chunk.cached_tokens
         if chunk.error is not None:
             return chunk.error
         if chunk.done:

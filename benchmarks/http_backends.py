@@ -22,6 +22,8 @@ class StreamChunk:
     done: bool = False
     error: str | None = None
     num_reported_tokens: int | None = None  # the server's own count (TGI details, OpenAI usage)
+    text: str | None = None  # TGI: the final event's generated_text
+    cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache, where it says
 
 
 class HttpBackend:
@@ -68,10 +70,11 @@ class TgiBackend(HttpBackend):
 
     def parse_event(self, event: dict[str, Any]) -> StreamChunk:
         details = event.get("details")
-        reported = details.get("generated_tokens") if isinstance(details, dict) else None
+        details = details if isinstance(details, dict) else {}
         return StreamChunk(has_token=event.get("token") is not None,
                            done=event.get("generated_text") is not None,
-                           num_reported_tokens=reported)
+                           num_reported_tokens=details.get("generated_tokens"),
+                           text=event.get("generated_text"), cached_tokens=details.get("cached_tokens"))
 
 
 class OpenAICompletionsBackend(HttpBackend):

@@ -30,6 +30,8 @@ class RequestRecord:
     itl_s: list[float] = dataclasses.field(default_factory=list)
     num_output_tokens: int = 0
     error: str | None = None
+    text: str | None = None  # the generated text, where the API's final event carries it (TGI)
+    cached_tokens: int | None = None  # prompt tokens taken from the server's prefix cache, where reported
 
     @property
     def success(self) -> bool:

@@ -16,14 +16,15 @@ def _data(event: dict) -> bytes:
 
 
 def test_tgi_token_final_and_error_events() -> None:
-    """A token event counts, the event with generated_text ends, an error event fails."""
+    """A token event counts, the event with generated_text ends (with its text and cached tokens),
+    an error event fails."""
     tgi = make_backend(BenchConfig(backend="tgi"))
     token = {"id": 5, "text": " a", "logprob": -0.1, "special": False}
     assert tgi.parse(_data({"index": 1, "token": token, "generated_text": None, "details": None})) \
         == StreamChunk(has_token=True)
     final = tgi.parse(_data({"index": 2, "token": token, "generated_text": "a a",
-                             "details": {"finish_reason": "length", "generated_tokens": 2}}))
-    assert final == StreamChunk(has_token=True, done=True, num_reported_tokens=2)
+                             "details": {"finish_reason": "length", "generated_tokens": 2, "cached_tokens": 16}}))
+    assert final == StreamChunk(has_token=True, done=True, num_reported_tokens=2, text="a a", cached_tokens=16)
     error = tgi.parse(b'{"error":"Request failed during generation","error_type":"generation"}')
     assert error.error == "generation: Request failed during generation"
 
