@@ -95,8 +95,8 @@ class PagedBatcher:
         input at once, so its later chunks never wait for blocks."""
         reserve = int(allocator.num_blocks * RESERVE_FRACTION) if size else 0
         max_size = self.config.max_batch_size
-        candidates = self.queue if placement is None else placement.candidates(self.queue)
-        for request in list(candidates):
+        queued = list(self.queue)  # a snapshot: admitted requests leave the queue as we go
+        for request in (queued if placement is None else placement.candidates(queued)):
             if used >= budget or (max_size is not None and size >= max_size):
                 return
             prefill_len = request.input_length
