@@ -91,7 +91,8 @@ class PagedModel:
             batch.sequences[entry.index].num_computed = entry.start + entry.count
             if batch.sequences[entry.index].is_prefilling:
                 batch.sequences[entry.index].chunk_len = 0  # the scheduler gives the next chunk
-        return [self._generation(batch.sequences[index], row) for index, row in zip(inputs.sampled, rows)]
+        # in the batch's order, whatever order the step ran its rows in
+        return [self._generation(batch.sequences[index], row) for index, row in sorted(zip(inputs.sampled, rows))]
 
     def _choose(self, batch: PagedBatch, inputs: StepInputs, logits: torch.Tensor) -> list[list[float]]:
         sampled = inputs.sampled
