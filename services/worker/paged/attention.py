@@ -49,11 +49,19 @@ class DecodeGroup:
     context_lens: torch.Tensor | None = None  # [rows]
 
     def windowed(self, window: int) -> "DecodeGroup":
-        """The same rows attending only to their last `window` keys (query included)."""
+        """The same rows attending only to their last `window` keys (query included), over just the
+        blocks that hold them: each row's table starts at its window's first block, so a sliding
+        layer's decode costs its window, not the whole context."""
         assert self.context_lens is not None
-        keys = torch.arange(self.mask.shape[-1], device=self.mask.device)[None, :]
-        inside = keys >= (self.context_lens[:, None] - window)
-        return dataclasses.replace(self, mask=self.mask & inside[:, None, None, :])
+        lengths, device = self.context_lens[:, None], self.block_table.device
+        block_size = self.mask.shape[-1] // self.block_table.shape[1]
+        first = (lengths - window).clamp(min=0) // block_size  # [rows, 1]
+        width = int(((lengths - 1) // block_size - first).max()) + 1
+        columns = (first + torch.arange(width, device=device)).clamp(max=self.block_table.shape[1] - 1)
+        positions = first * block_size + torch.arange(width * block_size, device=device)
+        keep = (positions < lengths) & (positions >= lengths - window)
+        return dataclasses.replace(self, block_table=self.block_table.gather(1, columns),
+                                   mask=keep[:, None, None, :])
 
 
 @dataclasses.dataclass(frozen=True)
