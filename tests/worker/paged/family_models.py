@@ -1,6 +1,8 @@
 """Tiny random-weight models of each natively served family, with SmolLM2's real tokenizer.
 
-Small windows (8) and soft-caps that bite, so prompts of 20 to 40 tokens exercise them.
+Small windows (8) and soft-caps that bite, so prompts of 20 to 40 tokens exercise them, and the rope
+scalings these families ship with (linear, yarn, Phi-3's longrope with partial rotary, Gemma 3's
+local and global bases).
 """
 
 from __future__ import annotations
@@ -25,20 +27,28 @@ def family_config(model_type: str):
 
     match model_type:
         case "mistral":
-            return MistralConfig(**COMMON, sliding_window=WINDOW, tie_word_embeddings=True)
+            return MistralConfig(**COMMON, sliding_window=WINDOW, tie_word_embeddings=True,
+                                 rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
         case "qwen2":
             return Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=0,
                                layer_types=ALTERNATING, tie_word_embeddings=True)
         case "qwen3":
-            return Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=True)
+            return Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=True, rope_parameters={
+                "rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 512})
         case "phi3":
-            return Phi3Config(**COMMON, sliding_window=WINDOW, partial_rotary_factor=0.5, tie_word_embeddings=False)
+            return Phi3Config(**COMMON, sliding_window=WINDOW, partial_rotary_factor=0.5, tie_word_embeddings=False,
+                              original_max_position_embeddings=1024, rope_parameters={
+                                  "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.5, 2.0, 3.0],
+                                  "long_factor": [2.0, 3.0, 4.0, 5.0], "original_max_position_embeddings": 1024})
         case "gemma2":
             return Gemma2Config(**COMMON, head_dim=16, query_pre_attn_scalar=24, sliding_window=WINDOW,
                                 layer_types=ALTERNATING, attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
         case "gemma3_text":
             return Gemma3TextConfig(**COMMON, head_dim=16, query_pre_attn_scalar=24, sliding_window=WINDOW,
-                                    layer_types=ALTERNATING, final_logit_softcapping=3.0)
+                                    layer_types=ALTERNATING, final_logit_softcapping=3.0, rope_parameters={
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                        "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                           "rope_theta": 1000000.0}})
     raise ValueError(model_type)
 
 
