@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from services.worker.host_copy import to_device
 from services.worker.paged.kv_pool import KVPool
 
 
@@ -100,8 +101,8 @@ def _group(block_tables: list[list[int]], context_lens: list[int], start: int, b
         table[row, :len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
     lengths = torch.tensor(context_lens, dtype=torch.int64)
     mask = torch.arange(width * block_size)[None, :] < lengths[:, None]
-    return DecodeGroup(start, start + len(block_tables), table.to(device), mask[:, None, None, :].to(device),
-                       lengths.to(device))
+    return DecodeGroup(start, start + len(block_tables), to_device(table, device),
+                       to_device(mask[:, None, None, :], device), to_device(lengths, device))
 
 
 class PagedAttention:
