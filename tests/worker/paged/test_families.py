@@ -88,3 +88,33 @@ def test_unsupported_architecture_names_the_supported_ones():
     with pytest.raises(ValueError, match="gpt2.*supported: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text"):
         resolve_kv_cache("paged", "auto", GPT2Config())
     assert resolve_kv_cache("auto", "auto", GPT2Config()) == "padded"
+
+
+@pytest.mark.slow
+def test_gguf_of_a_family_serves_natively(smollm2, prompts, tmp_path, monkeypatch):
+    """A Qwen2 GGUF file (biased q/k/v, the SmolLM2 tokenizer and chat template inside) loads through
+    transformers' GGUF reader onto the native paged forward, and its greedy tokens equal the
+    original model's `generate`."""
+    from transformers import Qwen2Config
+
+    from common.model_source import resolve_model
+    from tests.worker.paged.family_gguf import write_qwen2_gguf
+    from tests.worker.paged.family_models import COMMON
+
+    monkeypatch.setenv("ZTGI_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    original = AutoModelForCausalLM.from_config(Qwen2Config(**COMMON, tie_word_embeddings=False)).eval()
+    path = str(tmp_path / "tiny-qwen2.gguf")
+    write_qwen2_gguf(original, path)
+    model = load_model(path, dtype="float32", device="cpu", kv_cache="paged", block_size=4)
+    assert type(model.forward_pass).__name__ == "PagedDecoderForward"
+    model.allocate_pool(512)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(path).path)
+    assert tokenizer.chat_template == AutoTokenizer.from_pretrained(smollm2.path).chat_template
+    expected = {}
+    for i, ids in enumerate(prompts):
+        tensor = torch.tensor([ids])
+        expected[i] = original.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=MAX_NEW_TOKENS,
+                                        do_sample=False, pad_token_id=2)[0, len(ids):].tolist()
+    requests = [request(i, ids, MAX_NEW_TOKENS) for i, ids in enumerate(prompts)]
+    assert token_ids(run_to_end(model, batch_of(model, requests))) == expected
