@@ -7,6 +7,8 @@ import torch.nn.functional as F
 
 
 class Embedding:
+    """Rows of the embedding matrix for token ids, times the family's scale if it has one."""
+
     def __init__(self, module: torch.nn.Module) -> None:
         self.weight = module.weight.detach().clone()
         scale = getattr(module, "embed_scale", None)  # Gemma's scaled embedding keeps it as a buffer

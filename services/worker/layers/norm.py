@@ -21,6 +21,3 @@ class RMSNorm:
         # Gemma multiplies before casting back (transformers' Gemma RMSNorm), so float32 throughout
         return (F.rms_norm(x.float(), (x.shape[-1],), None, self.eps) * self.weight).type_as(x)
 
-
-def maybe_norm(module: torch.nn.Module | None, offset: bool = False) -> RMSNorm | None:
-    return RMSNorm(module, offset) if module is not None else None
