@@ -78,8 +78,9 @@ class LocalEngine:
                                self._on_failure)
         self._generations: list[Generation] = []
         self._failure: EngineError | None = None
-        hello = Hello(role="worker", protocol_version=PROTOCOL_VERSION, boot_nonce="local", worker=model.info())
-        self.batcher.register(WORKER_ID, hello)  # sends the Warmup, as to a worker that says Hello
+        self._hello = Hello(role="worker", protocol_version=PROTOCOL_VERSION, boot_nonce="local",
+                            worker=model.info())
+        self.batcher.register(WORKER_ID, self._hello)  # sends the Warmup, as to a worker that says Hello
         try:
             self._run(self.outbox.take())
         except EngineError as exc:  # limits the model cannot serve, or no room for one request
@@ -114,6 +115,15 @@ class LocalEngine:
         self.table.remove(request)
         if request.status is RequestStatus.QUEUED:
             self.queue.remove(request)
+
+    def reset(self) -> None:
+        """Drops every request and cached batch (after a run was interrupted mid-command): the
+        worker is lost and registered again, as the scheduler recovers one, warmup included."""
+        for request in list(self.table):
+            self.abort(request.request_id)
+        self.outbox.take()
+        self.batcher.register(WORKER_ID, self._hello)  # a worker registered again is lost first
+        self._run(self.outbox.take())
 
     def has_unfinished(self) -> bool:
         return len(self.table) > 0
