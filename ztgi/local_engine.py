@@ -126,7 +126,8 @@ class LocalEngine:
         self._run(self.outbox.take())
 
     def has_unfinished(self) -> bool:
-        return len(self.table) > 0
+        """Requests still live, or commands still due (a request aborted after its step was planned)."""
+        return len(self.table) > 0 or bool(self.outbox.commands)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -136,11 +137,13 @@ class LocalEngine:
         if not self.outbox.commands:
             self.batcher.schedule()
         commands = self.outbox.take()
-        if not commands and self.has_unfinished():
+        if not commands and len(self.table):
             raise EngineError("the queue's next request fits no batch: raise max_batch_prefill_tokens "
                               "or max_batch_total_tokens", [r.request_id for r in self.queue])
         self._generations = []
         self._run(commands)
+        while not len(self.table) and self.outbox.commands:
+            self._run(self.outbox.take())  # the last Filter: no batch stays cached once all is done
         self.engine.tidy()  # the worker's housekeeping between commands
         return self._generations
 
