@@ -23,7 +23,7 @@ import logging
 import statistics
 import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -74,8 +74,8 @@ class OfflineConfig(BaselineConfig):
                 f"--engine-concurrency must be >= 1, got {self.engine_concurrency}")
         require(self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}")
         require(self.num_threads is None or self.num_threads >= 1, f"--num-threads must be >= 1, got {self.num_threads}")
-        require(self.static_repeats is None or self.static_repeats >= 1,
-                f"--static-repeats must be >= 1, got {self.static_repeats}")
+        require(self.static_repeats is None or self.static_repeats >= 0,
+                f"--static-repeats must be >= 0, got {self.static_repeats}")
 
 
 class OfflineLLM:
@@ -112,7 +112,7 @@ def run_all(config: OfflineConfig, prompts: list[Prompt]) -> list[BaselineRun]:
     offline = OfflineLLM(config)
     offline.warmup(prompts)
     if not config.baselines:
-        return [_tagged(offline.run(prompts), repeat) for repeat in range(config.repeats)]
+        return [_tagged(lambda: offline.run(prompts), repeat) for repeat in range(config.repeats)]
     tokenizer = load_tokenizer(config.model_id)
     requests = encode_prompts(tokenizer, prompts)
     static = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
@@ -127,17 +127,21 @@ def run_all(config: OfflineConfig, prompts: list[Prompt]) -> list[BaselineRun]:
         if config.static_repeats is None or repeat < config.static_repeats:
             logger.info("repeat %d/%d: static batching at batch %d", repeat + 1, config.repeats,
                         config.static_batch_size)
-            runs.append(_tagged(static.run(requests), repeat))
+            runs.append(_tagged(lambda: static.run(requests), repeat))
         turns = [lambda: engine.run(requests, concurrency), lambda: offline.run(prompts)]
         for turn in turns if repeat % 2 == 0 else turns[::-1]:
-            runs.append(_tagged(turn(), repeat))
+            runs.append(_tagged(turn, repeat))
     return runs
 
 
-def _tagged(run: BaselineRun, repeat: int) -> BaselineRun:
-    run.extra["repeat"] = repeat
-    logger.info("%s@%d: %.1f tok/s over %.1f s", run.system, run.concurrency, run.summary.output_token_throughput,
-                run.summary.duration_s)
+def _tagged(run_one: Callable[[], BaselineRun], repeat: int) -> BaselineRun:
+    """Runs one system once; `cpu_s` is this process's CPU time over the run (steadier than the wall
+    clock on a shared machine: what each system costs, not what the neighbours leave it)."""
+    cpu_started = time.process_time()
+    run = run_one()
+    run.extra.update(repeat=repeat, cpu_s=time.process_time() - cpu_started)
+    logger.info("%s@%d: %.1f tok/s over %.1f s (%.1f s CPU)", run.system, run.concurrency,
+                run.summary.output_token_throughput, run.summary.duration_s, run.extra["cpu_s"])
     return run
 
 
@@ -157,6 +161,12 @@ def ratios(runs: Sequence[BaselineRun], system: str, bound: float) -> dict[str, 
             "passed": value >= bound}  # per repeat: the first repeats only when static ran in fewer
 
 
+def cpu_per_token_ms(runs: Sequence[BaselineRun], system: str) -> float | None:
+    values = [1000 * run.extra["cpu_s"] / run.summary.num_output_tokens for run in runs
+              if run.system == system and run.summary.num_output_tokens]
+    return statistics.median(values) if values else None
+
+
 def render_text(runs: Sequence[BaselineRun]) -> str:
     lines = ["| system | in flight | output tok/s (median) | per repeat | req/s | duration s | output tokens |",
              "|---|---|---|---|---|---|---|"]
@@ -170,6 +180,10 @@ def render_text(runs: Sequence[BaselineRun]) -> str:
         lines.append(f"| {system} | {median_run.concurrency} | {statistics.median(values):.1f} | "
                      f"{' / '.join(f'{v:.1f}' for v in values)} | {s.request_throughput:.2f} | {s.duration_s:.1f} | "
                      f"{s.num_output_tokens} |")
+    cpu = {system: cpu_per_token_ms(runs, system) for system in ("engine", "offline")}
+    if all(cpu.values()):
+        lines.append(f"CPU per output token (median): engine {cpu['engine']:.2f} ms, offline {cpu['offline']:.2f} ms "
+                     f"({cpu['offline'] / cpu['engine']:.3f}x)")
     for system, bound in (("engine", MIN_ENGINE_FRACTION), ("static", MIN_STATIC_SPEEDUP)):
         claim = ratios(runs, system, bound)
         if claim:

@@ -23,9 +23,10 @@ def test_every_system_generates_the_same_tokens(tiny_model_dir: str) -> None:
     assert sorted((run.system, run.extra["repeat"]) for run in runs) == sorted(
         (system, repeat) for system in ("static", "engine", "offline") for repeat in (0, 1))
     assert all(run.summary.num_output_tokens == 15 and run.summary.num_failures == 0 for run in runs)
+    assert all(run.extra["cpu_s"] > 0 for run in runs)
     assert [run.concurrency for run in runs if run.system == "engine"] == [5, 5]
     table = render_text(runs)
-    assert "offline / engine:" in table and "offline / static:" in table
+    assert "offline / engine:" in table and "offline / static:" in table and "CPU per output token" in table
 
 
 def test_cli_offline_flag(tiny_model_dir: str, tmp_path) -> None:
