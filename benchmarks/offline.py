@@ -37,7 +37,7 @@ from benchmarks.static_batching import StaticBatching
 from benchmarks.workload import Prompt, WorkloadError
 from common.config import ConfigError, parse_config, require
 from common.logs import setup_logging
-from services.worker.model import Model
+from services.worker.backend import load_model as load_engine_model
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,8 @@ class OfflineConfig(BaselineConfig):
     static_repeats: int | None = dataclasses.field(default=None, metadata=_help(
         "run static batching in the first N repeats only (default: every repeat); it is the slow one"))
     progress: bool = dataclasses.field(default=False, metadata=_help("LLM.generate's progress bar"))
+    kv_cache: str = dataclasses.field(default="padded", metadata=_help(
+        "LLM's KV cache layout (paged, padded or auto); the engine alone runs padded"))
     num_threads: int | None = dataclasses.field(default=None, metadata=_help(
         "torch CPU threads for every system (default: torch's, every core)"))
 
@@ -85,7 +87,8 @@ class OfflineLLM:
         from ztgi import LLM
 
         self.config = config
-        self.llm = LLM(config.model_id, dtype=config.dtype, device=config.device, backend=config.backend)
+        self.llm = LLM(config.model_id, dtype=config.dtype, device=config.device, backend=config.backend,
+                       kv_cache=config.kv_cache)
 
     def warmup(self, prompts: Sequence[Prompt]) -> None:
         self._generate([dataclasses.replace(prompt, max_new_tokens=2) for prompt in prompts])
@@ -117,7 +120,7 @@ def run_all(config: OfflineConfig, prompts: list[Prompt]) -> list[BaselineRun]:
     requests = encode_prompts(tokenizer, prompts)
     static = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
                             config.static_batch_size, config.ignore_eos)
-    engine = EngineAlone(Model(config.model_id, config.dtype, config.device, config.backend),
+    engine = EngineAlone(load_engine_model(config.model_id, config.dtype, config.device, config.backend, "padded"),
                          ignore_eos=config.ignore_eos)
     concurrency = config.engine_concurrency or len(requests)
     static.warmup(requests)

@@ -29,8 +29,8 @@ from common.parameters import ParameterLimits, ValidationError
 from services.tokenizer.detokenizer import Detokenizer
 from services.tokenizer.encoder import Encoder
 from services.tokenizer.loading import load_tokenizer
-from services.worker.config import DEVICES, DTYPES
-from services.worker.model import Model
+from services.worker.backend import load_model
+from services.worker.config import DEVICES, DTYPES, KV_CACHES
 from ztgi.engine_options import EngineOptions
 from ztgi.local_engine import LocalEngine
 from ztgi.outputs import RequestOutput
@@ -70,21 +70,24 @@ class LLM:
     native, transformers or auto. `engine_options` are the server's batching limits by its flag
     names (`max_total_tokens`, `max_input_tokens`, `max_batch_prefill_tokens`,
     `max_batch_total_tokens`, `max_batch_size`, `waiting_served_ratio`, `max_waiting_tokens`,
-    `pipeline_decode`, `memory_budget_mb`, `cpu_warmup_prefill_tokens`) or vLLM's for the same
+    `pipeline_decode`) and the worker's (`kv_cache` paged, padded or auto; `block_size`,
+    `step_target_ms`, `memory_budget_mb`, `cpu_warmup_prefill_tokens`), or vLLM's for the same
     limit (`max_model_len`, `max_num_seqs`, `max_num_batched_tokens`).
     """
 
     def __init__(self, model: str = DEFAULT_MODEL_ID, dtype: str = "auto", device: str = "auto",
                  backend: str = "auto", **engine_options: Any) -> None:
         options = EngineOptions.parse(engine_options)
-        self.model = Model(model, _checked("dtype", dtype, DTYPES), _checked("device", device, DEVICES), backend)
+        self.model = load_model(model, _checked("dtype", dtype, DTYPES), _checked("device", device, DEVICES), backend,
+                                _checked("kv_cache", options.kv_cache, KV_CACHES), options.block_size)
         config = options.scheduler_config(self.model)
         self.tokenizer = load_tokenizer(model)
         limits = ParameterLimits(max_best_of=1, max_stop_sequences=MAX_STOP_STRINGS, max_top_n_tokens=MAX_LOGPROBS,
                                  max_input_tokens=config.max_input_tokens, max_total_tokens=config.max_total_tokens)
         self.encoder = Encoder(self.tokenizer, limits, CLIENT_ID)
         self.detokenizer = Detokenizer(self.tokenizer)
-        self.engine = LocalEngine(self.model, config, options.memory_budget_mb, options.cpu_warmup_prefill_tokens)
+        self.engine = LocalEngine(self.model, config, options.memory_budget_mb, options.cpu_warmup_prefill_tokens,
+                                  options.step_target_ms)
         self._request_counter = itertools.count()
         freeze_startup_objects()  # the weights and the vocabulary stay out of later GC passes, as in the services
         _unfreeze_at_exit()

@@ -9,7 +9,7 @@ it for the `workers` socket), the engine answers it, and the answer goes to
 `Batcher.on_answer` as the scheduler would hand it over. Nothing is reimplemented here: this
 file only wires those classes and keeps the generations of each step for its caller.
 
-    engine = LocalEngine(Model("smollm2"), SchedulerConfig())
+    engine = LocalEngine(load_model("smollm2"), SchedulerConfig())
     request_id = engine.add(encoded)          # an `Encoded`, as a tokenizer makes it
     while engine.has_unfinished():
         for generation in engine.step():      # this step's tokens; finish_reason on the last
@@ -34,7 +34,7 @@ from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_table import RequestTable
 from services.scheduler.worker_slot import WorkerSlot
 from services.worker.engine import Engine
-from services.worker.model import Model
+from services.worker.backend import Model
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +68,9 @@ class LocalEngine:
     """One worker's engine under the scheduler's batching loop; `step` runs one command."""
 
     def __init__(self, model: Model, config: SchedulerConfig, memory_budget_mb: int = 4096,
-                 cpu_warmup_prefill_tokens: int | None = 512) -> None:
+                 cpu_warmup_prefill_tokens: int | None = 512, step_target_ms: int = 250) -> None:
         self.config = config
-        self.engine = Engine(model, memory_budget_mb, cpu_warmup_prefill_tokens)
+        self.engine = Engine(model, memory_budget_mb, cpu_warmup_prefill_tokens, step_target_ms)
         self.table = RequestTable()
         self.queue = RequestQueue()
         self.outbox = CommandOutbox()
@@ -113,6 +113,7 @@ class LocalEngine:
         if request is None:
             return
         self.table.remove(request)
+        self.batcher.release_blocks(request)  # a paged worker's blocks, as the scheduler frees them
         if request.status is RequestStatus.QUEUED:
             self.queue.remove(request)
 
@@ -178,8 +179,12 @@ class LocalEngine:
     def _on_generations(self, slot: WorkerSlot, generations: list[Generation]) -> None:
         """The scheduler's bookkeeping of a step (`RequestTable.record`); the live tokens are kept."""
         for generation in generations:
-            if self.table.record(generation, slot.identity) is not None:
-                self._generations.append(generation)
+            request = self.table.record(generation, slot.identity)
+            if request is None:
+                continue
+            self._generations.append(generation)
+            if generation.finish_reason is not None:
+                self.batcher.release_blocks(request)
 
     def _on_failure(self, requests: list[Request], error: str, error_type: str) -> None:
         """Requests a failed command took down leave the table, as the scheduler fails them."""

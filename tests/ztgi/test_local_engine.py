@@ -6,14 +6,16 @@ import pytest
 
 from common.messages import Encoded, RequestKey, SamplingParameters
 from services.scheduler.config import SchedulerConfig
-from services.worker.model import Model
+from services.worker.backend import load_model
 from ztgi.local_engine import EngineError, LocalEngine
+
+KV_CACHE = "padded"  # the step counts below are the padded loop's; the paged one is checked at the end
 
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model_dir: str) -> LocalEngine:
     """The tiny random Llama under TGI's default batching limits (context 2048)."""
-    model = Model(tiny_model_dir, dtype="float32", device="cpu")
+    model = load_model(tiny_model_dir, dtype="float32", device="cpu", kv_cache=KV_CACHE)
     return LocalEngine(model, SchedulerConfig(max_input_tokens=1024, max_total_tokens=2048))
 
 
@@ -73,7 +75,7 @@ def test_abort_ends_a_running_request(tiny_engine: LocalEngine) -> None:
 def test_a_request_that_fits_no_batch(tiny_model_dir: str) -> None:
     """A request larger than the prefill budget (possible only past the tokenizer's checks) fails
     the step with EngineError rather than looping forever."""
-    model = Model(tiny_model_dir, dtype="float32", device="cpu")
+    model = load_model(tiny_model_dir, dtype="float32", device="cpu", kv_cache=KV_CACHE)
     engine = LocalEngine(model, SchedulerConfig(max_input_tokens=16, max_total_tokens=32,
                                                 max_batch_prefill_tokens=16))
     engine.add(encoded("huge", [1] * 40, 2))
@@ -84,3 +86,18 @@ def test_a_request_that_fits_no_batch(tiny_model_dir: str) -> None:
     engine.add(encoded("small", [1] * 4, 2))
     tokens, _ = run(engine)
     assert [len(t) for t in tokens.values()] == [2]
+
+
+def test_paged_engine_gives_the_same_tokens(tiny_engine: LocalEngine, tiny_model_dir: str) -> None:
+    """A paged worker (the scheduler's block allocator, chunked steps) gives the padded one's greedy ids."""
+    model = load_model(tiny_model_dir, dtype="float32", device="cpu", kv_cache="paged")
+    paged = LocalEngine(model, SchedulerConfig(max_input_tokens=1024, max_total_tokens=2048))
+    prompts = [[5 + i] * (3 + 4 * i) for i in range(3)]
+    results = []
+    for engine in (tiny_engine, paged):
+        ids = [engine.add(encoded(f"p{i}", prompt, 5 + i)) for i, prompt in enumerate(prompts)]
+        tokens, _ = run(engine)
+        results.append([tokens[request_id] for request_id in ids])
+    assert results[0] == results[1]
+    assert [len(t) for t in results[1]] == [5, 6, 7]
+    assert not paged.has_unfinished() and paged.slot.allocator.num_used == 0
