@@ -32,7 +32,18 @@ _EXPORTS = {
     "GenerateParameters": ("common.messages", "GenerateParameters"),
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "LLM",
+    "AsyncClient",
+    "Client",
+    "CompletionOutput",
+    "GenerateParameters",
+    "Logprob",
+    "RequestOutput",
+    "SamplingParams",
+    "ZtgiError",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 def _launch(argv: Sequence[str]) -> int:

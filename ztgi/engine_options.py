@@ -6,8 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.config import DEFAULT_MAX_BATCH_PREFILL_TOKENS
+from services.scheduler.config import DEFAULT_MAX_BATCH_PREFILL_TOKENS, SchedulerConfig
 from services.worker.backend import Model
 
 SCHEDULER_OPTIONS = ("max_input_tokens", "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
@@ -30,7 +29,7 @@ class EngineOptions:
     cpu_warmup_prefill_tokens: int | None = 512
 
     @classmethod
-    def parse(cls, options: dict[str, Any]) -> "EngineOptions":
+    def parse(cls, options: dict[str, Any]) -> EngineOptions:
         """TypeError for a name neither the server nor vLLM has (before any model is loaded)."""
         named = {VLLM_NAMES.get(name, name): value for name, value in options.items()}
         unknown = sorted(name for name in options if VLLM_NAMES.get(name, name) not in SCHEDULER_OPTIONS + WORKER_OPTIONS)

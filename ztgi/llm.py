@@ -20,10 +20,17 @@ import functools
 import gc
 import itertools
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from common.gc_freeze import freeze_startup_objects
-from common.messages import Generate, GenerateParameters, Generation, RequestKey, TokenStep
+from common.messages import (
+    Generate,
+    GenerateParameters,
+    Generation,
+    RequestKey,
+    TokenStep,
+)
 from common.model_source import DEFAULT_MODEL_ID
 from common.parameters import ParameterLimits, ValidationError
 from services.tokenizer.detokenizer import Detokenizer

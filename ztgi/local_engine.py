@@ -23,8 +23,17 @@ import logging
 import time
 
 from common.messages import (
-    PROTOCOL_VERSION, Clear, CommandFailed, Decode, Encoded, Filter, Generation, HealthCheck, Hello,
-    Prefill, Warmup,
+    PROTOCOL_VERSION,
+    Clear,
+    CommandFailed,
+    Decode,
+    Encoded,
+    Filter,
+    Generation,
+    HealthCheck,
+    Hello,
+    Prefill,
+    Warmup,
 )
 from services.scheduler.batcher import Batcher
 from services.scheduler.config import SchedulerConfig
@@ -33,8 +42,8 @@ from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_table import RequestTable
 from services.scheduler.worker_slot import WorkerSlot
-from services.worker.engine import Engine
 from services.worker.backend import Model
+from services.worker.engine import Engine
 
 logger = logging.getLogger(__name__)
 

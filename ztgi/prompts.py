@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from common.messages import ChatMessage
 from ztgi.sampling_params import SamplingParams

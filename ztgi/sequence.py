@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from common.messages import Encoded, GenerateParameters, RequestKey, StreamEvent, Token
 from services.gateway.stop_trim import trim_stop
-from ztgi.outputs import FINISH_REASONS, CompletionOutput, Logprob, PromptLogprobs, SampleLogprobs
+from ztgi.outputs import (
+    FINISH_REASONS,
+    CompletionOutput,
+    Logprob,
+    PromptLogprobs,
+    SampleLogprobs,
+)
 from ztgi.sampling_params import SamplingParams
 
 

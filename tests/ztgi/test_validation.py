@@ -61,7 +61,7 @@ def test_empty_prompt_list(llm: LLM) -> None:
     """No prompt at all, or an empty one: ValueError."""
     for prompts in ([], [""], ["ok", []]):
         with pytest.raises(ValueError, match="prompt"):
-            no_work_done(llm, lambda: llm.generate(prompts, use_tqdm=False))
+            no_work_done(llm, lambda prompts=prompts: llm.generate(prompts, use_tqdm=False))
 
 
 def test_prompt_over_the_context(llm: LLM) -> None:
