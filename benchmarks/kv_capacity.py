@@ -9,7 +9,10 @@ and samples the scheduler's running-request count (`ztgi_requests_running` in th
 running, the output tok/s, preemptions; then paged / padded for each. The budget is meant to be
 small enough that the padded worker's `max_batch_total_tokens` binds (it holds ~8-16 mixed
 requests): that is where the layouts differ. The claim (issue 14): the paged engine's max
-running is at least 2x the padded one's. Extra `ztgi launch` flags go after `--`.
+running is at least 2x the padded one's. With `--window-s` each engine is measured for that many
+seconds after the load starts (the requests still in flight are then cancelled) and its tok/s is
+the scheduler's generated-token count over the window: for a machine too slow to finish the set.
+Extra `ztgi launch` flags go after `--`.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ KV_CACHES = ("paged", "padded")
 CLAIM_RATIO = 2.0
 
 
-async def measure(url: str, prompts: list[Prompt], concurrency: int, interval_s: float) -> dict:
-    """One closed-loop run of the prompts, with the running count sampled while it goes."""
+async def measure(url: str, prompts: list[Prompt], concurrency: int, interval_s: float,
+                  window_s: float | None = None) -> dict:
+    """One closed-loop run of the prompts (or its first `window_s`), the running count sampled meanwhile."""
     bench = BenchConfig(url=url, dataset="mixed", num_requests=len(prompts), ignore_eos=True, progress=False)
     warm = BenchConfig(url=url, dataset="mixed", num_requests=min(len(prompts), 8), ignore_eos=True, progress=False)
     await LoadGenerator(warm, [Prompt(p.text, 2) for p in prompts[:8]]).run(8)
@@ -45,14 +49,24 @@ async def measure(url: str, prompts: list[Prompt], concurrency: int, interval_s:
         info = await server_info(session, url)
         before = await scrape(session, url)
         sampling = asyncio.create_task(sampler.run(session, stop))
-        result = await LoadGenerator(bench, prompts).run(concurrency)
+        load = asyncio.create_task(LoadGenerator(bench, prompts).run(concurrency))
+        done, _ = await asyncio.wait([load], timeout=window_s)
         stop.set()
         await sampling
         after = await scrape(session, url)
-    summary = result.summary
-    return {**sampler.figures(), "output_tok_s": summary.output_token_throughput,
-            "duration_s": summary.duration_s, "num_output_tokens": summary.num_output_tokens,
-            "num_failures": summary.num_failures,
+        if not done:
+            load.cancel()
+            await asyncio.gather(load, return_exceptions=True)
+    generated = counter(after, "ztgi_generated_tokens") - counter(before, "ztgi_generated_tokens")
+    if done:
+        summary = load.result().summary
+        figures = {"output_tok_s": summary.output_token_throughput, "duration_s": summary.duration_s,
+                   "num_output_tokens": summary.num_output_tokens, "num_failures": summary.num_failures}
+    else:
+        figures = {"output_tok_s": generated / window_s, "duration_s": window_s, "num_output_tokens": generated,
+                   "num_failures": 0, "finished": counter(after, "ztgi_requests_finished")
+                   - counter(before, "ztgi_requests_finished"), "cut_at_window": True}
+    return {**sampler.figures(), **figures,
             "preemptions": counter(after, "ztgi_preemptions") - counter(before, "ztgi_preemptions"),
             "prefill_chunks": counter(after, "ztgi_prefill_chunks") - counter(before, "ztgi_prefill_chunks"),
             "kv_blocks_total": after.get("ztgi_kv_blocks_total"),
@@ -73,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", default="mixed")
     parser.add_argument("--max-requests", type=int, default=None, help="the first N prompts only")
     parser.add_argument("--sample-interval-s", type=float, default=0.1)
+    parser.add_argument("--window-s", type=float, default=None,
+                        help="measure each engine this long, then cancel what is in flight (default: the whole set)")
     parser.add_argument("--output", help="write the figures here as JSON")
     parser.add_argument("flags", nargs="*", help="more ztgi launch flags (after --)")
     args = parser.parse_args(argv)
@@ -84,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                  "--max-total-tokens", str(args.max_total_tokens),
                  "--max-input-tokens", str(args.max_total_tokens - 1), *args.flags]
         with LaunchedServer(flags) as server:
-            results[kv_cache] = asyncio.run(measure(server.url, prompts, args.concurrency, args.sample_interval_s))
+            results[kv_cache] = asyncio.run(measure(server.url, prompts, args.concurrency, args.sample_interval_s,
+                                                    args.window_s))
         logger.info("%s: %s", kv_cache, results[kv_cache])
     paged, padded = results["paged"], results["padded"]
     ratios = {name: _ratio(paged[name], padded[name]) for name in ("max_running", "median_running", "output_tok_s")}
