@@ -18,6 +18,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from services.worker.host_copy import to_device
 from services.worker.paged.kv_pool import KVPool
 
 
@@ -75,7 +76,8 @@ def _group(block_tables: list[list[int]], context_lens: list[int], start: int, b
         table[row, :len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
     lengths = torch.tensor(context_lens, dtype=torch.int64)
     mask = torch.arange(width * block_size)[None, :] < lengths[:, None]
-    return DecodeGroup(start, start + len(block_tables), table.to(device), mask[:, None, None, :].to(device))
+    return DecodeGroup(start, start + len(block_tables), to_device(table, device),
+                       to_device(mask[:, None, None, :], device))
 
 
 class PagedAttention:
