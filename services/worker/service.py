@@ -37,7 +37,7 @@ from common.messages import (
     WarmupResult,
 )
 from common.model_source import ModelNotFoundError
-from services.worker import watermark
+from services.worker import grammar, watermark
 from services.worker.config import WorkerConfig
 from services.worker.engine import Engine
 from services.worker.model import Model, resolve_device
@@ -262,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         model = Model(config.model_id, config.dtype, config.device, config.backend)
+        grammar.configure(config.model_id, model.eos_token_ids)
     except (ModelNotFoundError, ValueError, TypeError) as exc:
         logger.error("cannot load %s: %s", config.model_id, exc)
         return 1
