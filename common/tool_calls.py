@@ -38,18 +38,23 @@ def call_text(name: str, arguments: str) -> str:
     return f"{CALL_OPEN}{NAME_PREFIX}{_json_string_body(name)}{ARGUMENTS_PREFIX}{arguments}{ARGUMENTS_SUFFIX}{CALL_CLOSE}"
 
 
-def tool_call_grammar(tools: list[Tool], mode: ToolMode, parallel: bool = True, strict: bool = False) -> Grammar:
+def tool_call_grammar(tools: list[Tool], mode: ToolMode, parallel: bool = True,
+                      strict_names: frozenset[str] = frozenset(), text_schema: str | None = None) -> Grammar:
     """A Lark grammar: one call (or several when `parallel`) of these tools, or with `auto` also
-    plain text that does not begin a call. Arguments follow each tool's schema, exactly when
-    `strict`, else ignoring keywords the library does not implement."""
+    an answer that is not a call: plain text that does not begin like one, or JSON following
+    `text_schema`. Arguments follow each tool's schema: exactly for `strict_names`, else ignoring
+    keywords the library does not implement."""
     rules = [f"call_{i}: {_lark_string(CALL_OPEN + NAME_PREFIX + _json_string_body(tool.name) + ARGUMENTS_PREFIX)} "
-             f"%json {_schema(tool, strict)} {_lark_string(ARGUMENTS_SUFFIX + CALL_CLOSE)}"
+             f"%json {_schema(json.loads(tool.parameters), tool.name in strict_names)} "
+             f"{_lark_string(ARGUMENTS_SUFFIX + CALL_CLOSE)}"
              for i, tool in enumerate(tools)]
     rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(tools))))
     rules.append(f"calls: call ({_lark_string(CALL_SEPARATOR)} call)*" if parallel else "calls: call")
-    if mode == "auto":
-        rules.append(f"TEXT: /{_not_starting_with(CALL_OPEN.strip())}/")
+    if mode == "auto" and text_schema is not None:
+        rules.insert(0, f"start: calls | %json {_schema(json.loads(text_schema), strict=True)}")
+    elif mode == "auto":
         rules.insert(0, "start: calls | TEXT")
+        rules.append(f"TEXT: /{_not_starting_with(CALL_OPEN.strip())}/")
     else:
         rules.insert(0, "start: calls")
     return Grammar("lark", "\n".join(rules))
@@ -95,9 +100,11 @@ def tool_json(tool: Tool) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def _schema(tool: Tool, strict: bool) -> str:
-    schema = json.loads(tool.parameters)
-    options = {**JSON_OPTIONS, "lenient": not strict}
+def _schema(schema: Any, strict: bool) -> str:
+    """A schema for Lark's `%json`, generated compactly; a schema's own `lenient` choice is kept."""
+    if not isinstance(schema, dict):
+        return json.dumps(schema)
+    options = {"lenient": not strict, **schema.get("x-guidance", {}), **JSON_OPTIONS}
     return json.dumps({**schema, "x-guidance": options}, ensure_ascii=False)
 
 
