@@ -8,10 +8,13 @@ import json
 
 import openai
 import pytest
+import requests
 
 from common.messages import ChatMessage, Generate, Tool, ToolCall
 from common.tool_calls import call_text
+from services.gateway.api_docs import openapi_document
 from tests.gateway.conftest import GatewayProcess
+from tests.gateway.openapi import validate_response
 from tests.gateway.scripted_scheduler import ScriptedScheduler, token_steps
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
@@ -127,3 +130,17 @@ def test_response_format_becomes_a_json_grammar(client: openai.OpenAI, scheduler
     client.chat.completions.create(model="any", messages=QUESTION, max_tokens=4, response_format={
         "type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
     assert json.loads(scheduler.messages(Generate)[-1].parameters.grammar.value)["x-guidance"] == {"lenient": True}
+
+
+def test_tool_call_answers_match_the_document(gateway: GatewayProcess, two_calls: ScriptedScheduler) -> None:
+    """Whole and streamed answers of calls validate against our OpenAPI document."""
+    document = openapi_document()
+    body = {"messages": QUESTION, "tools": [WEATHER, ADD], "max_tokens": 64}
+    whole = requests.post(gateway.url + "/v1/chat/completions", json=body, timeout=5)
+    validate_response(document, "/v1/chat/completions", "post", 200, whole.json())
+    streamed = requests.post(gateway.url + "/v1/chat/completions", json={**body, "stream": True}, stream=True, timeout=5)
+    events = [json.loads(line[5:]) for line in streamed.iter_lines()
+              if line.startswith(b"data:") and line != b"data: [DONE]"]
+    assert any("tool_calls" in event["choices"][0]["delta"] for event in events)
+    for event in events:
+        validate_response(document, "/v1/chat/completions", "post", 200, event, "text/event-stream")
