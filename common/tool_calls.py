@@ -60,12 +60,17 @@ def tool_call_grammar(tools: list[Tool], mode: ToolMode, parallel: bool = True,
     return Grammar("lark", "\n".join(rules))
 
 
-def parse_calls(text: str) -> list[tuple[str, str]] | None:
-    """(name, arguments JSON text) of each call when `text` is nothing but calls, else None."""
+def parse_calls(text: str, truncated: bool = False) -> list[tuple[str, str]] | None:
+    """(name, arguments JSON text) of each call when `text` is nothing but calls, else None. A
+    `truncated` answer (cut by the token limit) keeps the calls it finished and drops the last,
+    unfinished one."""
     if not text.startswith(CALL_OPEN.strip()):
         return None
+    blocks = text.split(CALL_CLOSE)
+    if truncated and blocks[-1].strip():
+        blocks = blocks[:-1]  # no closing tag: the call that was cut short
     calls = []
-    for block in text.split(CALL_CLOSE):
+    for block in blocks:
         block = block.strip()
         if not block:
             continue
@@ -78,7 +83,7 @@ def parse_calls(text: str) -> list[tuple[str, str]] | None:
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return None
         calls.append((call["name"], json.dumps(call.get("arguments", {}), ensure_ascii=False)))
-    return calls
+    return calls or None
 
 
 def tools_prompt(tools: list[Tool]) -> str:

@@ -49,11 +49,11 @@ def chat_logprobs_json(tokens: list[Token], top_tokens: list[list[Token]]) -> di
 
 
 def chat_choice_json(index: int, result: GenerateResult, logprobs: bool, tools: bool = False) -> dict[str, Any]:
-    """One choice; with `tools`, an answer made of calls is `message.tool_calls` (a call cut short
-    by `max_tokens` stays text)."""
+    """One choice; with `tools`, an answer made of calls is `message.tool_calls` (of an answer cut
+    short by `max_tokens`, the calls it finished: finish_reason stays `length`)."""
     message: dict[str, Any] = {"role": "assistant", "content": result.text}
     reason = finish_reason(result.details)
-    calls = parse_calls(result.text) if tools else None
+    calls = parse_calls(result.text, truncated=reason == "length") if tools else None
     if calls:
         message = {"role": "assistant", "content": None, "tool_calls": [
             {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
