@@ -1,10 +1,12 @@
 """The grammar mask of constrained rows (TGI's grammar logits processor), on llguidance.
 
 Each constrained row of a chooser has a `GrammarState`: its own matcher, a copy of the grammar's
-compiled start (compiled once per grammar, `GrammarCompiler`'s cache), and its next mask. A mask
-is computed on a helper thread as soon as the row's previous token is known, so it is ready by the
-time the next forward's logits are (llguidance drops the GIL while it works). Unconstrained rows
-have no state and cost nothing; a chooser with no constrained row does no grammar work at all.
+compiled start (compiled once per grammar, `GrammarCompiler`'s cache), and its next mask. Masks
+are computed when the step's scores are processed, before anything reads them: on CUDA the
+forward's kernels are still running then (nothing has waited for them), so the mask costs the step
+nothing; on CPU a helper thread cost more in hand-offs than the masks themselves (BENCHMARKS.md).
+Unconstrained rows have no state and cost nothing; a chooser with no constrained row does no
+grammar work at all.
 
 A row whose matcher ends (EOS accepted) or fails keeps a mask that allows only EOS: the request
 finishes instead of writing past its grammar.
@@ -13,8 +15,9 @@ finishes instead of writing past its grammar.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
+import functools
 import logging
+import sys
 import threading
 from typing import Sequence
 
@@ -29,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 MAX_CACHED_GRAMMARS = 128
 FILTERED = -float("inf")
-_BITS = torch.arange(32, dtype=torch.int32)
+assert sys.byteorder == "little", "masks are read byte by byte: bit b of byte j is token 8j + b"
 
 
 class GrammarCompiler:
@@ -68,15 +71,22 @@ class GrammarCompiler:
 
 
 _compiler = GrammarCompiler(DEFAULT_MODEL_ID)
-_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
 
 
 def configure(model_id: str, eos_token_ids: Sequence[int] = ()) -> GrammarCompiler:
-    """The worker's model (its tokenizer is the grammar's vocabulary); loads it on a helper thread."""
+    """The worker's model (its tokenizer is the grammar's vocabulary), loaded on a helper thread
+    while the worker warms up, so the first constrained request does not wait for it."""
     global _compiler
     _compiler = GrammarCompiler(model_id, eos_token_ids)
-    _executor.submit(lambda: _compiler.tokenizer)
+    threading.Thread(target=_preload, args=(_compiler,), name="grammar-vocabulary", daemon=True).start()
     return _compiler
+
+
+def _preload(compiler: GrammarCompiler) -> None:
+    try:
+        compiler.tokenizer
+    except Exception:  # the first constrained request reports it
+        logger.exception("loading the grammar vocabulary failed")
 
 
 def compiler() -> GrammarCompiler:
@@ -91,7 +101,7 @@ class GrammarState:
         self.eos_token_id = eos_token_id
         self.mask = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
         self.ended = False
-        self.pending: concurrent.futures.Future | None = None
+        self.mask_ready = False
 
     @classmethod
     def for_grammar(cls, grammar: Grammar) -> "GrammarState":
@@ -99,6 +109,7 @@ class GrammarState:
         return cls(_compiler.matcher(grammar), tokenizer.eos_token, tokenizer.vocab_size)
 
     def consume(self, token_id: int) -> None:
+        self.mask_ready = False
         if self.ended:
             return
         if not self.matcher.consume_token(token_id) or self.matcher.is_error():
@@ -107,8 +118,14 @@ class GrammarState:
         elif self.matcher.is_stopped():
             self.ended = True
 
-    def compute_mask(self) -> None:
-        """The next token's mask (on the helper thread; the GIL is dropped while llguidance works)."""
+    def next_mask(self) -> torch.Tensor:
+        """The mask of the row's next token (computed once per step)."""
+        if not self.mask_ready:
+            self._compute_mask()
+            self.mask_ready = True
+        return self.mask
+
+    def _compute_mask(self) -> None:
         if not self.ended:
             self.matcher.unsafe_compute_mask_ptr(self.mask.data_ptr(), self.mask.numel() * 4)
             if not self.matcher.is_error():
@@ -118,48 +135,37 @@ class GrammarState:
         self.mask.zero_()
         self.mask[self.eos_token_id // 32] = 1 << (self.eos_token_id % 32)
 
-    def wait(self) -> torch.Tensor:
-        if self.pending is not None:
-            self.pending.result()
-            self.pending = None
-        return self.mask
 
 
 def new_states(grammars: Sequence[Grammar | None]) -> list[GrammarState | None]:
-    """A state per constrained row (None for the others), their first masks already on their way."""
-    states = [GrammarState.for_grammar(g) if g is not None else None for g in grammars]
-    start_masks([s for s in states if s is not None])
-    return states
-
-
-def start_masks(states: Sequence[GrammarState]) -> None:
-    """Computes these rows' next masks on the helper thread (each row waits for its own)."""
-    if not states:
-        return
-
-    def compute() -> None:
-        for state in states:
-            state.compute_mask()
-
-    future = _executor.submit(compute)
-    for state in states:
-        state.pending = future
+    """A state per constrained row (None for the others)."""
+    return [GrammarState.for_grammar(g) if g is not None else None for g in grammars]
 
 
 def apply_masks(scores: torch.Tensor, rows: Sequence[int], states: Sequence[GrammarState]) -> torch.Tensor:
-    """Scores with every token the grammar forbids set to -inf, in the constrained `rows` only."""
-    words = torch.stack([state.wait() for state in states])
-    allowed = ((words.unsqueeze(-1) >> _BITS) & 1).view(len(states), -1).bool()
+    """Scores with every token the grammar forbids set to -inf, in the constrained `rows` only.
+
+    Each mask byte becomes its 8 tokens' biases (0 or -inf) through a 256-row table, on the
+    scores' device: a gather and an add (a masked_fill of the same size cost 10x more on CPU).
+    """
+    words = torch.stack([state.next_mask() for state in states]).to(scores.device, non_blocking=True)
+    table = _byte_biases(scores.device, scores.dtype)
+    bias = table.index_select(0, words.view(torch.uint8).view(-1).long()).view(len(states), -1)
     vocab_size = scores.shape[-1]
-    if allowed.shape[1] < vocab_size:  # logits wider than the tokenizer's vocabulary: padding ids
-        allowed = torch.nn.functional.pad(allowed, (0, vocab_size - allowed.shape[1]))
-    allowed = allowed[:, :vocab_size].to(scores.device, non_blocking=True)
+    if bias.shape[1] < vocab_size:  # logits wider than the tokenizer's vocabulary: padding ids
+        bias = torch.nn.functional.pad(bias, (0, vocab_size - bias.shape[1]), value=FILTERED)
     index = torch.tensor(rows, device=scores.device)
-    return scores.index_copy(0, index, scores.index_select(0, index).masked_fill(~allowed, FILTERED))
+    return scores.index_copy(0, index, scores.index_select(0, index) + bias[:, :vocab_size])
+
+
+@functools.cache
+def _byte_biases(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """[256, 8]: for each mask byte, 0 for its allowed tokens and -inf for the others."""
+    allowed = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
+    return torch.where(allowed.bool(), 0.0, FILTERED).to(device=device, dtype=dtype)
 
 
 def advance(states: Sequence[GrammarState], token_ids: Sequence[int]) -> None:
-    """Each row takes its chosen token, then its next mask starts."""
+    """Each row takes its chosen token."""
     for state, token_id in zip(states, token_ids):
         state.consume(token_id)
-    start_masks(states)

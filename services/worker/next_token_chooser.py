@@ -10,7 +10,7 @@ batch. The logprob reported for a token is the log-softmax of the processed scor
 
 A constrained row has its own grammar state (`grammar.GrammarState`), kept in a per-row list
 that `select` and `concatenate` carry like the generators; it takes each chosen token at the end
-of `__call__`, which starts its next mask while the next forward runs.
+of `__call__`.
 """
 
 from __future__ import annotations
