@@ -6,6 +6,10 @@ same number of tokens with `ignore_eos` (a constrained row whose JSON is complet
 under its mask), so both sides generate the same tokens and the figure is output tokens per second.
 
     python -m benchmarks.grammar_throughput [--concurrency 16] [--requests 32] [--tokens 64] [--rounds 3]
+
+`--in-process` runs the same comparison on the worker's engine alone (one batch of `--concurrency`
+requests, prefill then decode, no HTTP and no other process): on a shared machine its paired
+rounds are seconds apart, where a launched server's are minutes apart.
 """
 
 from __future__ import annotations
@@ -59,6 +63,44 @@ async def one_round(url: str, concurrency: int, num_requests: int, tokens: int, 
         return sum(counts) / (time.perf_counter() - started)
 
 
+def engine_round(model, tokenizer, concurrency: int, tokens: int, constrained: bool) -> float:
+    """Output tokens per second of one batch run to its end in the engine."""
+    from common.grammar import json_grammar
+    from common.messages import SamplingParameters, WorkerRequest
+    from services.worker.batch import CausalLMBatch
+
+    input_ids = tokenizer.encode(PROMPT)
+    requests = [WorkerRequest(i, input_ids, SamplingParameters(
+        grammar=json_grammar(SCHEMAS[(i // 2) % len(SCHEMAS)]) if constrained and i % 2 else None),
+        tokens, ignore_eos=True) for i in range(concurrency)]
+    started = time.perf_counter()
+    batch = CausalLMBatch.from_requests(requests, 1, concurrency * (len(input_ids) + tokens), model)
+    generated = 0
+    while batch is not None:
+        generations, batch, _ = model.generate_token(batch)
+        generated += len(generations)
+    return generated / (time.perf_counter() - started)
+
+
+def in_process(args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    import torch
+    from services.tokenizer.loading import load_tokenizer
+    from services.worker import grammar
+    from services.worker.model import Model
+
+    model = Model(args.model_id, dtype="float32", device="cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = load_tokenizer(args.model_id)
+    grammar.configure(args.model_id, model.eos_token_ids).tokenizer
+    engine_round(model, tokenizer, args.concurrency, 4, True)  # warm up both paths
+    free, constrained = [], []
+    for _ in range(args.rounds):
+        free.append(engine_round(model, tokenizer, args.concurrency, args.tokens, False))
+        constrained.append(engine_round(model, tokenizer, args.concurrency, args.tokens, True))
+        print(json.dumps({"unconstrained_tok_s": round(free[-1], 1), "half_constrained_tok_s": round(constrained[-1], 1)}),
+              flush=True)
+    return free, constrained
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=16)
@@ -66,7 +108,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--flags", default="", help="extra `ztgi launch` flags")
+    parser.add_argument("--in-process", action="store_true", help="the engine alone, no server")
+    parser.add_argument("--model-id", default="smollm2")
     args = parser.parse_args(argv)
+    if args.in_process:
+        free, constrained = in_process(args)
+    else:
+        free, constrained = served(args)
+    ratios = [c / f for c, f in zip(constrained, free)]
+    print(json.dumps({"unconstrained_tok_s_median": round(statistics.median(free), 1),
+                      "half_constrained_tok_s_median": round(statistics.median(constrained), 1),
+                      "ratio_median": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios]}))
+
+
+def served(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     flags = ["--max-batch-size", str(args.concurrency), *args.flags.split()]
     free, constrained = [], []
     with LaunchedServer(flags) as server:
@@ -76,10 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             constrained.append(asyncio.run(one_round(server.url, args.concurrency, args.requests, args.tokens, True)))
             print(json.dumps({"unconstrained_tok_s": round(free[-1], 1), "half_constrained_tok_s": round(constrained[-1], 1)}),
                   flush=True)
-    ratios = [c / f for c, f in zip(constrained, free)]
-    print(json.dumps({"unconstrained_tok_s_median": round(statistics.median(free), 1),
-                      "half_constrained_tok_s_median": round(statistics.median(constrained), 1),
-                      "ratio_median": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios]}))
+    return free, constrained
 
 
 if __name__ == "__main__":
