@@ -40,7 +40,7 @@ class GrammarCompiler:
 
     def __init__(self, model_id: str, eos_token_ids: Sequence[int] = ()) -> None:
         self.model_id = model_id
-        self.eos_token_ids = list(eos_token_ids)
+        self.eos_token_ids = sorted(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
         self._compiled: collections.OrderedDict[Grammar, llguidance.LLMatcher] = collections.OrderedDict()

@@ -17,7 +17,7 @@ from benchmarks.metrics import RequestRecord, summarize
 from benchmarks.offline_workload import OfflineRequest, encode_prompts, load_prompts
 from benchmarks.static_batching import StaticBatching, useful_token_count
 from common.config import ConfigError
-from services.worker.model import Model
+from services.worker.backend import load_model as load_engine_model
 
 MAX_NEW_TOKENS = [3, 9, 5, 2, 7, 4]
 
@@ -32,7 +32,7 @@ def requests(tiny_model_dir: str) -> list[OfflineRequest]:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: str) -> EngineAlone:
-    return EngineAlone(Model(tiny_model_dir, "float32", "cpu"), ignore_eos=True)
+    return EngineAlone(load_engine_model(tiny_model_dir, "float32", "cpu", kv_cache="padded"), ignore_eos=True)
 
 
 def in_flight_at_most(records: list[RequestRecord]) -> int:
