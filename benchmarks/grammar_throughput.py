@@ -67,14 +67,13 @@ def engine_round(model, tokenizer, concurrency: int, tokens: int, constrained: b
     """Output tokens per second of one batch run to its end in the engine."""
     from common.grammar import json_grammar
     from common.messages import SamplingParameters, WorkerRequest
-    from services.worker.batch import CausalLMBatch
 
     input_ids = tokenizer.encode(PROMPT)
     requests = [WorkerRequest(i, input_ids, SamplingParameters(
         grammar=json_grammar(SCHEMAS[(i // 2) % len(SCHEMAS)]) if constrained and i % 2 else None),
         tokens, ignore_eos=True) for i in range(concurrency)]
     started = time.perf_counter()
-    batch = CausalLMBatch.from_requests(requests, 1, concurrency * (len(input_ids) + tokens), model)
+    batch = model.batch_type.from_requests(requests, 1, concurrency * (len(input_ids) + tokens), model)
     generated = 0
     while batch is not None:
         generations, batch, _ = model.generate_token(batch)
@@ -86,9 +85,10 @@ def in_process(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     import torch
     from services.tokenizer.loading import load_tokenizer
     from services.worker import grammar
-    from services.worker.model import Model
+    from services.worker.backend import load_model
 
-    model = Model(args.model_id, dtype="float32", device="cuda" if torch.cuda.is_available() else "cpu")
+    model = load_model(args.model_id, dtype="float32", device="cuda" if torch.cuda.is_available() else "cpu",
+                       kv_cache="padded")
     tokenizer = load_tokenizer(args.model_id)
     grammar.configure(args.model_id, model.eos_token_ids).tokenizer
     engine_round(model, tokenizer, args.concurrency, 4, True)  # warm up both paths

@@ -13,9 +13,8 @@ from transformers import AutoTokenizer
 from common.grammar import json_grammar
 from common.messages import Grammar
 from services.worker import grammar as grammars
-from services.worker.batch import CausalLMBatch
 from services.worker.engine import Engine
-from services.worker.model import Model
+from services.worker.backend import Model
 from tests.worker.engine_helpers import batch_of, request, run_to_end, step, token_ids
 
 SCHEMA = {"type": "object", "properties": {
@@ -48,9 +47,11 @@ def constrained(request_id: int, grammar: Grammar, **sampling: object):
     return request(request_id, PROMPT, MAX_NEW_TOKENS, grammar=grammar, **sampling)
 
 
-def test_random_weights_write_valid_json_and_regex_beside_a_free_row(tiny_model: Model, tokenizer) -> None:
-    """Greedy and sampled rows under a schema, a regex row and an unconstrained row in one batch:
-    every constrained answer is valid and ends with EOS, the free row is untouched by the masks."""
+def test_random_weights_write_valid_json_and_regex_beside_a_free_row(tiny_each_layout: Model, tokenizer) -> None:
+    """Greedy and sampled rows under a schema, a regex row and an unconstrained row in one batch
+    (each KV layout): every constrained answer is valid and ends with EOS, the free row is
+    untouched by the masks."""
+    tiny_model = tiny_each_layout
     schema = json_grammar(SCHEMA)
     requests = [constrained(1, schema), constrained(2, schema, do_sample=True, seed=7, temperature=1.5),
                 constrained(3, Grammar("regex", REGEX)), request(4, PROMPT, 8)]
@@ -64,9 +65,10 @@ def test_random_weights_write_valid_json_and_regex_beside_a_free_row(tiny_model:
     assert ids[4] == free[4]
 
 
-def test_grammar_state_follows_filter_and_concatenate(tiny_model: Model, tokenizer) -> None:
+def test_grammar_state_follows_filter_and_concatenate(tiny_each_layout: Model, tokenizer) -> None:
     """A constrained row keeps its place in its grammar when the batch is filtered and joined
-    with another one mid-answer."""
+    with another one mid-answer (each KV layout)."""
+    tiny_model = tiny_each_layout
     regex_a, regex_b = Grammar("regex", "(ab){6}"), Grammar("regex", "(xyz){4}")
     first = batch_of(tiny_model, [constrained(1, regex_a), constrained(2, regex_b), request(3, PROMPT, 30)])
     generations: dict = {}
@@ -75,8 +77,8 @@ def test_grammar_state_follows_filter_and_concatenate(tiny_model: Model, tokeniz
     first = first.filter([3, 1])
     second = batch_of(tiny_model, [constrained(4, regex_b), request(5, PROMPT, 4)], batch_id=2)
     second = step(tiny_model, second, generations)
-    joined = CausalLMBatch.concatenate([first, second])
-    rows = sorted(joined.request_id_to_index[rid] for rid in (1, 4))
+    joined = type(first).concatenate([first, second])
+    rows = sorted(joined.request_ids.index(rid) for rid in (1, 4))
     assert joined.chooser.grammar_rows == rows
     run_to_end(tiny_model, joined, generations)
     ids = token_ids(generations)
