@@ -74,19 +74,16 @@ _compiler = GrammarCompiler(DEFAULT_MODEL_ID)
 
 
 def configure(model_id: str, eos_token_ids: Sequence[int] = ()) -> GrammarCompiler:
-    """The worker's model (its tokenizer is the grammar's vocabulary), loaded on a helper thread
-    while the worker warms up, so the first constrained request does not wait for it."""
+    """The worker's model (its tokenizer is the grammar's vocabulary), loaded now, before the
+    worker says Hello: building the vocabulary holds the GIL for a while (about 0.3 s here, far
+    more on a loaded machine), which on a helper thread starved the heartbeat thread."""
     global _compiler
     _compiler = GrammarCompiler(model_id, eos_token_ids)
-    threading.Thread(target=_preload, args=(_compiler,), name="grammar-vocabulary", daemon=True).start()
-    return _compiler
-
-
-def _preload(compiler: GrammarCompiler) -> None:
     try:
-        compiler.tokenizer
-    except Exception:  # the first constrained request reports it
-        logger.exception("loading the grammar vocabulary failed")
+        _compiler.tokenizer
+    except Exception:  # a model without a fast tokenizer: its constrained requests fail, the rest run
+        logger.exception("loading the grammar vocabulary of %s failed", model_id)
+    return _compiler
 
 
 def compiler() -> GrammarCompiler:
