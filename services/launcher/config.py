@@ -28,7 +28,7 @@ class LaunchConfig:
     backend: str = "auto"  # the worker's forward: native (ztgi's own, Llama), transformers, or auto
     kv_cache: str = "auto"  # the worker's KV layout: paged, padded, or auto (paged where it fits)
     block_size: int = 16  # paged KV cache: tokens per block
-    step_target_ms: int = 250  # paged: the step length warmup sizes the default token budget for
+    step_target_ms: int = 500  # paged: the step length warmup sizes the default token budget for
     memory_budget_mb: int | None = None  # the worker's KV budget on CPU (none: the worker's default)
     max_concurrent_requests: int = 128
     max_input_tokens: int = 4095

@@ -222,16 +222,14 @@ class Hub:
         """Sends one DetokenizeJob per owning tokenizer for this step's tokens."""
         steps_by_tokenizer: dict[bytes, list[tuple[Request, TokenStep]]] = collections.defaultdict(list)
         for generation in generations:
-            request = self.table.get(generation.request_id)
-            if request is None or request.worker_id != slot.identity:
+            request = self.table.record(generation, slot.identity)
+            if request is None:
                 continue  # finished, stopped or cancelled while this step ran
-            request.generated_ids.append(generation.token_id)
             if request.num_resumed_tokens:
                 generation = dataclasses.replace(
                     generation, generated_tokens=generation.generated_tokens + request.num_resumed_tokens)
             steps_by_tokenizer[request.tokenizer_id].append((request, TokenStep(request.key, generation)))
             if generation.finish_reason is not None:
-                self.table.remove(request)
                 self.batcher.release_blocks(request)
                 self.counters.num_requests_finished += 1
                 self.metrics.record_finished(request, generation, time.monotonic())

@@ -13,9 +13,9 @@ from typing import ClassVar, Generic, Protocol, Sequence, TypeVar
 import torch
 
 from common.messages import CachedBatch, Generation, SeqUpdate, Timings, Warmup, WarmupResult, WorkerInfo, WorkerRequest
-from services.worker import llama_forward
 from services.worker.config import KV_CACHES
 from services.worker.loading import load
+from services.worker.paged import families
 
 BatchT = TypeVar("BatchT", bound="Batch")
 
@@ -65,12 +65,13 @@ def resolve_kv_cache(kv_cache: str, backend: str, config: object) -> str:
     """`auto`: paged where the paged forward covers the architecture, else padded."""
     if kv_cache not in KV_CACHES:
         raise ValueError(f"--kv-cache {kv_cache!r} must be one of {', '.join(KV_CACHES)}")
-    paged_fits = llama_forward.supports(config) and backend != "transformers"
+    paged_fits = families.supports(config) and backend != "transformers"
     if kv_cache == "auto":
         return "paged" if paged_fits else "padded"
     if kv_cache == "paged" and not paged_fits:
-        raise ValueError(f"--kv-cache paged has no forward for model type {getattr(config, 'model_type', None)!r}"
-                         " (or --backend transformers was asked for); use --kv-cache padded")
+        reason = ("--backend transformers was asked for" if backend == "transformers"
+                  else families.unsupported_reason(config))
+        raise ValueError(f"--kv-cache paged: {reason}; use --kv-cache padded (or auto) for the transformers forward")
     return kv_cache
 
 

@@ -35,7 +35,7 @@ class WorkerConfig:
                 "chunked prefill), padded (TGI's first model server), or auto (paged where the model's "
                 "forward supports it)"})
     block_size: int = dataclasses.field(default=16, metadata={"help": "paged KV cache: tokens per block"})
-    step_target_ms: int = dataclasses.field(default=250, metadata={
+    step_target_ms: int = dataclasses.field(default=500, metadata={
         "help": "paged KV cache: warmup times a prefill chunk and announces how many tokens fit in a step "
                 "of this length; the scheduler's default per-step token budget"})
     worker_index: int = 0

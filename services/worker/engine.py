@@ -34,7 +34,7 @@ class Engine:
     """The model and its cached batches; one method per verb."""
 
     def __init__(self, model: Model, memory_budget_mb: int, cpu_warmup_prefill_tokens: int | None = None,
-                 step_target_ms: int = 250) -> None:
+                 step_target_ms: int = 500) -> None:
         self.model = model
         self.memory_budget_mb = memory_budget_mb
         self.cpu_warmup_prefill_tokens = cpu_warmup_prefill_tokens

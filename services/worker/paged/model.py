@@ -13,14 +13,15 @@ from services.worker.generations import step_rows, top_of_row
 from services.worker.loading import LoadedModel
 from services.worker.paged.batch import PagedBatch
 from services.worker.paged.kv_pool import KVPool, KVShape
-from services.worker.paged.llama import PagedLlamaForward
+from services.worker.paged.families import paged_forward
 from services.worker.paged.step_inputs import StepInputs, build_step_inputs
 
 logger = logging.getLogger(__name__)
 
 
 class PagedModel:
-    """A Llama-family model served from a block pool; `warmup` sizes and allocates the pool."""
+    """A model of a natively served family (`families.py`) served from a block pool; `warmup`
+    sizes and allocates the pool."""
 
     kv_cache = "paged"
     batch_type = PagedBatch
@@ -38,7 +39,7 @@ class PagedModel:
         self.block_size = block_size
         self.kv_shape = KVShape(loaded.num_layers, block_size, loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
         with torch.inference_mode():
-            self.forward_pass = PagedLlamaForward(loaded.module)
+            self.forward_pass = paged_forward(loaded.module)
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
 
@@ -91,7 +92,8 @@ class PagedModel:
             batch.sequences[entry.index].num_computed = entry.start + entry.count
             if batch.sequences[entry.index].is_prefilling:
                 batch.sequences[entry.index].chunk_len = 0  # the scheduler gives the next chunk
-        return [self._generation(batch.sequences[index], row) for index, row in zip(inputs.sampled, rows)]
+        # in the batch's order, whatever order the step ran its rows in
+        return [self._generation(batch.sequences[index], row) for index, row in sorted(zip(inputs.sampled, rows))]
 
     def _choose(self, batch: PagedBatch, inputs: StepInputs, logits: torch.Tensor) -> list[list[float]]:
         sampled = inputs.sampled

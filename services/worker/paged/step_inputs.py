@@ -6,6 +6,7 @@ import dataclasses
 
 import torch
 
+from services.worker.host_copy import to_device
 from services.worker.paged.attention import AttentionInputs, PrefillSpan, decode_groups
 from services.worker.paged.batch import PagedBatch, Sequence
 from services.worker.paged.kv_pool import KVPool
@@ -59,10 +60,10 @@ def build_step_inputs(batch: PagedBatch, pool: KVPool) -> StepInputs | None:
     logit_rows, sampled, sample_logits, logprob_logits = _logit_rows(sequences, entries)
     return StepInputs(
         entries=entries,
-        input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-        positions=positions.to(device),
+        input_ids=to_device(torch.tensor(input_ids, dtype=torch.int64), device),
+        positions=to_device(positions, device),
         attention=attention,
-        logit_rows=torch.tensor(logit_rows, dtype=torch.int64, device=device),
+        logit_rows=to_device(torch.tensor(logit_rows, dtype=torch.int64), device),
         sampled=sampled, sample_logits=sample_logits, logprob_logits=logprob_logits)
 
 
@@ -100,10 +101,10 @@ def _attention_inputs(sequences: list[Sequence], decodes: list[Entry], prefills:
     if decodes:
         tables = [sequences[e.index].block_ids[:e.start // block_size + 1] for e in decodes]
         groups = decode_groups(tables, [e.start + 1 for e in decodes], block_size, device)
-    spans = [PrefillSpan(e.row, e.row + e.count, e.start, torch.tensor(
-        sequences[e.index].block_ids[:-(-(e.start + e.count) // block_size)], dtype=torch.int64, device=device))
+    spans = [PrefillSpan(e.row, e.row + e.count, e.start, to_device(torch.tensor(
+        sequences[e.index].block_ids[:-(-(e.start + e.count) // block_size)], dtype=torch.int64), device))
         for e in prefills]
-    return AttentionInputs(slots.to(device), groups, spans)
+    return AttentionInputs(to_device(slots, device), groups, spans)
 
 
 def _logit_rows(sequences: list[Sequence],

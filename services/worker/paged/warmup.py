@@ -22,7 +22,7 @@ from services.worker.warmup import CUDA_MEMORY_FRACTION, TOKEN_STRIDE, validate_
 logger = logging.getLogger(__name__)
 
 TIMED_CHUNK_TOKENS = 256
-MIN_STEP_TOKENS, MAX_STEP_TOKENS = 64, 8192
+MIN_STEP_TOKENS, MAX_STEP_TOKENS = 256, 8192  # decodes count too: a large batch leaves prefill room
 
 
 def warm_up(model, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: int | None,

@@ -120,7 +120,7 @@ def test_warmup_sizes_the_pool_and_the_step(tiny_paged_model):
     blocks = 2**20 // tiny_paged_model.kv_shape.bytes_per_block
     assert (result.num_blocks, result.block_size) == (blocks, tiny_paged_model.block_size)
     assert result.max_batch_total_tokens == blocks * tiny_paged_model.block_size
-    assert 64 <= result.max_step_tokens <= 8192
+    assert 256 <= result.max_step_tokens <= 8192
     too_big = engine.warmup(Warmup(2, 100, 200, 400, max_batch_total_tokens=100))
     assert isinstance(too_big, CommandFailed) and "the KV pool holds" in too_big.error
     tiny_paged_model.allocate_pool(2048)  # the other tests' pool
