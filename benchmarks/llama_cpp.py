@@ -8,6 +8,9 @@
 flags its documentation gives for a CPU server of `--num-threads` cores: `-np 16 -cb -t 2`, a
 context of 16 slots x `--slot-context` tokens, and prompt caching off (`--llama-cache-prompt` turns it
 back on; ztgi has no prefix cache yet, and repeated prompts would otherwise be free for one side).
+llama-server runs at the priority ztgi's CPU worker takes (nice 10, Linux's SCHED_IDLE class), so
+that on a machine shared with other work neither server is starved more than the other
+(`--no-llama-as-ztgi-worker`: normal priority).
 Each ztgi system is `ztgi launch` with `--dtype` and `--quantize` from its name:
 `ztgi-<dtype>[-<quantize>]` (`ztgi-auto`, `ztgi-float32`, `ztgi-bfloat16-int8`, ...).
 
@@ -91,6 +94,9 @@ class LlamaCppConfig:
     slot_context: int = dataclasses.field(default=2048, metadata=_help("llama-server context per slot"))
     llama_cache_prompt: bool = dataclasses.field(default=False, metadata=_help("llama-server's prompt cache"))
     llama_server_args: str = dataclasses.field(default="", metadata=_help("more llama-server flags, one string"))
+    llama_as_ztgi_worker: bool = dataclasses.field(default=True, metadata=_help(
+        "run llama-server at the priority ztgi's CPU worker takes (nice 10, SCHED_IDLE), so other work on "
+        "the machine slows both alike; false: llama-server at normal priority"))
     startup_timeout_s: float = 600.0
     output: str | None = dataclasses.field(default=None, metadata=_help("write JSON results here"))
     plot: str | None = dataclasses.field(default=None, metadata=_help("write a PNG of the medians here"))
@@ -310,10 +316,11 @@ def run_comparison(config: LlamaCppConfig, prompts: list[Prompt]) -> tuple[list[
             urls[system] = stack.enter_context(LaunchedServer(flags, config.startup_timeout_s)).url
         llama = LlamaServer(config.llama_server, server_flags(
             config.gguf(), config.num_slots, config.num_threads, config.slot_context, config.llama_cache_prompt,
-            shlex.split(config.llama_server_args)), config.startup_timeout_s)
+            shlex.split(config.llama_server_args)), config.startup_timeout_s,
+            nice=10 if config.llama_as_ztgi_worker else 0, idle_class=config.llama_as_ztgi_worker)
         urls[LLAMA] = stack.enter_context(llama).url
         about = {"llama_server_version": llama.version(), "llama_server_flags": llama.flags, "gguf": config.gguf(),
-                 "cpu_count": os.cpu_count()}
+                 "cpu_count": os.cpu_count(), "load_average_at_start": os.getloadavg()}
         runner = Runner(config, prompts, urls)
         runner.warmup()
         return runner.run_all(), about

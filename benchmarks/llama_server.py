@@ -34,7 +34,7 @@ class LlamaServer:
     """`llama-server --host 127.0.0.1 --port P FLAGS`, ready once `/health` answers 200; SIGTERM on exit."""
 
     def __init__(self, binary: str, flags: Sequence[str], startup_timeout_s: float = 300.0,
-                 port: int | None = None) -> None:
+                 port: int | None = None, nice: int = 0, idle_class: bool = False) -> None:
         if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
             raise ServerStartError(f"--llama-server {binary!r} is not an executable file")
         self.binary = binary
@@ -42,6 +42,7 @@ class LlamaServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.flags = ["--host", "127.0.0.1", "--port", str(self.port), *flags]
         self.startup_timeout_s = startup_timeout_s
+        self.nice, self.idle_class = nice, idle_class
         self.log_file = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)
         self.process: subprocess.Popen | None = None
 
@@ -54,7 +55,8 @@ class LlamaServer:
 
     def start(self) -> None:
         logger.info("starting %s %s (log %s)", self.binary, " ".join(self.flags), self.log_file.name)
-        self.process = subprocess.Popen([self.binary, *self.flags], stdout=self.log_file, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen([self.binary, *self.flags], stdout=self.log_file, stderr=subprocess.STDOUT,
+                                        preexec_fn=self._lower_priority)
         started = time.monotonic()
         while time.monotonic() - started < self.startup_timeout_s:
             if self.process.poll() is not None:
@@ -86,6 +88,17 @@ class LlamaServer:
         result = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=30)
         lines = (result.stdout + result.stderr).strip().splitlines()
         return lines[0] if lines else "unknown"
+
+    def _lower_priority(self) -> None:
+        """In the child before exec: the priority ztgi's CPU worker takes (`--cpu-nice`,
+        `--cpu-idle-class`), so other work on the machine slows both servers alike."""
+        if self.nice:
+            os.nice(self.nice)
+        if self.idle_class and hasattr(os, "SCHED_IDLE"):
+            try:
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            except OSError:
+                pass
 
     def log_tail(self) -> str:
         self.log_file.flush()

@@ -97,7 +97,8 @@ def _executable(tmp_path, body: str) -> str:
 
 
 def test_llama_server_child_starts_serves_and_stops(tmp_path):
-    """The child gets --host/--port before the flags, is ready once /health answers, stops on SIGTERM."""
+    """The child gets --host/--port before the flags and ztgi's CPU worker's priority, is ready once
+    /health answers, stops on SIGTERM."""
     binary = _executable(tmp_path, """
         import http.server, sys
         if "--version" in sys.argv:
@@ -108,10 +109,13 @@ def test_llama_server_child_starts_serves_and_stops(tmp_path):
                 self.send_response(200 if self.path == "/health" else 404); self.end_headers()
         http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
     """)
-    with LlamaServer(binary, ["-m", "x.gguf"], startup_timeout_s=30) as server:
+    with LlamaServer(binary, ["-m", "x.gguf"], startup_timeout_s=30, nice=10, idle_class=True) as server:
         assert server.flags[:2] == ["--host", "127.0.0.1"] and server.flags[-2:] == ["-m", "x.gguf"]
         assert server.version() == "version: 1 (fake)"
         process = server.process
+        assert os.getpriority(os.PRIO_PROCESS, process.pid) >= 10  # ztgi's CPU worker's priority
+        if hasattr(os, "SCHED_IDLE"):
+            assert os.sched_getscheduler(process.pid) == os.SCHED_IDLE
     assert process.poll() is not None and not os.path.exists(server.log_file.name)
 
 
