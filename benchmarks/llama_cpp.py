@@ -17,8 +17,9 @@ Each ztgi system is `ztgi launch` with `--dtype` and `--quantize` from its name:
 Every server is started and warmed up first (two-token requests at the largest level), then idles
 while the others run. Each repeat runs every level on every system back to back, the systems'
 order rotating from repeat to repeat, so a drift in the machine's speed hits all of them alike.
-The load is `ztgi bench`'s load generator through OpenAI's `/v1/completions`, streamed, greedy,
-for every system: the same request bodies and the same SSE parsing. At concurrency 1 only the first
+The load is `ztgi bench`'s load generator, streamed and greedy: ztgi through TGI's
+`/generate_stream` (its OpenAI routes take no `ignore_eos`), llama-server through OpenAI's
+`/v1/completions`; the same prompts and `max_new_tokens`, one SSE event per token on both. At concurrency 1 only the first
 `--single-stream-requests` prompts run, each generating exactly its `max_new_tokens` (many of the
 mixed prompts end at once at EOS, which leaves no TPOT to measure); at the other levels EOS is
 respected unless `--ignore-eos`. Each request opens its own connection, for every system alike.
@@ -293,7 +294,8 @@ class Runner:
         return runs
 
     def _run(self, system: str, prompts: list[Prompt], concurrency: int, ignore_eos: bool) -> RunResult:
-        bench = BenchConfig(backend="openai-completions", url=self.urls[system], model="default",
+        api = "openai-completions" if system == LLAMA else "tgi"  # ztgi's OpenAI API has no ignore_eos
+        bench = BenchConfig(backend=api, url=self.urls[system], model="default",
                             dataset=self.config.dataset, num_requests=len(prompts), ignore_eos=ignore_eos,
                             progress=False)
         return run_event_loop(self._run_fresh_connections(LoadGenerator(bench, prompts), concurrency))
