@@ -166,7 +166,7 @@ class SchedulerService:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(SchedulerConfig, argv, prog="ztgi scheduler")
-    setup_logging("scheduler", config.log_level)
+    setup_logging("scheduler", config.log_level, config.log_rate_limit_s)
     service = SchedulerService(config)
 
     def stop(signum: int, _frame: object) -> None:

@@ -29,8 +29,12 @@ class TokenizerConfig:
     curve_secret_key_file: str | None = dataclasses.field(default=None, metadata={
         "help": "this tokenizer's CURVE keypair (NAME.key_secret); unset: a fresh one per process"})
     log_level: str = "INFO"
+    log_rate_limit_s: float = dataclasses.field(default=10.0, metadata={
+        "help": "a warning repeated more than 10 times within this many seconds is counted, not written "
+                "(one line then says how many were suppressed); 0: every line is written"})
 
     def __post_init__(self) -> None:
+        require(self.log_rate_limit_s >= 0, "--log-rate-limit-s must be >= 0")
         Endpoints(self.scheduler_url)  # validates the URL
         require(self.tokenizer_index >= 0, "--tokenizer-index must be >= 0")
         require(self.max_input_tokens > 0, "--max-input-tokens must be positive")

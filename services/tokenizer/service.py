@@ -189,7 +189,7 @@ class TokenizerService:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(TokenizerConfig, argv, prog="ztgi tokenizer")
-    setup_logging(f"tokenizer[{config.tokenizer_index}]", config.log_level)
+    setup_logging(f"tokenizer[{config.tokenizer_index}]", config.log_level, config.log_rate_limit_s)
     stop_requested = threading.Event()
 
     def stop(signum: int, _frame: object) -> None:

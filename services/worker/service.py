@@ -247,7 +247,7 @@ def _lower_priority_on_cpu(config: WorkerConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(WorkerConfig, argv, prog="ztgi worker")
-    setup_logging(f"worker[{config.worker_index}]", config.log_level)
+    setup_logging(f"worker[{config.worker_index}]", config.log_level, config.log_rate_limit_s)
     stop_requested = threading.Event()
 
     def stop(signum: int, _frame: object) -> None:
