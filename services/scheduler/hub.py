@@ -101,7 +101,7 @@ class Hub:
             self._send_error(key, "Model is overloaded", "overloaded")
             return
         request = self.table.create(key)
-        request.encode_job = encode(EncodeJob(key, generate))
+        request.encode_job = encode(EncodeJob(key, generate, self.boot_nonce))
         request.parameters = generate.parameters
         self.outbox.to_tokenizer_pool(request.encode_job)
 

@@ -105,7 +105,7 @@ class TokenizerService:
         except Exception as exc:  # a bug must cost one request, not the service
             logger.exception("encoding %r failed", job.key)
             return Rejected(job.key, f"encoding failed: {exc}", "validation")
-        self.detokenizer.start(encoded, job.generate.parameters)
+        self.detokenizer.start(encoded, job.generate.parameters, job.scheduler_nonce)
         logger.debug("encoded %r: %d input tokens", job.key, len(encoded.input_ids))
         return encoded
 
@@ -140,14 +140,15 @@ class TokenizerService:
 
     def _adopt(self, adopt: Adopt) -> None:
         try:
-            self.detokenizer.adopt(adopt)
+            self.detokenizer.adopt(adopt, self.scheduler_nonce or "")
         except Exception as exc:  # e.g. ids no vocabulary has: the request is lost, not the tokenizer
             logger.warning("dropped an Adopt for %r: %s: %s", adopt.encoded.key, type(exc).__name__, exc)
 
     def _on_heartbeat(self, scheduler_nonce: str) -> None:
         if self.scheduler_nonce is not None and scheduler_nonce != self.scheduler_nonce:
-            logger.info("scheduler restarted: registering again (keeping %d requests)",
-                        self.detokenizer.num_requests)
+            num_dropped = self.detokenizer.keep_only(scheduler_nonce)
+            logger.info("scheduler restarted: dropped %d requests of the previous one; registering again",
+                        num_dropped)
             self._send(self.detokenize, self._hello())
         self.scheduler_nonce = scheduler_nonce
 
