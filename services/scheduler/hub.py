@@ -207,8 +207,9 @@ class Hub:
                     return
                 self.batcher.register(worker_id, msg)
             case Heartbeat():  # from the worker's liveness socket, known by its boot nonce
-                self.batcher.touch(worker_id, now, msg.boot_nonce)
-                self.outbox.to_worker(worker_id, Heartbeat(self.boot_nonce))
+                registered = self.batcher.touch(worker_id, now, msg.boot_nonce)
+                # a worker dropped for silence (frozen, starved) hears it here and says Hello again
+                self.outbox.to_worker(worker_id, Heartbeat(self.boot_nonce, registered))
             case _:
                 self.batcher.touch(worker_id, now)
                 self.batcher.on_answer(worker_id, msg)

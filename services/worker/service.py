@@ -5,8 +5,9 @@ on the main thread (the one that loaded the model) and owns the command socket: 
 receives each command, runs it (a prefill may take seconds) and sends the answer itself, so a
 command and its answer cross no thread. The IO thread owns the liveness socket: it heartbeats
 with the worker's boot nonce, by which the scheduler knows whose heartbeats they are, so a long
-step never delays one; when the scheduler's answers carry a new nonce (it restarted), it tells
-the engine loop over an inproc PAIR to drop every cached batch and say Hello again.
+step never delays one; when the scheduler's answers carry a new nonce (it restarted) or say it
+does not know this worker (it dropped it after a stall: `registration.py`), it tells the engine
+loop over an inproc PAIR to drop every cached batch and say Hello again.
 
 Handing each command and answer through the IO thread instead cost the first token 0.3-0.4 ms
 (a queue and an inproc PAIR, two thread wake-ups per step, machine C). torch work split over two
@@ -41,6 +42,7 @@ from services.worker import watermark
 from services.worker.config import WorkerConfig
 from services.worker.engine import Engine
 from services.worker.model import Model, resolve_device
+from services.worker.registration import Registration, Rejoin
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ COMMANDS = (Warmup, Prefill, Decode, Filter, Clear, HealthCheck)
 SCHEDULER_MESSAGES = (Heartbeat, *COMMANDS)
 MAX_WAIT_MS = 100  # how late a stop signal may be noticed
 STOP_TIMEOUT_S = 5.0  # how long the IO thread may take to notice a stop
-RESET = b"reset"  # IO thread -> engine loop: the scheduler restarted
+RESET = b"reset"  # IO thread -> engine loop: the scheduler restarted, or dropped this worker
 
 
 class EngineLoop:
@@ -120,8 +122,8 @@ class EngineLoop:
         return answer
 
     def _on_control(self, message: bytes) -> None:
-        """The scheduler restarted: the commands the old one left are dropped, then every cached
-        batch, and the new one hears Hello."""
+        """The scheduler restarted, or dropped this worker: the commands it left are dropped, then
+        every cached batch, and the scheduler hears Hello."""
         if message != RESET:
             return
         while True:
@@ -147,7 +149,7 @@ class WorkerService:
         self.stop_requested = stop_requested
         self.identity = new_identity("worker")
         self.boot_nonce = new_boot_nonce()
-        self.scheduler_nonce: str | None = None
+        self.registration = Registration()
         self.context = zmq.Context()
         self.liveness = self._dealer(self.identity + b"/liveness")
         control_address = f"inproc://control-{self.boot_nonce}"
@@ -197,7 +199,8 @@ class WorkerService:
                 self.on_liveness_frames(self.liveness.recv_multipart())
 
     def on_liveness_frames(self, frames: list[bytes]) -> None:
-        """The scheduler's heartbeat: its nonce tells whether it restarted. Nothing else comes here."""
+        """The scheduler's heartbeat: whether it restarted, or dropped this worker (`Registration`).
+        Nothing else comes here."""
         try:
             if len(frames) != 1:
                 raise MessageError(f"expected a one-frame message, got {len(frames)} frames")
@@ -205,10 +208,11 @@ class WorkerService:
         except MessageError as exc:
             logger.warning("bad frame on the liveness socket: %s", exc)
             return
-        if self.scheduler_nonce is not None and heartbeat.boot_nonce != self.scheduler_nonce:
-            logger.info("scheduler restarted: dropping cached batches and registering again")
+        rejoin = self.registration.on_heartbeat(heartbeat.boot_nonce, heartbeat.registered)
+        if rejoin is not None:
+            logger.log(logging.INFO if rejoin is Rejoin.SCHEDULER_RESTARTED else logging.WARNING,
+                       "%s: dropping cached batches and registering again", rejoin.value)
             self.control.send(RESET)
-        self.scheduler_nonce = heartbeat.boot_nonce
 
     def _send_heartbeat(self) -> None:
         try:

@@ -201,6 +201,33 @@ def test_worker_heartbeats_from_its_liveness_socket_keep_it() -> None:
     assert b"stranger" not in h.hub.batcher.workers and liveness not in h.hub.batcher.workers
 
 
+def test_dropped_worker_is_told_to_hello_again_and_serves_its_requests_once() -> None:
+    """A worker silent past the window (frozen) is dropped and its request requeued; its heartbeats
+    then hear `registered=False`; after its new Hello the request is prefilled again, and the
+    frozen worker's late answer to the old prefill is dropped, not streamed."""
+    h = Harness(heartbeat_interval_ms=100, heartbeat_misses=5)
+    h.add_worker(WORKER_A)
+    h.submit("r1", max_new_tokens=5)
+    (_, old_prefill), = h.step()
+    h.hub.batcher.workers[WORKER_A].last_seen -= 10.0
+    h.hub.tick(time.monotonic())
+    assert WORKER_A not in h.hub.batcher.workers
+    liveness = WORKER_A + b"/liveness"
+    h.hub.on_worker_frame(liveness, encode(m.Heartbeat(f"nonce-of-{WORKER_A.decode()}")))
+    assert h.messages_to("workers") == [(liveness, m.Heartbeat("nonce-1", False))]
+    h.add_worker(WORKER_A)  # its Hello, the warmup
+    (_, new_prefill), = h.step()
+    assert isinstance(new_prefill, m.Prefill) and new_prefill.batch.requests == old_prefill.batch.requests
+    rid = new_prefill.batch.requests[0].request_id
+    h.answer_step(WORKER_A, old_prefill, 1, [rid])  # the frozen worker's late answer
+    assert h.take("detokenize") == []
+    h.answer_step(WORKER_A, new_prefill, 2, [rid])
+    (_, job), = h.messages_to("detokenize")
+    assert [step.generation.request_id for step in job.steps] == [rid]
+    h.hub.on_worker_frame(liveness, encode(m.Heartbeat(f"nonce-of-{WORKER_A.decode()}")))
+    assert (liveness, m.Heartbeat("nonce-1", True)) in h.messages_to("workers")
+
+
 def test_lost_worker_requests_resume_on_another() -> None:
     """A lost worker's request is prefilled on the other worker from prompt + tokens so far."""
     h = Harness()
