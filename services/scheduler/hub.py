@@ -20,7 +20,7 @@ from common.messages import (
 )
 from services.scheduler.batcher import Batcher
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.health import Assessment, HealthMonitor, assess
+from services.scheduler.health import Assessment, HealthMonitor, WorkerLoss, assess
 from services.scheduler.outbox import Outbox
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
@@ -58,6 +58,7 @@ class Hub:
         self.unacknowledged: dict[bytes, collections.deque[list[tuple[Request, TokenStep]]]] = (
             collections.defaultdict(collections.deque))
         self.clients: dict[bytes, float] = {}
+        self.last_worker_loss: WorkerLoss | None = None
         self.health_monitor = HealthMonitor(self.outbox, config.canary_timeout_s)
         self.batcher = Batcher(config, self.table, self.queue, self.outbox,
                                self._on_generations, self._fail_requests, self.health_monitor.on_canary)
@@ -214,6 +215,20 @@ class Hub:
                 self.batcher.touch(worker_id, now)
                 self.batcher.on_answer(worker_id, msg)
 
+    def on_worker_disconnected(self, worker_id: bytes) -> None:
+        """A worker's command connection closed (its process ended): it is lost now, not after
+        the heartbeat window."""
+        self._lose_worker(worker_id, "disconnected")
+
+    def _lose_worker(self, worker_id: bytes, reason: str) -> None:
+        if worker_id in self.batcher.workers:
+            self.batcher.lose(worker_id, reason)
+            self.last_worker_loss = WorkerLoss(worker_id, reason, time.monotonic())
+
+    def on_tokenizer_disconnected(self, tokenizer_id: bytes) -> None:
+        if tokenizer_id in self.tokenizers:
+            self._lose_tokenizer(tokenizer_id, "disconnected")
+
     def _on_generations(self, slot: WorkerSlot, generations: list[Generation]) -> None:
         """Sends one DetokenizeJob per owning tokenizer for this step's tokens."""
         steps_by_tokenizer: dict[bytes, list[tuple[Request, TokenStep]]] = collections.defaultdict(list)
@@ -256,7 +271,7 @@ class Hub:
 
     def assess_health(self, now: float) -> Assessment:
         return assess(self.batcher.workers.values(), len(self.tokenizers), self.draining, now,
-                      self.config.health_window_s)
+                      self.config.health_window_s, self.last_worker_loss)
 
     def _info(self, query_id: str) -> InfoReply:
         config = self.config
@@ -307,10 +322,10 @@ class Hub:
         timeout = self.config.peer_timeout_s
         for worker in list(self.batcher.workers.values()):
             if now - worker.last_seen > timeout:
-                self.batcher.lose(worker.identity, "missed heartbeats")
+                self._lose_worker(worker.identity, "missed heartbeats")
         for tokenizer_id, last_seen in list(self.tokenizers.items()):
             if now - last_seen > timeout:
-                self._lose_tokenizer(tokenizer_id)
+                self._lose_tokenizer(tokenizer_id, "missed heartbeats")
         for client_id, last_seen in list(self.clients.items()):
             if now - last_seen > timeout:
                 del self.clients[client_id]
@@ -320,7 +335,7 @@ class Hub:
             self._fail_stale_queue(now)
         self.health_monitor.tick(now, self.batcher.workers)
 
-    def _lose_tokenizer(self, tokenizer_id: bytes) -> None:
+    def _lose_tokenizer(self, tokenizer_id: bytes, reason: str) -> None:
         """Hands a lost tokenizer's requests to another one and re-sends what it never answered.
 
         Unanswered encode jobs are pushed again (one may have been queued for the lost
@@ -337,8 +352,8 @@ class Hub:
         # finished requests whose last tokens were never answered still need their final event
         owned.update((r.request_id, r) for steps in pending for r, step in steps if step.generation.finish_reason)
         pending = collections.deque([(r, step) for r, step in steps if r.request_id in owned] for steps in pending)
-        logger.warning("tokenizer %s lost (missed heartbeats): re-sending %d encode jobs, %d requests to adopt",
-                       tokenizer_id.decode(errors="replace"), len(encoding), len(owned))
+        logger.warning("tokenizer %s lost (%s): re-sending %d encode jobs, %d requests to adopt",
+                       tokenizer_id.decode(errors="replace"), reason, len(encoding), len(owned))
         if owned:
             self._adopt(list(owned.values()), pending)
 
