@@ -42,6 +42,9 @@ class WorkerConfig:
     watermark_gamma: float = 0.5  # green fraction of the vocabulary (TGI's WATERMARK_GAMMA)
     watermark_delta: float = 2.0  # logit bias of green tokens (TGI's WATERMARK_DELTA)
     heartbeat_interval_ms: int = 1000
+    handshake_timeout_s: float = dataclasses.field(default=30.0, metadata={
+        "help": "exit with code 1 when the handshake with the scheduler (CURVE keys) has kept failing this "
+                "long; a scheduler that is not up yet is waited for without limit"})
     curve_server_public_key_file: str | None = dataclasses.field(default=None, metadata={
         "help": "the scheduler's CURVE public key file (NAME.key from `ztgi keygen`): encrypts the link"})
     curve_secret_key_file: str | None = dataclasses.field(default=None, metadata={
@@ -62,6 +65,7 @@ class WorkerConfig:
         require(self.cpu_warmup_prefill_tokens is None or self.cpu_warmup_prefill_tokens > 0,
                 "--cpu-warmup-prefill-tokens must be positive, or none for TGI's full-size warmup")
         require(self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive")
+        require(self.handshake_timeout_s > 0, "--handshake-timeout-s must be positive")
         require(0 < self.watermark_gamma < 1, "--watermark-gamma must be > 0 and < 1")
         require(0 <= self.watermark_delta < float("inf"), "--watermark-delta must be finite and >= 0")
         require(self.num_threads is None or self.num_threads > 0, "--num-threads must be positive")

@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 import zmq
 
-from common import curve
+from common import curve, handshake
 from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.config import parse_config
 from common.gc_freeze import freeze_startup_objects
@@ -150,8 +150,10 @@ class WorkerService:
         self.identity = new_identity("worker")
         self.boot_nonce = new_boot_nonce()
         self.registration = Registration()
+        self.handshake = handshake.HandshakeWatch(config.curve_keys is not None, config.handshake_timeout_s)
+        self.exit_code = 0
         self.context = zmq.Context()
-        self.liveness = self._dealer(self.identity + b"/liveness")
+        self.liveness = self._dealer(self.identity + b"/liveness", watched=True)
         control_address = f"inproc://control-{self.boot_nonce}"
         self.control = self.context.socket(zmq.PAIR)
         self.control.setsockopt(zmq.LINGER, 0)
@@ -164,12 +166,14 @@ class WorkerService:
         self.engine_loop = EngineLoop(engine, self._dealer(self.identity), engine_control, hello, stop_requested)
         self.io_thread = threading.Thread(target=self._run_io, name="io", daemon=True)
 
-    def _dealer(self, identity: bytes) -> zmq.Socket:
+    def _dealer(self, identity: bytes, watched: bool = False) -> zmq.Socket:
         socket = self.context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.IDENTITY, identity)
         socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # libzmq drops a larger frame unread
         curve.apply(socket, self.config.curve_keys)
+        if watched:  # the IO thread's link says for both whether the keys are right
+            self.link_monitor = handshake.watch(socket)
         socket.connect(self.config.endpoints.connect("workers"))
         return socket
 
@@ -190,13 +194,28 @@ class WorkerService:
         """Heartbeats every interval and the scheduler's answers to them, until a stop signal."""
         interval_s = self.config.heartbeat_interval_ms / 1000.0
         next_heartbeat = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(self.liveness, zmq.POLLIN)
+        poller.register(self.link_monitor, zmq.POLLIN)
         while not self.stop_requested.is_set():
             if time.monotonic() >= next_heartbeat:
                 self._send_heartbeat()
                 next_heartbeat = time.monotonic() + interval_s
+                self._give_up_on_a_failing_handshake()
             wait_ms = min(MAX_WAIT_MS, max(0, int((next_heartbeat - time.monotonic()) * 1000)))
-            if self.liveness.poll(wait_ms):
+            ready = dict(poller.poll(wait_ms))
+            if self.link_monitor in ready:
+                for failure in handshake.read_events(self.link_monitor, self.handshake):
+                    logger.error("cannot connect to the scheduler: %s", failure)
+            if self.liveness in ready:
                 self.on_liveness_frames(self.liveness.recv_multipart())
+
+    def _give_up_on_a_failing_handshake(self) -> None:
+        if self.handshake.expired:
+            logger.error("no handshake with the scheduler for %g s (%s): exiting",
+                         self.config.handshake_timeout_s, self.handshake.failure)
+            self.exit_code = 1
+            self.stop_requested.set()
 
     def on_liveness_frames(self, frames: list[bytes]) -> None:
         """The scheduler's heartbeat: whether it restarted, or dropped this worker (`Registration`).
@@ -278,4 +297,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         service.close()
     logger.info("stopped")
-    return 0
+    return service.exit_code
