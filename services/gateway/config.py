@@ -37,6 +37,9 @@ class GatewayConfig:
     query_timeout_s: float = 5.0
     heartbeat_interval_ms: int = 1000
     heartbeat_misses: int = 5
+    handshake_timeout_s: float = dataclasses.field(default=30.0, metadata={
+        "help": "exit with code 1 when the handshake with the scheduler (CURVE keys) has kept failing this "
+                "long; a scheduler that is not up yet is waited for without limit"})
     compute_type: str = "ztgi"
     api_key: str | None = dataclasses.field(default=None, metadata={
         "help": "when set, generation routes need `Authorization: Bearer <key>`"})
@@ -66,6 +69,7 @@ class GatewayConfig:
         require(self.request_timeout_s > 0, "--request-timeout-s must be positive")
         require(self.body_read_timeout_s > 0, "--body-read-timeout-s must be positive")
         require(self.query_timeout_s > 0, "--query-timeout-s must be positive")
+        require(self.handshake_timeout_s > 0, "--handshake-timeout-s must be positive")
         require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
                 "--heartbeat-interval-ms and --heartbeat-misses must be positive")
         require(self.shutdown_timeout_s >= 0, "--shutdown-timeout-s must be >= 0")

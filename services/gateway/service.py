@@ -14,6 +14,7 @@ from common.logs import setup_logging
 from services.gateway import bad_requests
 from services.gateway.app import make_app
 from services.gateway.config import GatewayConfig
+from services.gateway.state import EXIT_STATUS
 
 logger = logging.getLogger(__name__)
 
@@ -45,4 +46,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         lingering_time=min(LINGERING_TIME_S, config.body_read_timeout_s),
         access_log=logging.getLogger("aiohttp.access") if debug else None, loop=new_event_loop())
     logger.info("stopped")
-    return 0
+    return app[EXIT_STATUS].code
