@@ -10,8 +10,8 @@ nonce. Two things make the worker register again (drop its cached batches, say H
   batches are useless then, and nothing would ever bring it back otherwise.
 
 A first heartbeat may overtake the Hello (two sockets), so it takes `patience` answers in a
-row that say "unknown"; after asking for a Hello, `retry_after` more before asking again (a
-Hello may wait behind a long command).
+row that say "unknown"; after asking for a Hello (for either reason), `retry_after` more before
+asking again (a Hello may wait behind a long command).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Registration:
         """The reason to drop every cached batch and say Hello again, or None."""
         previous, self.scheduler_nonce = self.scheduler_nonce, scheduler_nonce
         if previous is not None and scheduler_nonce != previous:
-            self.num_unknown = 0
+            self.num_unknown = self.patience  # a Hello is asked for now: the next only after retry_after
             return Rejoin.SCHEDULER_RESTARTED
         if registered is not False:
             self.num_unknown = 0

@@ -126,11 +126,12 @@ class EngineLoop:
         every cached batch, and the scheduler hears Hello."""
         if message != RESET:
             return
-        while True:
-            try:
-                self.commands.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        for socket in (self.control, self.commands):  # one Hello for resets that queued up meanwhile
+            while True:
+                try:
+                    socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
         self.engine.cache.clear()
         self._send(self.hello)
 

@@ -12,10 +12,13 @@ def test_known_worker_stays_registered() -> None:
 
 
 def test_new_scheduler_nonce_asks_for_hello_at_once() -> None:
-    """A restarted scheduler (new nonce) asks for a Hello on its first answer."""
-    registration = Registration()
+    """A restarted scheduler (new nonce) asks for a Hello on its first answer, and not again
+    before `retry_after` more answers."""
+    registration = Registration(patience=2, retry_after=3)
     registration.on_heartbeat("s1", True)
     assert registration.on_heartbeat("s2", False) is Rejoin.SCHEDULER_RESTARTED
+    # the new scheduler has not seen the Hello yet (a long command before it): no second ask at once
+    assert [registration.on_heartbeat("s2", False) for _ in range(3)] == [None, None, Rejoin.UNKNOWN_TO_SCHEDULER]
     assert registration.on_heartbeat("s2", True) is None
 
 
