@@ -68,3 +68,4 @@ def test_health_notices_a_killed_worker_at_once(server: LaunchedServer) -> None:
     assert "no worker is ready" in reason and "(disconnected)" in reason, reason
     wait_for(lambda: health(server)[0] == 200, 120, 0.2)
     assert stream(server, PROMPT, 10).error is None
+    print(f"killed worker: /health 503 after {noticed_s:.2f} s (heartbeat window {WINDOW_S:g} s)")
