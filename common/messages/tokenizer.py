@@ -32,9 +32,10 @@ class TokenStep:
 
 @message("detokenize_job")
 class DetokenizeJob:
-    """All tokens of one step for the requests this tokenizer owns."""
+    """All tokens of one step for the requests this tokenizer owns; its TextBatch names `job_id`."""
 
     steps: list[TokenStep]
+    job_id: int = 0
 
 
 @message("forget")

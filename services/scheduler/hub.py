@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import time
 
@@ -31,6 +32,7 @@ from services.scheduler.worker_slot import WorkerSlot
 logger = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
+MAX_ADOPTED_AWAY = 64  # lost tokenizers remembered for a Forget, should they come back
 CLIENT_MESSAGES = (Generate, Cancel, Query, TokenizeQuery, Hello, Heartbeat)
 TOKENIZER_MESSAGES = (Hello, Heartbeat, TextBatch, TokenizeDone)
 WORKER_MESSAGES = (Hello, Heartbeat, StepResult, FilterResult, WarmupResult, CommandDone, CommandFailed)
@@ -55,8 +57,11 @@ class Hub:
         self.draining = False
         self.tokenizers: dict[bytes, float] = {}
         # per tokenizer, the DetokenizeJobs not yet answered (one TextBatch per job, in order)
-        self.unacknowledged: dict[bytes, collections.deque[list[tuple[Request, TokenStep]]]] = (
+        self.unacknowledged: dict[bytes, collections.deque[tuple[int, list[tuple[Request, TokenStep]]]]] = (
             collections.defaultdict(collections.deque))
+        self._job_ids = itertools.count(1)
+        # per tokenizer lost for silence, the requests handed to others: it forgets them if it returns
+        self.adopted_away: dict[bytes, list[RequestKey]] = {}
         self.clients: dict[bytes, float] = {}
         self.last_worker_loss: WorkerLoss | None = None
         self.health_monitor = HealthMonitor(self.outbox, config.canary_timeout_s)
@@ -168,6 +173,8 @@ class Hub:
             return
         if isinstance(msg, Hello) and tokenizer_id not in self.tokenizers:
             logger.info("tokenizer %s registered", tokenizer_id.decode(errors="replace"))
+        if tokenizer_id in self.adopted_away:  # back after a stall: its old requests are served elsewhere
+            self.outbox.to_tokenizer(tokenizer_id, Forget(self.adopted_away.pop(tokenizer_id)))
         self.tokenizers[tokenizer_id] = time.monotonic()
         match msg:
             case Hello() | Heartbeat():
@@ -179,9 +186,17 @@ class Hub:
 
     def _on_text_batch(self, tokenizer_id: bytes, batch: TextBatch) -> None:
         pending = self.unacknowledged.get(tokenizer_id)
-        if pending:
-            for request, _ in pending.popleft():
-                request.num_acknowledged += 1
+        if not pending or all(job_id != batch.job_id for job_id, _ in pending):
+            # a job of before this tokenizer was lost (frozen): another tokenizer has its steps
+            logger.warning("tokenizer %s answered detokenize job %d, which it no longer owns: dropped",
+                           tokenizer_id.decode(errors="replace"), batch.job_id)
+            return
+        while True:  # an older job left unanswered (a frame the tokenizer could not read) is skipped
+            job_id, steps = pending.popleft()
+            if job_id == batch.job_id:
+                break
+        for request, _ in steps:
+            request.num_acknowledged += 1
         for output in batch.outputs:
             self.outbox.to_client(output.client_id, output.payload)
         for key in batch.finished:
@@ -250,8 +265,9 @@ class Hub:
 
     def _send_detokenize(self, tokenizer_id: bytes, steps: list[tuple[Request, TokenStep]]) -> None:
         self.counters.num_generated_tokens += len(steps)
-        self.unacknowledged[tokenizer_id].append(steps)
-        self.outbox.to_tokenizer(tokenizer_id, DetokenizeJob([step for _, step in steps]))
+        job_id = next(self._job_ids)
+        self.unacknowledged[tokenizer_id].append((job_id, steps))
+        self.outbox.to_tokenizer(tokenizer_id, DetokenizeJob([step for _, step in steps], job_id))
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -347,13 +363,17 @@ class Hub:
         encoding = [r for r in self.table if r.status is RequestStatus.ENCODING]
         for request in encoding:
             self.outbox.to_tokenizer_pool(request.encode_job)
-        pending = self.unacknowledged.pop(tokenizer_id, collections.deque())
+        pending = collections.deque(steps for _, steps in self.unacknowledged.pop(tokenizer_id, ()))
         owned = {r.request_id: r for r in self.table if r.encoded is not None and r.tokenizer_id == tokenizer_id}
         # finished requests whose last tokens were never answered still need their final event
         owned.update((r.request_id, r) for steps in pending for r, step in steps if step.generation.finish_reason)
         pending = collections.deque([(r, step) for r, step in steps if r.request_id in owned] for steps in pending)
         logger.warning("tokenizer %s lost (%s): re-sending %d encode jobs, %d requests to adopt",
                        tokenizer_id.decode(errors="replace"), reason, len(encoding), len(owned))
+        if owned and reason == "missed heartbeats":  # it may be frozen, and come back
+            self.adopted_away[tokenizer_id] = [r.key for r in owned.values()]
+            while len(self.adopted_away) > MAX_ADOPTED_AWAY:
+                del self.adopted_away[next(iter(self.adopted_away))]
         if owned:
             self._adopt(list(owned.values()), pending)
 

@@ -81,7 +81,7 @@ class Detokenizer:
                 finished.append(step.key)
         outputs = [ClientOutput(client_id, encode(StreamEvents(events)))
                    for client_id, events in client_to_events.items()]
-        return TextBatch(outputs=outputs, finished=finished)
+        return TextBatch(outputs=outputs, finished=finished, job_id=job.job_id)
 
     # -- one request's step --------------------------------------------------------------------
 

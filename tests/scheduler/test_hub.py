@@ -174,10 +174,13 @@ def test_stop_sequence_hit_from_tokenizer() -> None:
     h.submit("r1")
     (_, prefill), = h.step()
     rid = prefill.batch.requests[0].request_id
-    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch(
-        [m.ClientOutput(CLIENT, b"opaque")], [m.RequestKey(CLIENT, "r1")])))
-    assert h.take("frontend") == [[CLIENT, b"opaque"]]
     h.answer_step(WORKER_A, prefill, 1, [rid])
+    (_, job), = h.messages_to("detokenize")
+    (_, decode_cmd), = h.messages_to("workers")
+    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch(
+        [m.ClientOutput(CLIENT, b"opaque")], [m.RequestKey(CLIENT, "r1")], job.job_id)))
+    assert h.take("frontend") == [[CLIENT, b"opaque"]]
+    h.answer_step(WORKER_A, decode_cmd, 1, [rid])
     assert h.messages_to("detokenize") == []  # the token after the hit is dropped
     (_, filter_cmd), = h.messages_to("workers")
     assert isinstance(filter_cmd, m.Filter) and filter_cmd.request_ids == []
@@ -322,7 +325,8 @@ def test_lost_tokenizer_requests_are_adopted() -> None:
     (_, prefill), = h.step()
     rid = prefill.batch.requests[0].request_id
     h.answer_step(WORKER_A, prefill, 1, [rid])  # token 1 -> tokenizer-1
-    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch([], [])))  # token 1 acknowledged
+    (_, first_job), = h.messages_to("detokenize")
+    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch([], [], first_job.job_id)))  # token 1 acknowledged
     (_, decode_cmd), = h.messages_to("workers")
     h.answer_step(WORKER_A, decode_cmd, 1, [rid])  # token 2 -> never answered
     h.take("detokenize")
@@ -335,3 +339,30 @@ def test_lost_tokenizer_requests_are_adopted() -> None:
     adopt, job = sent[0][1], sent[1][1]
     assert adopt.emitted_ids == [7] and adopt.encoded.tokenizer_id == b"tokenizer-2"
     assert [s.generation.generated_tokens for s in job.steps] == [1]
+
+
+def test_a_tokenizer_back_from_a_stall_streams_nothing_twice() -> None:
+    """A tokenizer lost for silence (frozen) that resumes: its answer to a job handed to the
+    adopter meanwhile is dropped, not streamed; it is told to forget the adopted request; the
+    adopter's answer is streamed."""
+    h = Harness(heartbeat_interval_ms=100, heartbeat_misses=2)
+    h.add_worker(WORKER_A)
+    h.submit("r1", max_new_tokens=10)
+    (_, prefill), = h.step()
+    rid = prefill.batch.requests[0].request_id
+    h.answer_step(WORKER_A, prefill, 1, [rid])
+    (_, stale_job), = h.messages_to("detokenize")  # sent to tokenizer-1, which freezes
+    h.hub.on_tokenizer_frame(b"tokenizer-2", encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
+    h.take("detokenize")
+    h.hub.tokenizers[TOKENIZER] -= 10.0
+    h.hub.tick(h.hub.tokenizers[b"tokenizer-2"] + 0.1)
+    (_, adopt), (_, resent_job) = h.messages_to("detokenize")
+    key = m.RequestKey(CLIENT, "r1")
+    stale = m.TextBatch([m.ClientOutput(CLIENT, b"token 1, stale")], [], stale_job.job_id)
+    h.hub.on_tokenizer_frame(TOKENIZER, encode(stale))  # it resumes and answers the old job
+    assert h.take("frontend") == []
+    assert h.messages_to("detokenize") == [(TOKENIZER, m.Forget([key]))]
+    fresh = m.TextBatch([m.ClientOutput(CLIENT, b"token 1")], [], resent_job.job_id)
+    h.hub.on_tokenizer_frame(b"tokenizer-2", encode(fresh))
+    assert h.take("frontend") == [[CLIENT, b"token 1"]]
+    assert h.hub.table.by_key(key).num_acknowledged == 1

@@ -140,8 +140,8 @@ def test_detokenize_job_gets_one_text_batch(tokenizer_process, tokenizer):
     assert (event_b.generated_text, event_b.details.finish_reason) == ("!", "stop_sequence")
     assert batch.finished == [key_b]
     side.to_tokenizer(Forget([key_a]))
-    side.to_tokenizer(DetokenizeJob([TokenStep(key_a, Generation(0, hello_id, -0.5))]))
-    assert side.from_tokenizer(TextBatch) == TextBatch(outputs=[], finished=[])
+    side.to_tokenizer(DetokenizeJob([TokenStep(key_a, Generation(0, hello_id, -0.5))], job_id=7))
+    assert side.from_tokenizer(TextBatch) == TextBatch(outputs=[], finished=[], job_id=7)  # answers job 7
 
 
 def test_malformed_frames_do_not_kill_it(tokenizer_process):
