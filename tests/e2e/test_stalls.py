@@ -30,6 +30,7 @@ def server(smollm2, tmp_path_factory: pytest.TempPathFactory):
     assert launched.stop() == 0, launched.log
 
 
+@pytest.mark.slow
 def test_frozen_worker_rejoins_and_serves_its_stream_once(server: LaunchedServer) -> None:
     """The only worker frozen past the heartbeat window mid-stream, then resumed: it registers
     again by itself (no process restarted), the stream completes with every token once, equal
@@ -55,6 +56,7 @@ def test_frozen_worker_rejoins_and_serves_its_stream_once(server: LaunchedServer
     print(f"frozen worker: serving again {rejoined_s:.1f} s after SIGCONT")
 
 
+@pytest.mark.slow
 def test_frozen_tokenizer_streams_are_adopted_and_nothing_is_streamed_twice(server: LaunchedServer) -> None:
     """One of two tokenizers frozen past the heartbeat window mid-stream, then resumed: its
     streams are adopted by the other, and its late answers are dropped, so every stream equals
