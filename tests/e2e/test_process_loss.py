@@ -1,4 +1,5 @@
-"""kill -9 of a worker or a tokenizer with a second one up: every stream completes unchanged."""
+"""kill -9 of a worker or a tokenizer with a second one up, or a tokenizer frozen past the
+heartbeat window and resumed: every stream completes unchanged."""
 
 from __future__ import annotations
 
@@ -45,14 +46,21 @@ def undisturbed_texts(server: LaunchedServer) -> list[str]:
         return list(pool.map(lambda prompt: stream_text(server, prompt, []), PROMPTS))
 
 
-def texts_killing(server: LaunchedServer, service: str) -> list[str]:
-    """The same streams, with kill -9 of the first `service` child once 3 tokens per stream have arrived."""
+def texts_killing(server: LaunchedServer, service: str, freeze_s: float | None = None) -> list[str]:
+    """The same streams, with kill -9 of the first `service` child once 3 tokens per stream have
+    arrived (or, with `freeze_s`, SIGSTOP for that long, then SIGCONT)."""
     started: list = []
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
         futures = [pool.submit(stream_text, server, prompt, started) for prompt in PROMPTS]
         while len(started) < 3 * len(PROMPTS):
             time.sleep(0.05)
-        os.kill(child_pids(server, service)[0], signal.SIGKILL)
+        pid = child_pids(server, service)[0]
+        if freeze_s is None:
+            os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(freeze_s)
+            os.kill(pid, signal.SIGCONT)
         return [future.result() for future in futures]
 
 
@@ -79,5 +87,21 @@ def test_kill_tokenizer_streams_are_adopted(tmp_path) -> None:
         texts = texts_killing(server, "tokenizer")
         assert texts == expected
         assert re.search(r"lost \(disconnected\): .*[1-9]\d* requests to adopt", server.log), server.log
+    finally:
+        assert server.stop() == 0, server.log
+
+
+@pytest.mark.slow
+def test_frozen_tokenizer_streams_are_adopted_and_streamed_once(tmp_path) -> None:
+    """A tokenizer frozen past the heartbeat window, then resumed: its streams are adopted by
+    the other, its late answers are dropped, and each stream equals its undisturbed text."""
+    server = LaunchedServer(str(tmp_path / "run"), "--num-tokenizers", "2", "--heartbeat-interval-ms", "200",
+                            "--heartbeat-misses", "5")
+    try:
+        expected = undisturbed_texts(server)
+        texts = texts_killing(server, "tokenizer", freeze_s=2.0)
+        assert texts == expected
+        assert re.search(r"lost \(missed heartbeats\): .*[1-9]\d* requests to adopt", server.log), server.log
+        assert "which it no longer owns: dropped" in server.log  # it answered jobs handed over
     finally:
         assert server.stop() == 0, server.log

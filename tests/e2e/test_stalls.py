@@ -1,5 +1,5 @@
-"""A frozen worker or tokenizer that resumes, and a killed worker, as an operator would see them:
-real processes, `kill -STOP`/`kill -CONT` and `kill -9`, /health and streams over HTTP."""
+"""A frozen worker that resumes, and a killed one, as an operator would see them: real processes,
+`kill -STOP`/`kill -CONT` and `kill -9`, /health and streams over HTTP."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.e2e.server import LaunchedServer
 
 PROMPT = "The capital of France is"
 HEARTBEAT_MS = 200
-HEARTBEAT_MISSES = 15  # a 3 s window: long enough that a kill noticed in 1 s was not noticed by heartbeats
+HEARTBEAT_MISSES = 5  # a 1 s window: a kill noticed within half of it was not noticed by heartbeats
 WINDOW_S = HEARTBEAT_MS * HEARTBEAT_MISSES / 1000
 NUM_TOKENS = 300
 
@@ -24,8 +24,7 @@ NUM_TOKENS = 300
 def server(smollm2, tmp_path_factory: pytest.TempPathFactory):
     model_dir = build_small_vocab_model(str(tmp_path_factory.mktemp("small-vocab")), smollm2.path)
     launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--model-id", model_dir, *FAST_FLAGS,
-                              "--heartbeat-misses", str(HEARTBEAT_MISSES), "--no-worker-timeout-s", "60",
-                              "--num-tokenizers", "2")
+                              "--heartbeat-misses", str(HEARTBEAT_MISSES), "--no-worker-timeout-s", "60")
     yield launched
     assert launched.stop() == 0, launched.log
 
@@ -54,29 +53,6 @@ def test_frozen_worker_rejoins_and_serves_its_stream_once(server: LaunchedServer
     assert child_pids(server, "worker") == [worker_pid]
     assert "the scheduler no longer knows this worker" in server.log
     print(f"frozen worker: serving again {rejoined_s:.1f} s after SIGCONT")
-
-
-@pytest.mark.slow
-def test_frozen_tokenizer_streams_are_adopted_and_nothing_is_streamed_twice(server: LaunchedServer) -> None:
-    """One of two tokenizers frozen past the heartbeat window mid-stream, then resumed: its
-    streams are adopted by the other, and its late answers are dropped, so every stream equals
-    its undisturbed text, each token once."""
-    wait_for(lambda: health(server)[0] == 200, 60)
-    expected = stream(server, PROMPT, NUM_TOKENS)
-    tokenizer_pid = child_pids(server, "tokenizer")[0]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        progress: list = []
-        running = [pool.submit(stream, server, PROMPT, NUM_TOKENS, progress) for _ in range(4)]
-        wait_for(lambda: len(progress) >= 4 * 3, 60, 0.01)
-        os.kill(tokenizer_pid, signal.SIGSTOP)
-        try:
-            time.sleep(WINDOW_S + 1.0)
-        finally:
-            os.kill(tokenizer_pid, signal.SIGCONT)
-        outcomes = [future.result() for future in running]
-    for outcome in outcomes:
-        assert outcome.error is None and outcome.texts == expected.texts, outcome.final
-    assert "lost (missed heartbeats)" in server.log
 
 
 def test_health_notices_a_killed_worker_at_once(server: LaunchedServer) -> None:
