@@ -9,6 +9,7 @@ ENV PYTHONUNBUFFERED=1 ZTGI_CACHE_DIR=/opt/ztgi-cache
 WORKDIR /app
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 COPY pyproject.toml README.md ./
+COPY ztgi ztgi
 COPY common common
 COPY services services
 COPY benchmarks benchmarks

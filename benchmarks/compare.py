@@ -13,7 +13,9 @@ workload is identical for all: the same prompts in the same order, the same `max
 ids ztgi's tokenizer makes, greedy, the same model and dtype, and `--ignore-eos` (on by default, so
 every system generates exactly the same number of tokens). The concurrency-1 runs measure TTFT and
 use only the first `--ttft-requests` prompts. Each figure is the median over `--repeats`; the table
-ends with the ratios the product claims (see `benchmarks/comparison.py`). ztgi's limits
+ends with the ratios the product claims (see `benchmarks/comparison.py`). `--padded` adds a second
+ztgi, launched with `--kv-cache padded` (system `padded`, the same limits and `--memory-budget-mb`),
+run right after ztgi at each throughput level. ztgi's limits
 (`--max-total-tokens`, `--max-batch-prefill-tokens`, ...) go to `ztgi launch`, and the batching
 ones drive the engine alone as well; a model with fewer than 4096 positions needs a smaller
 `--max-total-tokens`.
@@ -21,6 +23,7 @@ ones drive the engine alone as well; a model with fewer than 4096 positions need
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import sys
@@ -43,13 +46,14 @@ from benchmarks.workload import Prompt, WorkloadError
 from common.config import ConfigError, parse_config, require
 from common.gc_freeze import freeze_startup_objects
 from common.logs import setup_logging
-from services.worker.model import Model
+from services.worker.backend import load_model as load_engine_model
 
 logger = logging.getLogger(__name__)
 
 
 LIMIT_NAMES = ("max_input_tokens", "max_total_tokens", "max_batch_prefill_tokens", "max_batch_size",
-               "waiting_served_ratio", "max_waiting_tokens")
+               "waiting_served_ratio", "max_waiting_tokens", "memory_budget_mb")
+PADDED = "padded"
 
 
 def _help(text: str) -> dict[str, str]:
@@ -72,6 +76,8 @@ class CompareConfig(BaselineConfig):
     repeats: int = dataclasses.field(default=1, metadata=_help("runs of everything; figures are medians"))
     plot: str | None = dataclasses.field(default=None, metadata=_help("write a PNG of the comparison here"))
     port: int | None = dataclasses.field(default=None, metadata=_help("ztgi's HTTP port (default: a free one)"))
+    padded: bool = dataclasses.field(default=False, metadata=_help(
+        "also run ztgi launched with --kv-cache padded (system `padded`) right after ztgi at each throughput level"))
     startup_timeout_s: float = 600.0
     # ztgi's limits (unset: ztgi launch's defaults); the batching ones drive the engine alone too
     max_input_tokens: int | None = None
@@ -80,6 +86,7 @@ class CompareConfig(BaselineConfig):
     max_batch_size: int | None = None
     waiting_served_ratio: float = 0.3
     max_waiting_tokens: int = 20
+    memory_budget_mb: int | None = None  # the workers' KV budget on CPU, the same for ztgi and padded
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -93,19 +100,21 @@ class CompareConfig(BaselineConfig):
         require(self.max_batch_size is None or self.max_batch_size >= 1, "--max-batch-size must be >= 1")
         require(self.waiting_served_ratio >= 0, "--waiting-served-ratio must be >= 0")
         require(self.max_waiting_tokens >= 1, "--max-waiting-tokens must be >= 1")
+        require(self.memory_budget_mb is None or self.memory_budget_mb >= 1, "--memory-budget-mb must be >= 1")
 
     @property
     def levels(self) -> list[int]:
         """Concurrency 1 (TTFT), then the throughput levels."""
         return [TTFT_CONCURRENCY, *(c for c in throughput_levels(self.concurrencies) if c != TTFT_CONCURRENCY)]
 
-    def launch_flags(self) -> list[str]:
+    def launch_flags(self, kv_cache: str | None = None) -> list[str]:
+        """`ztgi launch`'s flags; `kv_cache` (e.g. "padded") picks the worker's KV layout, else its default."""
         flags = ["--model-id", self.model_id, "--dtype", self.dtype, "--device", self.device, "--backend", self.backend,
                  "--log-level", self.log_level]
         for name in LIMIT_NAMES:
             if getattr(self, name) is not None:
                 flags += ["--" + name.replace("_", "-"), str(getattr(self, name))]
-        return flags
+        return flags if kv_cache is None else [*flags, "--kv-cache", kv_cache]
 
     @property
     def policy(self) -> BatchingPolicy:
@@ -139,23 +148,24 @@ class Workload:
 class ZtgiOverHttp:
     """`ztgi bench`'s load generator against a launched server, one level at a time."""
 
-    def __init__(self, url: str, config: CompareConfig) -> None:
+    def __init__(self, url: str, config: CompareConfig, system: str = "ztgi") -> None:
         self.url = url
         self.config = config
+        self.system = system
 
     def warmup(self, prompts: list[Prompt]) -> None:
         """Two-token requests, all at once, so no timed run finds cold connections or code paths."""
         self._run([dataclasses.replace(prompt, max_new_tokens=2) for prompt in prompts], len(prompts))
 
     def run(self, prompts: list[Prompt], concurrency: int) -> BaselineRun:
-        return BaselineRun.from_bench("ztgi", self._run(prompts, concurrency))
+        return BaselineRun.from_bench(self.system, self._run(prompts, concurrency))
 
     def session(self) -> aiohttp.ClientSession:
         """A session whose connection `run_in` calls share (none of them pays for connecting)."""
         return http_session(self._bench(1).request_timeout_s)
 
     async def run_in(self, session: aiohttp.ClientSession, prompts: list[Prompt], concurrency: int) -> BaselineRun:
-        return BaselineRun.from_bench("ztgi", await self._generator(prompts).run_in(session, concurrency))
+        return BaselineRun.from_bench(self.system, await self._generator(prompts).run_in(session, concurrency))
 
     def _run(self, prompts: list[Prompt], concurrency: int) -> RunResult:
         return run_event_loop(self._generator(prompts).run(concurrency))
@@ -172,23 +182,29 @@ def run_comparison(config: CompareConfig, workload: Workload, tokenizer) -> list
     """Loads both in-process baselines, starts ztgi, and runs every level `repeats` times."""
     static = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
                             config.static_batch_size, config.ignore_eos)
-    engine = EngineAlone(Model(config.model_id, config.dtype, config.device, config.backend), config.policy,
+    engine = EngineAlone(load_engine_model(config.model_id, config.dtype, config.device, config.backend, "padded"), config.policy,
                          config.ignore_eos)
     max_level = max(config.levels)
     static.warmup(workload.requests)
     engine.warmup(workload.requests[:max_level])
     freeze_startup_objects()  # as the worker does after its warmup: the models stay out of later collections
     runs: list[BaselineRun] = []
-    with LaunchedServer(config.launch_flags(), config.startup_timeout_s, config.port) as server:
+    with contextlib.ExitStack() as servers:
+        server = servers.enter_context(LaunchedServer(config.launch_flags(), config.startup_timeout_s, config.port))
         ztgi = ZtgiOverHttp(server.url, config)
         ztgi.warmup(workload.prompts[:max_level])
+        padded = None
+        if config.padded:
+            padded_server = servers.enter_context(LaunchedServer(config.launch_flags(PADDED), config.startup_timeout_s))
+            padded = ZtgiOverHttp(padded_server.url, config, PADDED)
+            padded.warmup(workload.prompts[:max_level])
         for repeat in range(config.repeats):
-            runs += _one_repeat(config, workload, static, engine, ztgi, repeat)
+            runs += _one_repeat(config, workload, static, engine, ztgi, repeat, padded)
     return runs
 
 
 def _one_repeat(config: CompareConfig, workload: Workload, static: StaticBatching, engine: EngineAlone,
-                ztgi: ZtgiOverHttp, repeat: int) -> list[BaselineRun]:
+                ztgi: ZtgiOverHttp, repeat: int, padded: ZtgiOverHttp | None = None) -> list[BaselineRun]:
     logger.info("repeat %d/%d: static batching at batch %d", repeat + 1, config.repeats, config.static_batch_size)
     runs = [static.run(workload.requests)]
     for level in config.levels:  # engine and ztgi back to back: a drift in machine load hits both alike
@@ -199,6 +215,8 @@ def _one_repeat(config: CompareConfig, workload: Workload, static: StaticBatchin
         else:
             runs.append(engine.run(workload.requests, level))
             runs.append(ztgi.run(workload.prompts, level))
+            if padded is not None:  # right after ztgi, on its own idle server: the same load drift hits both
+                runs.append(padded.run(workload.prompts, level))
     for run in runs:
         run.extra["repeat"] = repeat
         logger.info("%s@%d: %.1f tok/s", run.system, run.concurrency, run.summary.output_token_throughput)

@@ -10,7 +10,7 @@ from typing import Any
 
 from benchmarks.comparison import Comparison
 
-CURVES = (("engine", "engine alone"), ("ztgi", "ztgi over HTTP"))
+CURVES = (("engine", "engine alone"), ("ztgi", "ztgi over HTTP"), ("padded", "ztgi, --kv-cache padded"))
 
 
 def write_plot(path: str, comparison: Comparison) -> None:

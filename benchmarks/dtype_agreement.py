@@ -24,7 +24,7 @@ from common.config import ConfigError, parse_config
 from common.logs import setup_logging
 from common.messages import Generation, SamplingParameters, WorkerRequest
 from services.worker.batch import CausalLMBatch
-from services.worker.model import Model
+from services.worker.backend import load_model
 
 logger = logging.getLogger(__name__)
 REFERENCE_DTYPE = "float32"
@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     requests = encode_prompts(load_tokenizer(config.model_id), prompts)
     input_ids, max_new_tokens = [r.input_ids for r in requests], [r.max_new_tokens for r in requests]
-    runs = {dtype: generate(Model(config.model_id, dtype, config.device), input_ids, max_new_tokens)
+    runs = {dtype: generate(load_model(config.model_id, dtype, config.device, kv_cache="padded"), input_ids, max_new_tokens)
             for dtype in (REFERENCE_DTYPE, config.dtype)}
     result = {"dtype": config.dtype, "reference": REFERENCE_DTYPE,
               **agreement(runs[REFERENCE_DTYPE], runs[config.dtype])}

@@ -37,7 +37,8 @@ from common.messages import Encoded, Generation, RequestKey, SamplingParameters
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
 from services.worker.batch import CausalLMBatch
-from services.worker.model import Model
+from services.worker.backend import load_model
+from services.worker.model import PaddedModel as Model
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("%s", exc)
         return 2
     requests = encode_prompts(load_tokenizer(config.model_id), prompts)
-    engine = EngineAlone(Model(config.model_id, config.dtype, config.device, config.backend), BatchingPolicy.of(config),
+    engine = EngineAlone(load_model(config.model_id, config.dtype, config.device, config.backend, "padded"), BatchingPolicy.of(config),
                          config.ignore_eos)
     engine.warmup(requests[:config.concurrency])
     freeze_startup_objects()  # as the worker does after its warmup: the model stays out of later collections

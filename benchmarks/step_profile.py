@@ -29,7 +29,8 @@ from common.config import ConfigError, parse_config, require
 from common.logs import setup_logging
 from common.messages import SamplingParameters, StepResult, Timings, WorkerRequest
 from services.worker.batch import CausalLMBatch
-from services.worker.model import Model
+from services.worker.backend import load_model
+from services.worker.generations import step_rows
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def profile_steps(model: Model, input_ids: Sequence[list[int]], batch_size: int,
             times.append(time.perf_counter())
             next_ids, logprobs = batch.chooser(logits[:, -1, :], *model._history(batch))
             times.append(time.perf_counter())
-            rows = model._step_rows(batch, next_ids, logprobs)
+            rows = step_rows(next_ids, logprobs, batch.top_n_tokens)
             times.append(time.perf_counter())
             generations = model._generations(batch, rows, {})
             times.append(time.perf_counter())
@@ -103,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     input_ids = [r.input_ids for r in encode_prompts(load_tokenizer(config.model_id), prompts)]
-    model = Model(config.model_id, config.dtype, config.device, config.backend)
+    model = load_model(config.model_id, config.dtype, config.device, config.backend, "padded")
     for batch_size in parse_sweep(config.batch_sizes):
         result = profile_steps(model, input_ids, batch_size, config.steps, config.warmup_steps)
         sys.stdout.write(render(batch_size, result))

@@ -50,6 +50,9 @@ class InfoReply:
     num_workers: int
     num_tokenizers: int
     version: str
+    kv_cache: str = "padded"  # the workers' KV layout: paged or padded
+    block_size: int = 0  # paged: tokens per KV block
+    num_blocks: int = 0  # paged: KV blocks over all workers
 
 
 @record

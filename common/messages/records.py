@@ -9,7 +9,7 @@ from common.codec import record
 __all__ = [
     "ChatMessage", "GenerateParameters", "SamplingParameters", "WorkerRequest", "Batch",
     "CachedBatch", "Generation", "Timings", "RequestKey", "Token", "FinalDetails", "StreamEvent",
-    "WorkerInfo", "FinishReason",
+    "WorkerInfo", "FinishReason", "SeqUpdate",
 ]
 
 FinishReason = Literal["length", "eos_token", "stop_sequence", "cancelled", "error"]
@@ -81,6 +81,10 @@ class WorkerRequest:
     """One request as the worker sees it: ids in, ids out, no text.
 
     `request_id` is the scheduler's integer id for the request (unique per scheduler run).
+    On a paged worker the scheduler owns the KV blocks (TGI v3's router): `block_ids` is the
+    request's block table so far, `cache_len` how many of `input_ids` already have their keys
+    and values in those blocks, and `chunk_len` how many of the rest this step computes (None:
+    all of them; a longer prompt is prefilled in chunks over several steps).
     """
 
     request_id: int
@@ -90,6 +94,24 @@ class WorkerRequest:
     ignore_eos: bool = False
     top_n_tokens: int = 0
     prefill_logprobs: bool = False
+    block_ids: list[int] = ()  # type: ignore[assignment]
+    cache_len: int = 0
+    chunk_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.block_ids, tuple):
+            object.__setattr__(self, "block_ids", list(self.block_ids))
+
+
+@record
+class SeqUpdate:
+    """A paged step's news about a cached request: blocks added to the end of its block table,
+    and, while its prompt is still being prefilled, how many prompt tokens this step computes
+    (None: the request decodes one token)."""
+
+    request_id: int
+    new_block_ids: list[int]
+    chunk_len: int | None = None
 
 
 @record

@@ -135,10 +135,15 @@ class FilterResult:
 
 @message("warmup_result")
 class WarmupResult:
-    """What the worker can hold: the largest batch token budget it supports."""
+    """What the worker can hold: the largest batch token budget it supports. A paged worker
+    (`num_blocks` > 0) also gives its KV pool, whose blocks the scheduler allocates, and the
+    most tokens one step should carry to stay short on its hardware (`max_step_tokens`)."""
 
     command_id: int
     max_batch_total_tokens: int
+    num_blocks: int = 0
+    block_size: int = 0
+    max_step_tokens: int = 0
 
 
 @message("command_done")

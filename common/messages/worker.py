@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common.codec import message
-from common.messages.records import Batch
+from common.messages.records import Batch, SeqUpdate
 
 __all__ = ["Warmup", "Prefill", "Decode", "Filter", "Clear", "HealthCheck"]
 
@@ -21,16 +21,33 @@ class Warmup:
 
 @message("prefill")
 class Prefill:
+    """Prefill a new batch. On a paged worker the step also runs the cached batches named in
+    `batch_ids` (their decodes and prefill chunks, with `updates`): one forward for all, and the
+    result is cached under the first of `batch_ids` (the new batch's id when there is none)."""
+
     command_id: int
     batch: Batch
+    batch_ids: list[int] = ()  # type: ignore[assignment]
+    updates: list[SeqUpdate] = ()  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        for name in ("batch_ids", "updates"):
+            if isinstance(getattr(self, name), tuple):
+                object.__setattr__(self, name, list(getattr(self, name)))
 
 
 @message("decode")
 class Decode:
-    """One step over the concatenation of these cached batches (cached under the first id)."""
+    """One step over the concatenation of these cached batches (cached under the first id);
+    `updates` (paged workers) grow block tables and set the next prefill chunks."""
 
     command_id: int
     batch_ids: list[int]
+    updates: list[SeqUpdate] = ()  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.updates, tuple):
+            object.__setattr__(self, "updates", list(self.updates))
 
 
 @message("filter")

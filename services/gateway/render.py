@@ -110,6 +110,9 @@ def info_json(info: InfoReply, config: GatewayConfig) -> dict[str, Any]:
         "docker_label": None,
         "num_workers": info.num_workers,
         "num_tokenizers": info.num_tokenizers,
+        "kv_cache": info.kv_cache,
+        "block_size": info.block_size,
+        "num_blocks": info.num_blocks,
     }
 
 

@@ -6,6 +6,7 @@ import dataclasses
 
 from common.config import require
 from common.model_source import DEFAULT_MODEL_ID
+from services.worker.config import KV_CACHES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,10 +26,14 @@ class LaunchConfig:
     dtype: str = "auto"
     device: str = "auto"
     backend: str = "auto"  # the worker's forward: native (ztgi's own, Llama), transformers, or auto
+    kv_cache: str = "auto"  # the worker's KV layout: paged, padded, or auto (paged where it fits)
+    block_size: int = 16  # paged KV cache: tokens per block
+    step_target_ms: int = 500  # paged: the step length warmup sizes the default token budget for
+    memory_budget_mb: int | None = None  # the worker's KV budget on CPU (none: the worker's default)
     max_concurrent_requests: int = 128
     max_input_tokens: int = 4095
     max_total_tokens: int = 4096
-    max_batch_prefill_tokens: int = 4096
+    max_batch_prefill_tokens: int | None = None  # none: each paged worker's measured step size
     max_batch_total_tokens: int | None = None
     max_batch_size: int | None = None
     waiting_served_ratio: float = 0.3
@@ -55,9 +60,10 @@ class LaunchConfig:
 
     def __post_init__(self) -> None:
         require(self.log_rate_limit_s >= 0, "--log-rate-limit-s must be >= 0")
-        for name in ("num_workers", "num_tokenizers", "num_gateways"):
+        for name in ("num_workers", "num_tokenizers", "num_gateways", "block_size", "step_target_ms"):
             require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         require(0 < self.port < 65536, f"--port {self.port} is not a TCP port")
+        require(self.kv_cache in KV_CACHES, f"--kv-cache {self.kv_cache!r} must be one of {', '.join(KV_CACHES)}")
         require(self.startup_timeout_s > 0, "--startup-timeout-s must be positive")
         require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
                 "--heartbeat-interval-ms and --heartbeat-misses must be positive")
@@ -71,7 +77,8 @@ class LaunchConfig:
 
     def shared_environment(self, scheduler_url: str) -> dict[str, str]:
         """ZTGI_* variables for every child: the settings more than one service reads."""
-        names = ("model_id", "dtype", "device", "backend", "max_concurrent_requests", "max_input_tokens",
+        names = ("model_id", "dtype", "device", "backend", "kv_cache", "block_size", "step_target_ms",
+                 "memory_budget_mb", "max_concurrent_requests", "max_input_tokens",
                  "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
                  "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode",
                  "max_stop_sequences", "max_top_n_tokens", "max_best_of", "heartbeat_interval_ms", "heartbeat_misses",

@@ -10,6 +10,11 @@ stopped on a stop sequence or were cancelled leave their batch by a Filter befor
 runs. Budgets count padding (the backend pads to the longest input). Each worker runs one
 command at a time; several workers are data-parallel replicas that all pull from the one queue.
 
+A paged worker (its warmup announced a block pool) is batched step by step instead
+(`PagedBatcher`): every step carries its decodes, the next chunks of long prompts and newcomers,
+within one token budget, on blocks this scheduler allocates; the Prefill of newcomers names the
+cached batch, so both run in one forward, and the worker keeps one batch.
+
 Pipelined decode (`--pipeline-decode`, off by default): while a worker runs a Decode and nothing
 else is due (no request of the batch has left, the queue is not to be admitted), the batch's
 next Decode is sent behind it, so the worker starts the next step the moment it answers instead
@@ -27,11 +32,13 @@ from typing import Callable
 
 from common.messages import (
     Batch, Clear, CommandDone, CommandFailed, Decode, Filter, FilterResult, Generation, Hello,
-    Prefill, SamplingParameters, StepResult, Warmup, WarmupResult, WorkerRequest,
+    Prefill, SamplingParameters, SeqUpdate, StepResult, Warmup, WarmupResult, WorkerRequest,
 )
+from services.scheduler.block_allocator import BlockAllocator
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.outbox import Outbox
+from services.scheduler.paged_batcher import PagedBatcher, PagedStep
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_table import RequestTable
@@ -66,6 +73,7 @@ class Batcher:
         self.on_canary = on_canary
         self.workers: dict[bytes, WorkerSlot] = {}
         self.metrics = SchedulerMetrics()
+        self.paged = PagedBatcher(config, queue)
         self._command_ids = itertools.count(1)
         self._batch_ids = itertools.count(1)
 
@@ -85,7 +93,7 @@ class Batcher:
         config = self.config
         self._send(slot, CommandKind.WARMUP, [], [], lambda command_id: Warmup(
             command_id, config.max_input_tokens, config.max_total_tokens,
-            config.max_batch_prefill_tokens, config.max_batch_total_tokens))
+            config.padded_prefill_tokens, config.max_batch_total_tokens))
 
     def lose(self, identity: bytes, reason: str) -> None:
         """Forgets a worker; its requests go back to the front of the queue to resume elsewhere."""
@@ -97,11 +105,27 @@ class Batcher:
                        identity.decode(errors="replace"), reason, len(resumed))
         now = time.monotonic()
         for request in sorted(resumed, key=lambda r: r.request_id, reverse=True):
-            request.status = RequestStatus.QUEUED
-            request.queued_at = now  # no_worker_timeout_s counts from here, not from the first queueing
-            request.worker_id = None
-            request.num_resumed_tokens = len(request.generated_ids)
+            request.requeue(now)
             self.queue.appendleft(request)
+
+    def release_blocks(self, request: Request) -> None:
+        """A request leaves its paged worker (finished, cancelled, failed): its blocks are free for
+        the next step, which the Filter that removes it from the worker's batch precedes."""
+        slot = self.workers.get(request.worker_id) if request.worker_id is not None else None
+        if slot is not None and slot.allocator is not None and request.block_ids:
+            slot.allocator.free(request.block_ids)
+        request.block_ids = []
+
+    def kv_cache_shortfall(self, request: Request) -> str | None:
+        """Why the request can never run (it needs more KV than any paged worker's pool holds)."""
+        workers = self.ready_workers()
+        if not workers or not all(slot.is_paged for slot in workers):
+            return None
+        capacity = max(slot.allocator.capacity_tokens for slot in workers)
+        if request.total_tokens <= capacity:
+            return None
+        return (f"the request needs {request.total_tokens} tokens of KV cache (inputs + max_new_tokens), more "
+                f"than a worker's KV pool holds ({capacity} tokens): lower max_new_tokens or the input")
 
     def ready_workers(self) -> list[WorkerSlot]:
         return [slot for slot in self.workers.values() if slot.ready]
@@ -163,6 +187,9 @@ class Batcher:
 
     def _on_warmup(self, slot: WorkerSlot, result: WarmupResult) -> None:
         slot.max_batch_total_tokens = result.max_batch_total_tokens
+        if result.num_blocks > 0:
+            slot.allocator = BlockAllocator(result.num_blocks, result.block_size)
+            slot.max_step_tokens = result.max_step_tokens
         slot.ready = True
         logger.info("worker %s ready: max_batch_total_tokens=%d", slot.identity.decode(errors="replace"),
                     result.max_batch_total_tokens)
@@ -171,7 +198,9 @@ class Batcher:
         if result.generations or result.batch is not None:  # else a pipelined Decode of a batch that ended: no step ran
             slot.num_steps += 1
             self.metrics.record_step(in_flight.kind.value, time.monotonic() - in_flight.sent_at, result.timings)
-        if in_flight.kind is CommandKind.PREFILL:
+        if slot.is_paged:
+            self._on_paged_step(slot, in_flight, result)
+        elif in_flight.kind is CommandKind.PREFILL:
             slot.num_requests_served += len(in_flight.request_ids)
             slot.waiting_tokens = 1
             if result.batch is not None:
@@ -180,7 +209,18 @@ class Batcher:
             slot.batches = [result.batch] if result.batch is not None else []
         self.on_generations(slot, result.generations)
 
+    def _on_paged_step(self, slot: WorkerSlot, in_flight: InFlight, result: StepResult) -> None:
+        """The worker keeps one batch; each request of the step has computed its tokens' KV."""
+        slot.batches = [result.batch] if result.batch is not None else []
+        for request_id, num_new in in_flight.num_new.items():
+            request = self.table.get(request_id)
+            if request is not None and request.worker_id == slot.identity:
+                request.num_computed += num_new
+
     def _on_canary(self, slot: WorkerSlot, answer: object) -> None:
+        if slot.allocator is not None and slot.canary_block_ids:
+            slot.allocator.free(slot.canary_block_ids)
+            slot.canary_block_ids = []
         if isinstance(answer, StepResult) and answer.batch is not None:  # not expected with one new token
             self._send(slot, CommandKind.CLEAR, [], [answer.batch.batch_id],
                        lambda command_id: Clear(command_id, answer.batch.batch_id))
@@ -193,9 +233,25 @@ class Batcher:
     def send_canary(self, slot: WorkerSlot) -> None:
         """A one-token prefill (max_new_tokens 1, so nothing stays cached) on an idle, empty worker."""
         assert slot.idle and not slot.batches
-        request = WorkerRequest(CANARY_REQUEST_ID, [0], SamplingParameters(), max_new_tokens=1, ignore_eos=True)
+        if slot.allocator is not None:  # borrows a block of the empty pool
+            slot.canary_block_ids = slot.allocator.allocate(1) or []
+        request = WorkerRequest(CANARY_REQUEST_ID, [0], SamplingParameters(), max_new_tokens=1, ignore_eos=True,
+                                block_ids=list(slot.canary_block_ids))
         batch = Batch(next(self._batch_ids), [request], max_tokens=2)
         self._send(slot, CommandKind.CANARY, [], [batch.batch_id], lambda command_id: Prefill(command_id, batch))
+
+    def _only_newcomers_refused(self, slot: WorkerSlot, in_flight: InFlight, failure: CommandFailed) -> bool:
+        """A paged Prefill whose newcomers the worker refused (bad input) before it touched its
+        cached batch: only they fail. The running requests' block updates were not applied: they
+        are sent again with the next step."""
+        if not (slot.is_paged and in_flight.kind is CommandKind.PREFILL and failure.request_ids):
+            return False
+        if not set(failure.request_ids) <= set(in_flight.newcomers):
+            return False
+        for request_id, num_sent in in_flight.blocks_sent_before.items():
+            if (request := self.table.get(request_id)) is not None:
+                request.num_blocks_sent = num_sent
+        return True
 
     def _on_failed(self, slot: WorkerSlot, in_flight: InFlight, failure: CommandFailed) -> None:
         logger.error("worker %s failed %s: %s", slot.identity.decode(errors="replace"),
@@ -205,7 +261,9 @@ class Batcher:
             return
         self.metrics.record_failed_step(in_flight.kind.value)
         failed_ids = set(in_flight.request_ids)
-        if in_flight.kind is not CommandKind.PREFILL:  # a failed step may leave its batches unusable
+        if self._only_newcomers_refused(slot, in_flight, failure):
+            failed_ids = set(in_flight.newcomers)
+        elif in_flight.kind is not CommandKind.PREFILL or slot.is_paged:  # its batches may be unusable
             failed_ids.update(rid for batch in slot.batches for rid in batch.request_ids)
             slot.batches = []
             # tracked like any command: nothing else is sent to the worker before it is done
@@ -232,6 +290,9 @@ class Batcher:
             return
         if self._filter_finished(slot):
             return
+        if slot.is_paged:
+            self._advance_paged(slot)
+            return
         if not slot.batches:
             max_size = self.config.max_batch_size
             if share is not None:
@@ -250,12 +311,70 @@ class Batcher:
 
     def _filter_finished(self, slot: WorkerSlot) -> bool:
         for batch in slot.batches:
-            keep_ids = [rid for rid in batch.request_ids if rid in self.table]
+            keep_ids = [rid for rid in batch.request_ids if self._runs_on(rid, slot)]
             if len(keep_ids) != len(batch.request_ids):
                 self._send(slot, CommandKind.FILTER, keep_ids, [batch.batch_id],
                            lambda command_id: Filter(command_id, batch.batch_id, keep_ids))
                 return True
         return False
+
+    def _runs_on(self, request_id: int, slot: WorkerSlot) -> bool:
+        request = self.table.get(request_id)
+        return request is not None and request.status is RequestStatus.RUNNING and request.worker_id == slot.identity
+
+    # -- paged workers -------------------------------------------------------------------------
+
+    def _advance_paged(self, slot: WorkerSlot) -> None:
+        running = [self.table.get(rid) for batch in slot.batches for rid in batch.request_ids]
+        running = [r for r in running if r is not None]
+        may_admit = not (running and self._other_worker_is_empty(slot))
+        budget = slot.step_token_budget(self.config.max_batch_prefill_tokens)
+        step = self.paged.plan(running, slot.allocator, budget, may_admit)
+        if step.victims:
+            self._preempt(slot, step.victims)
+        elif not step.is_empty:
+            self._send_paged_step(slot, step)
+
+    def _preempt(self, slot: WorkerSlot, victims: list[Request]) -> None:
+        """Frees the victims' blocks and queues them first; the Filter takes them off the worker."""
+        now = time.monotonic()
+        for request in victims:
+            logger.info("worker %s is out of KV blocks: request %d preempted after %d tokens",
+                        slot.identity.decode(errors="replace"), request.request_id, len(request.generated_ids))
+            self.release_blocks(request)
+            request.requeue(now)
+            self.queue.appendleft(request)
+            self.metrics.preemptions.inc()
+        self._filter_finished(slot)
+
+    def _send_paged_step(self, slot: WorkerSlot, step: PagedStep) -> None:
+        """One Decode, or a Prefill of the newcomers joined with the cached batch."""
+        blocks_sent_before = {r.request_id: r.num_blocks_sent for r in step.running}
+        updates = []
+        for request in step.running:
+            blocks, chunk = request.new_blocks(), step.chunks.get(request.request_id)
+            if blocks or chunk is not None:
+                updates.append(SeqUpdate(request.request_id, blocks, chunk))
+        self.metrics.record_chunks(step)
+        batch_ids = [batch.batch_id for batch in slot.batches]
+        request_ids = [r.request_id for r in step.running + step.admitted]
+        if not step.admitted:
+            self._send(slot, CommandKind.DECODE, request_ids, batch_ids,
+                       lambda command_id: Decode(command_id, batch_ids, updates), step.num_new)
+            return
+        now = time.monotonic()
+        for request in step.admitted:
+            request.status = RequestStatus.RUNNING
+            request.worker_id = slot.identity
+            request.prefill_started_at = now
+        self.metrics.record_prefill(step.admitted, now)
+        slot.num_requests_served += len(step.admitted)
+        batch = Batch(next(self._batch_ids), [r.to_worker(step.chunks[r.request_id]) for r in step.admitted],
+                      sum(r.total_tokens for r in step.admitted))
+        self._send(slot, CommandKind.PREFILL, request_ids, [*batch_ids, batch.batch_id],
+                   lambda command_id: Prefill(command_id, batch, batch_ids, updates), step.num_new)
+        slot.in_flight[-1].newcomers = [r.request_id for r in step.admitted]
+        slot.in_flight[-1].blocks_sent_before = blocks_sent_before
 
     def _admit_into_running(self, slot: WorkerSlot) -> bool:
         min_size, max_size = self._admission_sizes(slot)
@@ -284,7 +403,7 @@ class Batcher:
     def _pipeline_decode(self, slot: WorkerSlot) -> None:
         """Behind a lone Decode in flight, the batch's next Decode, unless a Filter (a request of
         the batch has left) or an admission is due first: those wait for the worker's answer."""
-        if not self.config.pipeline_decode or not slot.ready or len(slot.in_flight) != 1:
+        if not self.config.pipeline_decode or not slot.ready or slot.is_paged or len(slot.in_flight) != 1:
             return
         running = slot.in_flight[0]
         if running.kind is not CommandKind.DECODE or self._admission_due(slot):
@@ -298,7 +417,7 @@ class Batcher:
 
     def _prefill_next(self, slot: WorkerSlot, min_size: int | None, max_size: int | None,
                       token_budget: int) -> bool:
-        taken = self.queue.next_batch(min_size, max_size, self.config.max_batch_prefill_tokens, token_budget)
+        taken = self.queue.next_batch(min_size, max_size, self.config.padded_prefill_tokens, token_budget)
         if taken is None:
             return False
         requests, max_tokens = taken
@@ -323,7 +442,7 @@ class Batcher:
         self._pipeline_decode(slot)
 
     def _send(self, slot: WorkerSlot, kind: CommandKind, request_ids: list[int], batch_ids: list[int],
-              build: Callable[[int], object]) -> None:
+              build: Callable[[int], object], num_new: dict[int, int] | None = None) -> None:
         command_id = next(self._command_ids)
-        slot.in_flight.append(InFlight(command_id, kind, request_ids, batch_ids))
+        slot.in_flight.append(InFlight(command_id, kind, request_ids, batch_ids, num_new=num_new or {}))
         self.outbox.to_worker(slot.identity, build(command_id))

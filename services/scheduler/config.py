@@ -9,6 +9,9 @@ from common.config import require
 from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
 
 
+DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096
+
+
 @dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
     """The hub: queue, batching limits (TGI's names and defaults), liveness."""
@@ -16,7 +19,10 @@ class SchedulerConfig:
     scheduler_url: str = DEFAULT_SCHEDULER_URL
     bind_host: str | None = None
     max_concurrent_requests: int = 128
-    max_batch_prefill_tokens: int = 4096
+    max_batch_prefill_tokens: int | None = dataclasses.field(default=None, metadata={
+        "help": "tokens one step may carry: paged workers chunk long prompts to fit it (decodes count "
+                "too), padded workers cap a new batch's padded prefill at it; none: what each paged "
+                "worker measured at warmup, 4096 for padded ones"})
     max_batch_total_tokens: int | None = None
     max_batch_size: int | None = None
     max_input_tokens: int = 4095
@@ -51,9 +57,10 @@ class SchedulerConfig:
         require(self.max_input_tokens < self.max_total_tokens,
                 f"--max-input-tokens ({self.max_input_tokens}) must be less than --max-total-tokens "
                 f"({self.max_total_tokens})")
-        require(self.max_batch_prefill_tokens >= self.max_input_tokens,
-                f"--max-batch-prefill-tokens ({self.max_batch_prefill_tokens}) must be >= "
-                f"--max-input-tokens ({self.max_input_tokens})")
+        if self.max_batch_prefill_tokens is not None:
+            require(self.max_batch_prefill_tokens >= self.max_input_tokens,
+                    f"--max-batch-prefill-tokens ({self.max_batch_prefill_tokens}) must be >= "
+                    f"--max-input-tokens ({self.max_input_tokens})")
         if self.max_batch_total_tokens is not None:
             require(self.max_batch_total_tokens >= self.max_total_tokens,
                     f"--max-batch-total-tokens ({self.max_batch_total_tokens}) must be >= "
@@ -82,3 +89,8 @@ class SchedulerConfig:
     @property
     def peer_timeout_s(self) -> float:
         return self.heartbeat_interval_ms * self.heartbeat_misses / 1000.0
+
+    @property
+    def padded_prefill_tokens(self) -> int:
+        """A padded worker's prefill budget (TGI's default when unset)."""
+        return self.max_batch_prefill_tokens or DEFAULT_MAX_BATCH_PREFILL_TOKENS

@@ -123,6 +123,7 @@ class Hub:
     def _drop(self, request: Request) -> None:
         """Removes a request everywhere; a running one leaves its batch at the next Filter."""
         self.table.remove(request)
+        self.batcher.release_blocks(request)
         if request.status is RequestStatus.QUEUED:
             self.queue.remove(request)
 
@@ -160,6 +161,10 @@ class Hub:
             return
         request.encoded = msg
         request.encode_job = b""
+        shortfall = self.batcher.kv_cache_shortfall(request)
+        if shortfall is not None:
+            self._fail_requests([request], shortfall, "validation")
+            return
         request.status = RequestStatus.QUEUED
         request.queued_at = time.monotonic()
         self.metrics.record_encoded(request, request.queued_at)
@@ -248,16 +253,15 @@ class Hub:
         """Sends one DetokenizeJob per owning tokenizer for this step's tokens."""
         steps_by_tokenizer: dict[bytes, list[tuple[Request, TokenStep]]] = collections.defaultdict(list)
         for generation in generations:
-            request = self.table.get(generation.request_id)
-            if request is None or request.worker_id != slot.identity:
+            request = self.table.record(generation, slot.identity)
+            if request is None:
                 continue  # finished, stopped or cancelled while this step ran
-            request.generated_ids.append(generation.token_id)
             if request.num_resumed_tokens:
                 generation = dataclasses.replace(
                     generation, generated_tokens=generation.generated_tokens + request.num_resumed_tokens)
             steps_by_tokenizer[request.tokenizer_id].append((request, TokenStep(request.key, generation)))
             if generation.finish_reason is not None:
-                self.table.remove(request)
+                self.batcher.release_blocks(request)
                 self.counters.num_requests_finished += 1
                 self.metrics.record_finished(request, generation, time.monotonic())
         for tokenizer_id, steps in steps_by_tokenizer.items():
@@ -304,14 +308,22 @@ class Hub:
             max_input_tokens=config.max_input_tokens,
             max_total_tokens=config.max_total_tokens,
             max_batch_total_tokens=min((w.max_batch_total_tokens for w in workers), default=0),
-            max_batch_prefill_tokens=config.max_batch_prefill_tokens,
+            max_batch_prefill_tokens=self._prefill_token_budget(workers),
             max_waiting_tokens=config.max_waiting_tokens,
             max_batch_size=config.max_batch_size,
             waiting_served_ratio=config.waiting_served_ratio,
             num_workers=len(workers),
             num_tokenizers=len(self.tokenizers),
             version=VERSION,
+            kv_cache="paged" if workers and all(w.is_paged for w in workers) else "padded",
+            block_size=max((w.allocator.block_size for w in workers if w.allocator), default=0),
+            num_blocks=sum(w.allocator.num_blocks for w in workers if w.allocator),
         )
+
+    def _prefill_token_budget(self, workers: list[WorkerSlot]) -> int:
+        """The per-step token budget in force: the configured one, else the workers' measured one."""
+        paged = [w.step_token_budget(self.config.max_batch_prefill_tokens) for w in workers if w.is_paged]
+        return min(paged) if paged else self.config.padded_prefill_tokens
 
     def _stats(self, query_id: str) -> StatsReply:
         workers = self.batcher.workers.values()

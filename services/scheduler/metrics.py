@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from common.messages import Generation, MetricFamily, MetricKind, MetricSample, Timings
 from services.scheduler.request import Request
 from services.scheduler.worker_slot import WorkerSlot
+
+if TYPE_CHECKING:
+    from services.scheduler.paged_batcher import PagedStep
 
 DURATION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -115,6 +118,10 @@ class SchedulerMetrics:
             "tgi_request_mean_time_per_token_duration", "Mean time per generated token, per request")
         self.request_failure = Family(
             "ztgi_scheduler_request_failure", "counter", "Requests the scheduler ended with an error, by error type")
+        self.preemptions = Family(
+            "ztgi_preemptions", "counter", "Requests preempted when a paged worker ran out of KV blocks (requeued)")
+        self.prefill_chunks = Family(
+            "ztgi_prefill_chunks", "counter", "Chunks of prompts prefilled over several steps (chunked prefill)")
 
     @property
     def families(self) -> list[Family]:
@@ -123,9 +130,17 @@ class SchedulerMetrics:
     def to_messages(self, workers: Iterable[WorkerSlot] = ()) -> list[MetricFamily]:
         """Every family, plus gauges of the workers' current batches."""
         max_tokens = Family("tgi_batch_current_max_tokens", "gauge", "Maximum tokens of each worker's current batch")
+        blocks = {state: Family(f"ztgi_kv_blocks_{state}", "gauge", f"KV blocks of each paged worker's pool: {state}")
+                  for state in ("total", "used", "free")}
         for worker in workers:
-            max_tokens.inc(float(worker.batch_max_tokens), worker=worker.identity.decode(errors="replace"))
-        return [family.to_message() for family in [*self.families, max_tokens]]
+            name = worker.identity.decode(errors="replace")
+            max_tokens.inc(float(worker.batch_max_tokens), worker=name)
+            if worker.allocator is not None:
+                allocator = worker.allocator
+                blocks["total"].inc(float(allocator.num_blocks), worker=name)
+                blocks["used"].inc(float(allocator.num_used), worker=name)
+                blocks["free"].inc(float(allocator.num_free), worker=name)
+        return [family.to_message() for family in [*self.families, max_tokens, *blocks.values()]]
 
     # -- worker commands -----------------------------------------------------------------------
 
@@ -142,6 +157,13 @@ class SchedulerMetrics:
     def record_failed_step(self, method: str) -> None:
         self.batch_inference_count.inc(method=method)
         self.batch_inference_failure.inc(method=method)
+
+    def record_chunks(self, step: "PagedStep") -> None:
+        """Counts the step's prefill chunks of prompts that take more than one step."""
+        for request in [*step.running, *step.admitted]:
+            chunk = step.chunks.get(request.request_id)
+            if chunk is not None and chunk < request.prefill_len:
+                self.prefill_chunks.inc()
 
     def record_filter(self, duration_s: float) -> None:
         self.batch_filter_duration.observe(duration_s)

@@ -29,6 +29,12 @@ class RequestQueue:
     def remove(self, request: Request) -> None:
         self._requests.remove(request)
 
+    def peek(self) -> Request:
+        return self._requests[0]
+
+    def popleft(self) -> Request:
+        return self._requests.popleft()
+
     def next_batch(self, min_size: int | None, max_size: int | None,
                    prefill_token_budget: int, token_budget: int) -> tuple[list[Request], int] | None:
         """Takes the longest prefix of the queue that fits, as TGI's padded-model queue does.

@@ -32,6 +32,12 @@ class Request:
     queued_at: float = 0.0
     prefill_started_at: float = 0.0
     num_resumed_tokens: int = 0  # tokens generated before the last (re)start on a worker
+    # paged workers: the request's KV blocks on its worker, how many of them the worker was told
+    # about, the input its (re)start prefills, and how many tokens have their KV computed
+    block_ids: list[int] = dataclasses.field(default_factory=list)
+    num_blocks_sent: int = 0
+    prefill_len: int = 0
+    num_computed: int = 0
 
     @property
     def tokenizer_id(self) -> bytes:
@@ -45,12 +51,39 @@ class Request:
         return len(self.encoded.input_ids) + len(self.generated_ids)
 
     @property
+    def is_prefilling(self) -> bool:
+        """Paged: some of the input of its (re)start has no KV yet (chunked prefill goes on)."""
+        return self.num_computed < self.prefill_len
+
+    @property
+    def total_tokens(self) -> int:
+        """KV tokens the request needs at most: prompt + max_new_tokens."""
+        assert self.encoded is not None
+        return len(self.encoded.input_ids) + self.encoded.max_new_tokens
+
+    def requeue(self, now: float) -> None:
+        """Back to the queue, to resume from prompt + tokens so far; its blocks were freed."""
+        self.status = RequestStatus.QUEUED
+        self.queued_at = now  # no_worker_timeout_s counts from here, not from the first queueing
+        self.worker_id = None
+        self.num_resumed_tokens = len(self.generated_ids)
+        self.block_ids = []
+        self.num_blocks_sent = self.prefill_len = self.num_computed = 0
+
+    def new_blocks(self) -> list[int]:
+        """Blocks the worker has not been told about yet; from now on it has been."""
+        blocks = self.block_ids[self.num_blocks_sent:]
+        self.num_blocks_sent = len(self.block_ids)
+        return blocks
+
+    @property
     def remaining_new_tokens(self) -> int:
         assert self.encoded is not None
         return self.encoded.max_new_tokens - len(self.generated_ids)
 
-    def to_worker(self) -> WorkerRequest:
-        """The worker's view; a resumed request continues from prompt + tokens so far."""
+    def to_worker(self, chunk_len: int | None = None) -> WorkerRequest:
+        """The worker's view; a resumed request continues from prompt + tokens so far. On a paged
+        worker it carries its blocks and the first prefill chunk."""
         encoded = self.encoded
         assert encoded is not None
         return WorkerRequest(
@@ -61,4 +94,6 @@ class Request:
             ignore_eos=encoded.ignore_eos,
             top_n_tokens=encoded.top_n_tokens,
             prefill_logprobs=encoded.prefill_logprobs and not self.generated_ids,
+            block_ids=self.new_blocks(),
+            chunk_len=chunk_len,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Iterator
 
-from common.messages import RequestKey
+from common.messages import Generation, RequestKey
 from services.scheduler.request import Request
 
 
@@ -37,6 +37,18 @@ class RequestTable:
 
     def by_key(self, key: RequestKey) -> Request | None:
         return self._by_key.get(key)
+
+    def record(self, generation: Generation, worker_id: bytes) -> Request | None:
+        """A step's token for a request running on `worker_id`: appended to its ids, and a request
+        it finished leaves the table. None when the request is gone (finished, stopped or cancelled
+        while the step ran) or runs elsewhere now: the token is stale."""
+        request = self._by_id.get(generation.request_id)
+        if request is None or request.worker_id != worker_id:
+            return None
+        request.generated_ids.append(generation.token_id)
+        if generation.finish_reason is not None:
+            self.remove(request)
+        return request
 
     def remove(self, request: Request) -> None:
         self._by_id.pop(request.request_id, None)

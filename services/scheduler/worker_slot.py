@@ -8,6 +8,7 @@ import enum
 import time
 
 from common.messages import CachedBatch, WorkerInfo
+from services.scheduler.block_allocator import BlockAllocator
 
 
 class CommandKind(enum.Enum):
@@ -28,6 +29,9 @@ class InFlight:
     request_ids: list[int]
     batch_ids: list[int]
     sent_at: float = dataclasses.field(default_factory=time.monotonic)
+    num_new: dict[int, int] = dataclasses.field(default_factory=dict)  # paged: KV tokens each request computes
+    newcomers: list[int] = dataclasses.field(default_factory=list)  # paged Prefill: the requests it admits
+    blocks_sent_before: dict[int, int] = dataclasses.field(default_factory=dict)  # paged: to undo if refused
 
 
 @dataclasses.dataclass(slots=True)
@@ -54,6 +58,17 @@ class WorkerSlot:
     admission_checked: bool = False
     num_requests_served: int = 0
     num_steps: int = 0
+    allocator: BlockAllocator | None = None  # paged workers: their KV blocks, announced at warmup
+    max_step_tokens: int = 0  # paged: the step size the worker measured at warmup
+    canary_block_ids: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def is_paged(self) -> bool:
+        return self.allocator is not None
+
+    def step_token_budget(self, configured: int | None) -> int:
+        """Tokens a paged step may carry: the operator's budget, else what the worker measured."""
+        return configured or self.max_step_tokens
 
     @property
     def idle(self) -> bool:

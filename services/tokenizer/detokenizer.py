@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from common.codec import encode
 from common.messages import (
     Adopt, ClientOutput, DetokenizeJob, Encoded, FinalDetails, FinishReason, GenerateParameters, Generation,
-    RequestKey, StreamEvent, StreamEvents, TextBatch, Token,
+    RequestKey, StreamEvent, StreamEvents, TextBatch, Token, TokenStep,
 )
 from services.tokenizer.decode_state import DecodeState
 
@@ -71,11 +71,10 @@ class Detokenizer:
         client_to_events: dict[bytes, list[StreamEvent]] = collections.defaultdict(list)
         finished: list[RequestKey] = []
         for step in job.steps:
-            state = self.key_to_state.get(step.key)
-            if state is None:
-                logger.debug("token for unknown request %r skipped", step.key)
+            answer = self.next_event(step)
+            if answer is None:
                 continue
-            event, stopped = self._event(step.key, state, step.generation)
+            event, stopped = answer
             client_to_events[step.key.client_id].append(event)
             if stopped:
                 finished.append(step.key)
@@ -84,6 +83,15 @@ class Detokenizer:
         return TextBatch(outputs=outputs, finished=finished, job_id=job.job_id)
 
     # -- one request's step --------------------------------------------------------------------
+
+    def next_event(self, step: TokenStep) -> tuple[StreamEvent, bool] | None:
+        """One token's event, and True when a stop sequence ended the request here; None for a
+        request this tokenizer does not own (already finished or forgotten): the token is skipped."""
+        state = self.key_to_state.get(step.key)
+        if state is None:
+            logger.debug("token for unknown request %r skipped", step.key)
+            return None
+        return self._event(step.key, state, step.generation)
 
     def _event(self, key: RequestKey, state: DecodeState, generation: Generation) -> tuple[StreamEvent, bool]:
         """This token's event; True when a stop sequence ended the request here."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from common.messages import ChatMessage, Encoded, Generate, RequestKey, SimpleToken, TokenizeQuery
+from common.messages import (
+    ChatMessage, Encoded, Generate, GenerateParameters, RequestKey, SimpleToken, TokenizeQuery,
+)
 from common.parameters import (
     ParameterLimits, ValidationError, resolve_sampling, validate_lengths, validate_parameters,
 )
@@ -22,9 +24,17 @@ class Encoder:
         self.tokenizer_id = tokenizer_id
 
     def encode(self, key: RequestKey, generate: Generate) -> Encoded:
-        params = generate.parameters
+        validate_parameters(generate.parameters, self.limits)
+        return self._encoded(key, self.input_ids(generate), generate.parameters)
+
+    def encode_ids(self, key: RequestKey, input_ids: list[int], params: GenerateParameters) -> Encoded:
+        """The same from prompt ids the caller already has (offline inference's token-id prompts)."""
         validate_parameters(params, self.limits)
-        input_ids = self.input_ids(generate)
+        if not input_ids:
+            raise ValidationError("inputs", "`inputs` cannot be empty")
+        return self._encoded(key, list(input_ids), params)
+
+    def _encoded(self, key: RequestKey, input_ids: list[int], params: GenerateParameters) -> Encoded:
         if params.truncate is not None:
             input_ids = input_ids[-params.truncate:]  # TGI truncates from the left
         max_new_tokens = params.max_new_tokens

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from common.messages import CachedBatch, WorkerRequest
+from common.messages import CachedBatch, SeqUpdate, WorkerRequest
 from services.worker.kv_cache import KVCache, swap_remove_order
 from services.worker.next_token_chooser import NextTokenChooser
+from services.worker.request_checks import chooser_for, require_unique, validate_requests
 from services.worker.stopping_criteria import StoppingCriteria
 
 if TYPE_CHECKING:
-    from services.worker.model import Model
+    from services.worker.model import PaddedModel
 
 
 @dataclasses.dataclass(eq=False)
@@ -59,14 +60,19 @@ class CausalLMBatch:
     def to_cached(self) -> CachedBatch:
         return CachedBatch(self.batch_id, self.request_ids, self.max_tokens)
 
+    def apply(self, updates: Sequence[SeqUpdate]) -> None:
+        """Paged workers take block tables and prefill chunks with each step; a padded batch none."""
+        if updates:
+            raise ValueError("block updates sent to a worker whose KV cache is padded")
+
     # -- prefill -------------------------------------------------------------------------------
 
     @classmethod
     def from_requests(cls, requests: Sequence[WorkerRequest], batch_id: int, max_tokens: int,
-                      model: "Model") -> "CausalLMBatch":
+                      model: "PaddedModel") -> "CausalLMBatch":
         """A batch ready for prefill; raises ValueError naming a bad request and field."""
-        _validate_requests(requests, batch_id, model)
-        chooser = _chooser(requests, model.device)
+        validate_requests(requests, batch_id, model)
+        chooser = chooser_for(requests, model.device)
         lengths = [len(r.input_ids) for r in requests]
         max_input_length = max(lengths)
         padding_right_offset = max(r.max_new_tokens for r in requests)
@@ -128,7 +134,7 @@ class CausalLMBatch:
         """
         if not request_ids:
             return None
-        _require_unique(request_ids)
+        require_unique(request_ids)
         missing = [rid for rid in request_ids if rid not in self.request_id_to_index]
         if missing:
             raise ValueError(f"requests {missing} are not in batch {self.batch_id}")
@@ -177,7 +183,7 @@ class CausalLMBatch:
             return batches[0]
         if any(b.past is None for b in batches):
             raise ValueError("only prefilled batches can be concatenated")
-        _require_unique([rid for b in batches for rid in b.request_ids])
+        require_unique([rid for b in batches for rid in b.request_ids])
         max_input_length = max(b.max_input_length for b in batches)
         padding_right_offset = max(b.padding_right_offset for b in batches)
         requests = [r for b in batches for r in b.requests]
@@ -228,44 +234,3 @@ def _pad_columns(parts: list[torch.Tensor], max_input_length: int, padding_right
         out[start:start + rows, max_input_length - length:max_input_length] = part
         start += rows
     return out
-
-
-def _chooser(requests: Sequence[WorkerRequest], device: torch.device) -> NextTokenChooser:
-    try:
-        return NextTokenChooser.from_params([r.sampling for r in requests], device)
-    except ValueError:
-        for request in requests:  # name the request whose parameters are wrong
-            try:
-                NextTokenChooser.from_params([request.sampling], torch.device("cpu"))
-            except ValueError as exc:
-                raise ValueError(f"request {request.request_id}: {exc}") from None
-        raise
-
-
-def _validate_requests(requests: Sequence[WorkerRequest], batch_id: int, model: "Model") -> None:
-    if not requests:
-        raise ValueError(f"batch {batch_id} has no requests")
-    for request in requests:
-        _validate_request(request, model)
-    _require_unique([r.request_id for r in requests])
-
-
-def _validate_request(request: WorkerRequest, model: "Model") -> None:
-    where = f"request {request.request_id}"
-    if not request.input_ids:
-        raise ValueError(f"{where}: `input_ids` is empty")
-    if min(request.input_ids) < 0 or max(request.input_ids) >= model.vocab_size:
-        raise ValueError(f"{where}: `input_ids` has a token id outside the vocabulary [0, {model.vocab_size})")
-    if request.max_new_tokens < 1:
-        raise ValueError(f"{where}: `max_new_tokens` must be >= 1, got {request.max_new_tokens}")
-    if request.top_n_tokens < 0:
-        raise ValueError(f"{where}: `top_n_tokens` must be >= 0, got {request.top_n_tokens}")
-    total = len(request.input_ids) + request.max_new_tokens
-    if total > model.max_position_embeddings:
-        raise ValueError(f"{where}: {len(request.input_ids)} input tokens + `max_new_tokens` "
-                         f"{request.max_new_tokens} exceed the model's {model.max_position_embeddings} positions")
-
-
-def _require_unique(request_ids: Sequence[int]) -> None:
-    if len(set(request_ids)) != len(request_ids):
-        raise ValueError(f"duplicate request ids in {list(request_ids)}")

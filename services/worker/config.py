@@ -12,6 +12,7 @@ from common.model_source import DEFAULT_MODEL_ID
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "native", "transformers")
+KV_CACHES = ("auto", "paged", "padded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +30,14 @@ class WorkerConfig:
     backend: str = dataclasses.field(default="auto", metadata={
         "help": "the forward: native (ztgi's own, plain Llama models), transformers (any causal LM), "
                 "or auto (native where it fits)"})
+    kv_cache: str = dataclasses.field(default="auto", metadata={
+        "help": "the KV cache layout: paged (a pool of blocks the scheduler allocates, unpadded batches, "
+                "chunked prefill), padded (TGI's first model server), or auto (paged where the model's "
+                "forward supports it)"})
+    block_size: int = dataclasses.field(default=16, metadata={"help": "paged KV cache: tokens per block"})
+    step_target_ms: int = dataclasses.field(default=500, metadata={
+        "help": "paged KV cache: warmup times a prefill chunk and announces how many tokens fit in a step "
+                "of this length; the scheduler's default per-step token budget"})
     worker_index: int = 0
     memory_budget_mb: int = 4096
     cpu_warmup_prefill_tokens: int | None = 512
@@ -60,6 +69,9 @@ class WorkerConfig:
         require(self.dtype in DTYPES, f"--dtype {self.dtype!r} must be one of {', '.join(DTYPES)}")
         require(self.device in DEVICES, f"--device {self.device!r} must be one of {', '.join(DEVICES)}")
         require(self.backend in BACKENDS, f"--backend {self.backend!r} must be one of {', '.join(BACKENDS)}")
+        require(self.kv_cache in KV_CACHES, f"--kv-cache {self.kv_cache!r} must be one of {', '.join(KV_CACHES)}")
+        require(self.block_size >= 1, "--block-size must be >= 1")
+        require(self.step_target_ms >= 1, "--step-target-ms must be >= 1")
         require(self.worker_index >= 0, "--worker-index must be >= 0")
         require(self.memory_budget_mb > 0, "--memory-budget-mb (KV cache budget on CPU) must be positive")
         require(self.cpu_warmup_prefill_tokens is None or self.cpu_warmup_prefill_tokens > 0,

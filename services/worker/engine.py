@@ -12,14 +12,12 @@ import time
 from typing import Callable, Sequence
 
 from common.messages import (
-    Clear, CommandDone, CommandFailed, Decode, Filter, FilterResult, HealthCheck, Prefill, StepResult,
-    Timings, Warmup, WarmupResult,
+    Clear, CommandDone, CommandFailed, Decode, Filter, FilterResult, HealthCheck, Prefill, SeqUpdate,
+    StepResult, Timings, Warmup, WarmupResult,
 )
-from services.worker.batch import CausalLMBatch
+from services.worker.backend import Batch, Model, new_batch
 from services.worker.cache import BatchCache
 from services.worker.heap import HeapTrimmer
-from services.worker.model import Model
-from services.worker.warmup import run_warmup
 
 logger = logging.getLogger(__name__)
 
@@ -35,30 +33,37 @@ class CommandError(Exception):
 class Engine:
     """The model and its cached batches; one method per verb."""
 
-    def __init__(self, model: Model, memory_budget_mb: int, cpu_warmup_prefill_tokens: int | None = None) -> None:
+    def __init__(self, model: Model, memory_budget_mb: int, cpu_warmup_prefill_tokens: int | None = None,
+                 step_target_ms: int = 500) -> None:
         self.model = model
         self.memory_budget_mb = memory_budget_mb
         self.cpu_warmup_prefill_tokens = cpu_warmup_prefill_tokens
-        self.cache: BatchCache[CausalLMBatch] = BatchCache()
+        self.step_target_ms = step_target_ms
+        self.cache: BatchCache[Batch] = BatchCache()
         self.heap = HeapTrimmer()  # told by every command that frees a batch's memory
 
     def warmup(self, command: Warmup) -> WarmupResult | CommandFailed:
         def run() -> WarmupResult:
             self.cache.clear()
-            max_batch_total_tokens = run_warmup(self.model, command, self.memory_budget_mb,
-                                                self.cpu_warmup_prefill_tokens)
-            return WarmupResult(command.command_id, max_batch_total_tokens)
+            return self.model.warmup(command, self.memory_budget_mb, self.cpu_warmup_prefill_tokens,
+                                     self.step_target_ms)
         return self._guarded(command.command_id, run)
 
     def prefill(self, command: Prefill) -> StepResult | CommandFailed:
+        """A new batch's first step; on a paged worker joined by the cached batches it names, so
+        their decodes and prefill chunks run in the same forward (cached under the first)."""
         request_ids = [r.request_id for r in command.batch.requests]
 
         def run() -> StepResult:
             spec = command.batch
-            if spec.batch_id in self.cache:
+            if spec.batch_id in self.cache or spec.batch_id in command.batch_ids:
                 raise CommandError(f"batch {spec.batch_id} is already cached", request_ids)
-            batch = CausalLMBatch.from_requests(spec.requests, spec.batch_id, spec.max_tokens, self.model)
-            return self._step(command.command_id, batch, concatenate_ns=0)
+            batch = new_batch(self.model, spec.requests, spec.batch_id, spec.max_tokens)
+            if not command.batch_ids:
+                if command.updates:
+                    raise CommandError("updates given without cached batches", request_ids)
+                return self._step(command.command_id, batch, concatenate_ns=0)
+            return self._joined_step(command.command_id, command.batch_ids, command.updates, batch)
         return self._guarded(command.command_id, run, request_ids)
 
     def decode(self, command: Decode) -> StepResult | CommandFailed:
@@ -71,23 +76,49 @@ class Engine:
             batch_ids = [batch_id for batch_id in command.batch_ids if not self.cache.has_ended(batch_id)]
             if not batch_ids:
                 return StepResult(command.command_id, [], None, Timings())
-            batches = self._cached(batch_ids)
-            started = time.perf_counter_ns()
-            try:
-                batch = CausalLMBatch.concatenate(batches)
-                concatenate_ns = time.perf_counter_ns() - started
-                result = self._step(command.command_id, batch, concatenate_ns)
-            except Exception as exc:
-                logger.exception("decode of batches %s failed: dropping them", batch_ids)
-                for batch_id in batch_ids:
-                    self.cache.delete(batch_id)
-                raise CommandError(_describe(exc), [rid for b in batches for rid in b.request_ids]) from exc
-            for batch_id in batch_ids[1:]:
-                self.cache.delete(batch_id)
-            if len(batch_ids) > 1 or result.batch is None:  # buffers restacked or released
-                self.heap.freed()
-            return result
+            return self._joined_step(command.command_id, batch_ids, command.updates)
         return self._guarded(command.command_id, run)
+
+    def _joined_step(self, command_id: int, batch_ids: Sequence[int], updates: Sequence[SeqUpdate],
+                     newcomer: Batch | None = None) -> StepResult:
+        """One step of the cached batches (updates applied first) and a new batch, concatenated
+        under the first id. Bad input changes nothing; a step that fails drops every batch in it."""
+        batches = self._cached(batch_ids)
+        self._apply(batches, updates)
+        joined = [*batches, newcomer] if newcomer is not None else batches
+        started = time.perf_counter_ns()
+        try:
+            batch = self.model.batch_type.concatenate(joined)
+            concatenate_ns = time.perf_counter_ns() - started
+            result = self._step(command_id, batch, concatenate_ns)
+        except Exception as exc:
+            logger.exception("step of batches %s failed: dropping them", list(batch_ids))
+            for batch_id in batch_ids:
+                self.cache.delete(batch_id)
+            raise CommandError(_describe(exc), [rid for b in joined for rid in b.request_ids]) from exc
+        for batch_id in batch_ids[1:]:
+            self.cache.delete(batch_id)
+        if len(joined) > 1 or result.batch is None:  # buffers restacked or released
+            self.heap.freed()
+        return result
+
+    @staticmethod
+    def _apply(batches: Sequence[Batch], updates: Sequence[SeqUpdate]) -> None:
+        """Hands each batch its requests' updates; CommandError (nothing changed) for a request in
+        none of them. Each batch checks its own before changing anything."""
+        if not updates:
+            return
+        owner = {rid: batch for batch in batches for rid in batch.request_ids}
+        unknown = [u.request_id for u in updates if u.request_id not in owner]
+        if unknown:
+            raise CommandError(f"updates for requests {unknown} that are not in the batches stepped")
+        if len({u.request_id for u in updates}) != len(updates):
+            raise CommandError(f"repeated updates for requests in {[u.request_id for u in updates]}")
+        bad = [u.request_id for u in updates if u.chunk_len is not None and u.chunk_len < 1]
+        if bad:
+            raise CommandError(f"updates of requests {bad}: `chunk_len` must be >= 1")
+        for batch in batches:
+            batch.apply([u for u in updates if owner[u.request_id] is batch])
 
     def filter(self, command: Filter) -> FilterResult | CommandFailed:
         def run() -> FilterResult:
@@ -118,7 +149,7 @@ class Engine:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _step(self, command_id: int, batch: CausalLMBatch, concatenate_ns: int) -> StepResult:
+    def _step(self, command_id: int, batch: Batch, concatenate_ns: int) -> StepResult:
         """One generate_token; the next batch replaces `batch` in the cache (or leaves it)."""
         started = time.perf_counter_ns()
         generations, next_batch, timings = self.model.generate_token(batch)
@@ -130,7 +161,7 @@ class Engine:
         timings = Timings(timings.forward_ns, timings.decode_ns, concatenate_ns, total_ns)
         return StepResult(command_id, generations, next_batch.to_cached() if next_batch else None, timings)
 
-    def _cached(self, batch_ids: Sequence[int]) -> list[CausalLMBatch]:
+    def _cached(self, batch_ids: Sequence[int]) -> list[Batch]:
         """The cached batches, or CommandError (nothing changed) when one is unknown."""
         if not batch_ids:
             raise CommandError("no batch ids given")

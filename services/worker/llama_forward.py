@@ -73,7 +73,7 @@ class LlamaForward:
         keep = _attention_keep(attention_mask, cache.num_positions, num_new)
         for index, layer in enumerate(self.layers):
             x = x + self._attention(layer, index, x, cos, sin, keep, cache)
-            x = x + self._mlp(layer, x)
+            x = x + self.mlp(layer, x)
         if num_logits:
             x = x[:, -num_logits:]
         return self.lm_head(F.rms_norm(x, (x.shape[-1],), self.norm, self.eps))
@@ -85,15 +85,15 @@ class LlamaForward:
         q, k, v = layer.qkv(hidden).split(
             [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
             dim=-1)
-        q = _rotate(q.view(batch_size, num_new, self.num_heads, self.head_dim).transpose(1, 2), cos, sin)
-        k = _rotate(k.view(batch_size, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+        q = rotate(q.view(batch_size, num_new, self.num_heads, self.head_dim).transpose(1, 2), cos, sin)
+        k = rotate(k.view(batch_size, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2), cos, sin)
         v = v.view(batch_size, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)
         keys, values = cache.write(index, k, v)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=keep,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
         return layer.output(out.transpose(1, 2).reshape(batch_size, num_new, -1))
 
-    def _mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
+    def mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
         hidden = F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, self.eps)
         gate, up = layer.gate_up(hidden).split(self.intermediate_size, dim=-1)
         return layer.down(F.silu(gate) * up)
@@ -111,7 +111,7 @@ def _layer(block: torch.nn.Module) -> LlamaLayer:
     )
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding, as transformers' `apply_rotary_pos_emb` (halves, not interleaved)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

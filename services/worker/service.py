@@ -41,7 +41,8 @@ from common.model_source import ModelNotFoundError
 from services.worker import watermark
 from services.worker.config import WorkerConfig
 from services.worker.engine import Engine
-from services.worker.model import Model, resolve_device
+from services.worker.backend import load_model
+from services.worker.loading import resolve_device
 from services.worker.registration import Registration, Rejoin
 
 logger = logging.getLogger(__name__)
@@ -285,13 +286,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         _lower_priority_on_cpu(config)
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
-        model = Model(config.model_id, config.dtype, config.device, config.backend)
+        model = load_model(config.model_id, config.dtype, config.device, config.backend, config.kv_cache,
+                           config.block_size)
     except (ModelNotFoundError, ValueError, TypeError) as exc:
         logger.error("cannot load %s: %s", config.model_id, exc)
         return 1
     if stop_requested.is_set():
         return 0
-    engine = Engine(model, config.memory_budget_mb, config.cpu_warmup_prefill_tokens)
+    engine = Engine(model, config.memory_budget_mb, config.cpu_warmup_prefill_tokens, config.step_target_ms)
     service = WorkerService(config, engine, stop_requested)
     try:
         service.run()

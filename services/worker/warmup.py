@@ -19,7 +19,8 @@ import torch
 
 from common.messages import SamplingParameters, Warmup, WorkerRequest
 from services.worker.batch import CausalLMBatch
-from services.worker.model import Model
+from services.worker.model import PaddedModel
+from services.worker.request_checks import ModelLimits
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +28,13 @@ CUDA_MEMORY_FRACTION = 0.9
 TOKEN_STRIDE = 7919  # a prime: synthetic prompts cycle through the vocabulary, not one repeated token
 
 
-def run_warmup(model: Model, command: Warmup, memory_budget_mb: int,
+def run_warmup(model: PaddedModel, command: Warmup, memory_budget_mb: int,
                cpu_prefill_tokens: int | None = None) -> int:
     """Runs the warmup batch and returns `max_batch_total_tokens`; ValueError for impossible limits.
 
     `cpu_prefill_tokens` caps the batch's prefill tokens on CPU (None: the full size, as on CUDA).
     """
-    _validate(model, command)
+    validate_warmup(model, command)
     started = time.monotonic()
     cap = cpu_prefill_tokens if model.device.type == "cpu" else None
     batch: CausalLMBatch | None = warmup_batch(model, command, cap)
@@ -52,7 +53,7 @@ def run_warmup(model: Model, command: Warmup, memory_budget_mb: int,
     return max_batch_total_tokens
 
 
-def warmup_batch(model: Model, command: Warmup, max_prefill_tokens: int | None = None) -> CausalLMBatch:
+def warmup_batch(model: PaddedModel, command: Warmup, max_prefill_tokens: int | None = None) -> CausalLMBatch:
     """Prompts of max_input_tokens filling max_batch_prefill_tokens, both capped by `max_prefill_tokens`."""
     num_input_tokens, prefill_tokens = command.max_input_tokens, command.max_batch_prefill_tokens
     if max_prefill_tokens is not None:
@@ -68,7 +69,7 @@ def warmup_batch(model: Model, command: Warmup, max_prefill_tokens: int | None =
     return CausalLMBatch.from_requests(requests, batch_id=-1, max_tokens=max_tokens, model=model)
 
 
-def _validate(model: Model, command: Warmup) -> None:
+def validate_warmup(model: "ModelLimits", command: Warmup) -> None:
     if command.max_input_tokens < 1:
         raise ValueError(f"`max_input_tokens` must be >= 1, got {command.max_input_tokens}")
     if command.max_total_tokens <= command.max_input_tokens:
@@ -82,7 +83,7 @@ def _validate(model: Model, command: Warmup) -> None:
                          f"{model.max_position_embeddings} positions")
 
 
-def _kv_capacity(model: Model, memory_budget_mb: int) -> int:
+def _kv_capacity(model: PaddedModel, memory_budget_mb: int) -> int:
     """How many tokens of KV cache fit: in free CUDA memory, or in the CPU budget."""
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)

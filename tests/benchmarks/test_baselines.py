@@ -17,7 +17,7 @@ from benchmarks.metrics import RequestRecord, summarize
 from benchmarks.offline_workload import OfflineRequest, encode_prompts, load_prompts
 from benchmarks.static_batching import StaticBatching, useful_token_count
 from common.config import ConfigError
-from services.worker.model import Model
+from services.worker.backend import load_model as load_engine_model
 
 MAX_NEW_TOKENS = [3, 9, 5, 2, 7, 4]
 
@@ -32,7 +32,7 @@ def requests(tiny_model_dir: str) -> list[OfflineRequest]:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: str) -> EngineAlone:
-    return EngineAlone(Model(tiny_model_dir, "float32", "cpu"), ignore_eos=True)
+    return EngineAlone(load_engine_model(tiny_model_dir, "float32", "cpu", kv_cache="padded"), ignore_eos=True)
 
 
 def in_flight_at_most(records: list[RequestRecord]) -> int:
@@ -115,6 +115,23 @@ def test_comparison_takes_medians_over_repeats_and_checks_the_claims() -> None:
     assert "FAIL" in comparison.render_text() and comparison.levels()[0] == ("static", 16)
 
 
+def test_comparison_claims_paged_over_padded_when_padded_ran() -> None:
+    """With a `padded` system (compare --padded) each throughput level gets ztgi/padded >= 1.3; without, no such claim."""
+    def run(system: str, tokens: int, duration_s: float) -> BaselineRun:
+        record = RequestRecord(0, tokens)
+        record.set_timings(0.0, [0.1 + i * 0.01 for i in range(tokens)], duration_s)
+        return BaselineRun(system, 32, [record], summarize([record], duration_s))
+
+    runs = [run("ztgi", 100, 1.0), run("engine", 100, 1.0)]
+    assert not [c for c in Comparison(runs, 16, [32]).claims() if "padded" in c.name]
+    runs += [run("padded", 100, duration) for duration in (1.5, 2.0, 1.2)]  # median 66.7 tok/s
+    comparison = Comparison(runs, static_batch_size=16, concurrencies=[32])
+    claims = {claim.name: claim for claim in comparison.claims()}
+    assert claims["tok/s ztgi@32 / padded@32"].value == pytest.approx(1.5)
+    assert claims["tok/s ztgi@32 / padded@32"].passed
+    assert ("padded", 32) in comparison.levels() and "padded" in comparison.render_text()
+
+
 def test_static_batching_command_prints_json(tiny_model_dir: str, tmp_path) -> None:
     """`python -m benchmarks.static_batching` prints the summary and writes every request to --output."""
     output = tmp_path / "static.json"
@@ -138,10 +155,16 @@ def test_compare_gives_ztgi_and_the_engine_the_same_limits() -> None:
     assert flags[flags.index("--waiting-served-ratio") + 1] == "0.5" and "--max-batch-size" not in flags
     assert (config.policy.max_batch_prefill_tokens, config.policy.waiting_served_ratio) == (2048, 0.5)
     assert config.levels == [1, 16, 32] and config.ignore_eos
+    assert "--kv-cache" not in flags and not config.padded
+    padded = CompareConfig(padded=True, memory_budget_mb=256).launch_flags("padded")
+    assert padded[padded.index("--kv-cache") + 1] == "padded"
+    assert padded[padded.index("--memory-budget-mb") + 1] == "256"
     with pytest.raises(ConfigError, match="--concurrencies"):
         CompareConfig(concurrencies="16,zero")
     with pytest.raises(ConfigError, match="--repeats"):
         CompareConfig(repeats=0)
+    with pytest.raises(ConfigError, match="--memory-budget-mb"):
+        CompareConfig(memory_budget_mb=0)
 
 
 def test_concurrency_one_alternates_turns_and_who_goes_first() -> None:

@@ -24,7 +24,7 @@ def server() -> Iterator[StandInServer]:
 
 
 def run_bench(*flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "common.cli", "bench", *flags],
+    return subprocess.run([sys.executable, "-m", "ztgi.cli", "bench", *flags],
                           capture_output=True, text=True, timeout=60)
 
 

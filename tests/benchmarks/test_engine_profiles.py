@@ -5,7 +5,7 @@ from __future__ import annotations
 from benchmarks.dtype_agreement import agreement, generate
 from benchmarks.step_profile import PHASES, profile_steps
 from common.messages import Generation
-from services.worker.model import Model
+from services.worker.backend import load_model
 
 
 def generations(token_ids: list[int], logprobs: list[float]) -> list[Generation]:
@@ -24,7 +24,7 @@ def test_agreement_counts_positions_before_the_first_divergence() -> None:
 
 def test_same_dtype_agrees_fully_and_steps_split_into_phases(tiny_model_dir: str) -> None:
     """float32 against itself agrees everywhere; a profiled step reports every phase and sums them."""
-    model = Model(tiny_model_dir, "float32", "cpu")
+    model = load_model(tiny_model_dir, "float32", "cpu", kv_cache="padded")
     prompts = [[1, 504, 3458], [1, 9690]]
     runs = [generate(model, prompts, [4, 3]) for _ in range(2)]
     result = agreement(*runs)

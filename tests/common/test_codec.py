@@ -93,7 +93,7 @@ def test_wrong_arity() -> None:
 def test_wrong_type_names_field() -> None:
     """A wrongly typed field is rejected with its path."""
     with pytest.raises(MessageError, match=r"decode.batch_ids"):
-        decode(msgpack.packb(["decode", 1, ["a"]]))
+        decode(msgpack.packb(["decode", 1, ["a"], []]))
     with pytest.raises(MessageError, match=r"heartbeat.boot_nonce: expected str"):
         decode(msgpack.packb(["heartbeat", 5, None]))
 

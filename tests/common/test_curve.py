@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from common import curve
-from common.cli import main as cli_main
+from ztgi.cli import main as cli_main
 from common.config import ConfigError
 from services.gateway.config import GatewayConfig
 from services.scheduler.config import SchedulerConfig

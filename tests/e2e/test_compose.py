@@ -54,7 +54,7 @@ def local_environment(env: dict, base_port: int) -> dict[str, str]:
 
 def local_command(command: list[str]) -> list[str]:
     assert command[0] == "ztgi"
-    return [sys.executable, "-m", "common.cli", *command[1:]]
+    return [sys.executable, "-m", "ztgi.cli", *command[1:]]
 
 
 @pytest.fixture(scope="module")

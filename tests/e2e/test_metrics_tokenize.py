@@ -84,3 +84,15 @@ def test_metrics_move_across_the_pipeline(server: LaunchedServer) -> None:
         assert moved(before, after, name) == 2, name
     assert after[("ztgi_workers", frozenset())] == 1 and after[("ztgi_tokenizers", frozenset())] == 1
     assert after[("ztgi_scheduler_up", frozenset())] == 1
+
+
+def test_paged_pool_in_info_and_metrics(server: LaunchedServer) -> None:
+    """The default paged worker's pool: /info names the layout, block size and count, and the
+    block gauges add up (every block free again once the requests are done)."""
+    info = server.get("/info").json()
+    assert (info["kv_cache"], info["block_size"]) == ("paged", 16) and info["num_blocks"] > 0
+    server.post("/generate", {"inputs": "Hello", "parameters": {"max_new_tokens": 3}})
+    metrics = scrape(server)
+    total = sum(v for (name, _), v in metrics.items() if name == "ztgi_kv_blocks_total")
+    free = sum(v for (name, _), v in metrics.items() if name == "ztgi_kv_blocks_free")
+    assert total == info["num_blocks"] == free

@@ -7,7 +7,12 @@ from typing import Iterator
 import pytest
 import torch
 
-from services.worker.model import Model
+from services.worker.backend import load_model
+from services.worker.model import PaddedModel
+from services.worker.paged.model import PagedModel
+
+
+TEST_POOL_BLOCKS = 2048
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -21,19 +26,28 @@ def one_torch_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tiny_model_dir: str) -> Model:
-    """The 2-layer random Llama on CPU in float32."""
-    return Model(tiny_model_dir, dtype="float32", device="cpu")
+def tiny_model(tiny_model_dir: str) -> PaddedModel:
+    """The 2-layer random Llama on CPU in float32, padded KV cache."""
+    return load_model(tiny_model_dir, dtype="float32", device="cpu", kv_cache="padded")
 
 
 @pytest.fixture(scope="session")
-def tiny_transformers_model(tiny_model_dir: str) -> Model:
+def tiny_paged_model(tiny_model_dir: str) -> PagedModel:
+    """The 2-layer random Llama on CPU in float32, paged KV cache with a pool of TEST_POOL_BLOCKS."""
+    model = load_model(tiny_model_dir, dtype="float32", device="cpu", kv_cache="paged", block_size=4)
+    model.allocate_pool(TEST_POOL_BLOCKS)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_transformers_model(tiny_model_dir: str) -> PaddedModel:
     """The tiny random Llama through the generic `transformers` forward."""
-    return Model(tiny_model_dir, dtype="float32", device="cpu", backend="transformers")
+    return load_model(tiny_model_dir, dtype="float32", device="cpu", backend="transformers")
 
 
 @pytest.fixture(params=["native", "transformers"])
-def tiny_model_each_backend(request: pytest.FixtureRequest, tiny_model: Model, tiny_transformers_model: Model) -> Model:
+def tiny_model_each_backend(request: pytest.FixtureRequest, tiny_model: PaddedModel,
+                            tiny_transformers_model: PaddedModel) -> PaddedModel:
     """The tiny random Llama through each forward in turn (the test runs once per backend)."""
     return tiny_model if request.param == "native" else tiny_transformers_model
 
@@ -47,9 +61,17 @@ def tiny_reference(tiny_model_dir: str) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="session")
-def smollm2_model(smollm2) -> Model:
-    """SmolLM2-135M-Instruct on CPU in float32."""
-    return Model(smollm2.path, dtype="float32", device="cpu")
+def smollm2_model(smollm2) -> PaddedModel:
+    """SmolLM2-135M-Instruct on CPU in float32, padded KV cache."""
+    return load_model(smollm2.path, dtype="float32", device="cpu", kv_cache="padded")
+
+
+@pytest.fixture(scope="session")
+def smollm2_paged_model(smollm2) -> PagedModel:
+    """SmolLM2-135M-Instruct on CPU in float32, paged KV cache with a pool of TEST_POOL_BLOCKS."""
+    model = load_model(smollm2.path, dtype="float32", device="cpu", kv_cache="paged")
+    model.allocate_pool(TEST_POOL_BLOCKS)
+    return model
 
 
 @pytest.fixture(scope="session")
@@ -58,3 +80,16 @@ def smollm2_reference(smollm2) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(smollm2.path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(params=["paged", "padded"])
+def tiny_each_layout(request: pytest.FixtureRequest, tiny_paged_model: PagedModel, tiny_model: PaddedModel):
+    """The tiny random Llama with each KV cache layout in turn (the test runs once per layout)."""
+    return tiny_paged_model if request.param == "paged" else tiny_model
+
+
+@pytest.fixture(params=["paged", "padded"])
+def smollm2_each_layout(request: pytest.FixtureRequest, smollm2_paged_model: PagedModel,
+                        smollm2_model: PaddedModel):
+    """SmolLM2 with each KV cache layout in turn."""
+    return smollm2_paged_model if request.param == "paged" else smollm2_model

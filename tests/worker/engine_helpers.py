@@ -2,23 +2,48 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable
 
 from common.messages import Generation, SamplingParameters, WorkerRequest
 from services.worker.batch import CausalLMBatch
-from services.worker.model import Model
+from services.worker.model import PaddedModel as Model
 
 
 def request(request_id: int, input_ids: list[int], max_new_tokens: int = 8, *, ignore_eos: bool = False,
-            top_n_tokens: int = 0, prefill_logprobs: bool = False, **sampling: object) -> WorkerRequest:
+            top_n_tokens: int = 0, prefill_logprobs: bool = False, block_ids: Iterable[int] = (),
+            chunk_len: int | None = None, **sampling: object) -> WorkerRequest:
     return WorkerRequest(request_id, list(input_ids), SamplingParameters(**sampling), max_new_tokens,
-                         ignore_eos, top_n_tokens, prefill_logprobs)
+                         ignore_eos, top_n_tokens, prefill_logprobs, list(block_ids), chunk_len=chunk_len)
 
 
 def batch_of(model: Model, requests: Iterable[WorkerRequest], batch_id: int = 1) -> CausalLMBatch:
+    """A batch of the model's own layout (through the backend seam); on a paged model each request
+    without blocks gets enough for its prompt and new tokens."""
     requests = list(requests)
+    if model.kv_cache == "paged":
+        requests = [r if r.block_ids else with_blocks(model, r) for r in requests]
     max_tokens = len(requests) * max(len(r.input_ids) for r in requests) + sum(r.max_new_tokens for r in requests)
-    return CausalLMBatch.from_requests(requests, batch_id, max_tokens, model)
+    return model.batch_type.from_requests(requests, batch_id, max_tokens, model)
+
+
+def with_blocks(model, request: WorkerRequest) -> WorkerRequest:
+    """The request with a run of the pool's blocks for all its tokens (the tests' allocator: the
+    pool is far larger than one test's batches, and runs wrap around)."""
+    count = -(-(len(request.input_ids) + request.max_new_tokens) // model.block_size)
+    start = _take(count, model.num_blocks)
+    return dataclasses.replace(request, block_ids=list(range(start, start + count)))
+
+
+_cursor = [0]
+
+
+def _take(count: int, num_blocks: int) -> int:
+    if _cursor[0] + count > num_blocks:
+        _cursor[0] = 0
+    start = _cursor[0]
+    _cursor[0] += count
+    return start
 
 
 def step(model: Model, batch: CausalLMBatch, into: dict[int, list[Generation]]) -> CausalLMBatch | None:

@@ -39,12 +39,12 @@ def reference(model, input_ids: list[int]) -> list[int]:
     return out[0, len(input_ids):].tolist()
 
 
-def test_greedy_batch_equals_transformers_generate(smollm2_model, smollm2_reference, prompts):
+def test_greedy_batch_equals_transformers_generate(smollm2_each_layout, smollm2_reference, prompts):
     """Five prompts (raw and chat-templated, 5 to 38 tokens) in one batch: every request's 32 greedy
     tokens (or fewer, up to EOS) equal `generate(do_sample=False)` run on that prompt alone."""
     assert len({len(p) for p in prompts}) >= 5
     requests = [request(i, ids, MAX_NEW_TOKENS) for i, ids in enumerate(prompts)]
-    got = token_ids(run_to_end(smollm2_model, batch_of(smollm2_model, requests)))
+    got = token_ids(run_to_end(smollm2_each_layout, batch_of(smollm2_each_layout, requests)))
     for i, ids in enumerate(prompts):
         assert got[i] == reference(smollm2_reference, ids), f"prompt {i} diverged"
     assert any(len(tokens) == MAX_NEW_TOKENS for tokens in got.values())

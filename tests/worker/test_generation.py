@@ -20,11 +20,11 @@ def chat_prompt(smollm2) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def test_eos_length_and_ignore_eos(smollm2_model, chat_prompt):
+def test_eos_length_and_ignore_eos(smollm2_each_layout, chat_prompt):
     """EOS ends a request with `eos_token`; ignore_eos runs it on to max_new_tokens with `length`;
     generated_tokens counts every token so far."""
-    eos = smollm2_model.eos_token_ids
-    got = run_to_end(smollm2_model, batch_of(smollm2_model, [
+    eos = smollm2_each_layout.eos_token_ids
+    got = run_to_end(smollm2_each_layout, batch_of(smollm2_each_layout, [
         request(1, chat_prompt, 24), request(2, chat_prompt, 24, ignore_eos=True), request(3, chat_prompt, 3)]))
     stopped = got[1]
     assert stopped[-1].finish_reason == "eos_token" and stopped[-1].token_id in eos and len(stopped) < 24
@@ -36,23 +36,23 @@ def test_eos_length_and_ignore_eos(smollm2_model, chat_prompt):
     assert [g.finish_reason for g in got[3]] == [None, None, "length"]
 
 
-def test_finished_request_never_generates_again(tiny_model):
+def test_finished_request_never_generates_again(tiny_each_layout):
     """A request that finished stays in the batch until Filter, but a later step gives it no Generation;
     the step that finishes the last request returns no batch."""
-    batch = batch_of(tiny_model, [request(1, [1, 2, 3], 2, ignore_eos=True), request(2, [4, 5], 5, ignore_eos=True)])
+    batch = batch_of(tiny_each_layout, [request(1, [1, 2, 3], 2, ignore_eos=True), request(2, [4, 5], 5, ignore_eos=True)])
     seen: dict = {}
-    batch = step(tiny_model, step(tiny_model, batch, seen), seen)
+    batch = step(tiny_each_layout, step(tiny_each_layout, batch, seen), seen)
     assert seen[1][-1].finish_reason == "length" and batch.request_ids == [1, 2]
     for _ in range(2):  # Decode before the scheduler's Filter arrives
-        batch = step(tiny_model, batch, seen)
+        batch = step(tiny_each_layout, batch, seen)
     assert len(seen[1]) == 2 and len(seen[2]) == 4
-    assert step(tiny_model, batch, seen) is None and seen[2][-1].finish_reason == "length"
+    assert step(tiny_each_layout, batch, seen) is None and seen[2][-1].finish_reason == "length"
 
 
-def test_top_n_tokens(tiny_model):
+def test_top_n_tokens(tiny_each_layout):
     """top_n_tokens gives the n best ids, best first, with logprobs matching the chosen token's
     distribution; requests that ask for none get none."""
-    got = run_to_end(tiny_model, batch_of(tiny_model, [
+    got = run_to_end(tiny_each_layout, batch_of(tiny_each_layout, [
         request(1, [1, 2, 3], 3, top_n_tokens=4), request(2, [7, 8], 3), request(3, [9], 3, top_n_tokens=1)]))
     for generation in got[1]:
         assert len(generation.top_ids) == 4 == len(generation.top_logprobs)
@@ -72,11 +72,11 @@ def test_top_n_tokens_include_ties():
     assert sorted(ids[0, :3].tolist()) == [0, 1, 2] and ids[1, :2].tolist() == [0, 1]
 
 
-def test_prefill_logprobs_equal_log_softmax_of_a_plain_forward(tiny_model, tiny_reference):
+def test_prefill_logprobs_equal_log_softmax_of_a_plain_forward(tiny_each_layout, tiny_reference):
     """prefill_logprobs: NaN for the first prompt token, then log_softmax(plain forward) of each next
     prompt token, for left-padded rows too; only on the first Generation, only when asked."""
     prompts = {1: [1, 504, 3458, 282, 4649], 2: [9690, 30]}
-    got = run_to_end(tiny_model, batch_of(tiny_model, [
+    got = run_to_end(tiny_each_layout, batch_of(tiny_each_layout, [
         request(1, prompts[1], 2, prefill_logprobs=True), request(2, prompts[2], 2, prefill_logprobs=True),
         request(3, [5, 6, 7], 2)]))
     for rid, ids in prompts.items():

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from common.model_source import ModelNotFoundError
-from services.worker.model import Model, resolve_device, resolve_dtype
+from services.worker.backend import load_model
+from services.worker.loading import resolve_device, resolve_dtype
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
 
 
@@ -33,7 +34,7 @@ def test_info_reports_the_model(tiny_model, tiny_model_dir):
 
 def test_bfloat16_model_generates(tiny_model_dir):
     """A bfloat16 model runs prefill and decode (sampling runs in float32 on its logits)."""
-    model = Model(tiny_model_dir, dtype="bfloat16", device="cpu")
+    model = load_model(tiny_model_dir, dtype="bfloat16", device="cpu", kv_cache="padded")
     assert model.info().dtype == "bfloat16" and model.kv_bytes_per_token == 2 * 2 * 2 * 16 * 2
     got = token_ids(run_to_end(model, batch_of(model, [request(1, [1, 2, 3], 4, ignore_eos=True, top_n_tokens=2)])))
     assert len(got[1]) == 4
@@ -42,4 +43,4 @@ def test_bfloat16_model_generates(tiny_model_dir):
 def test_unknown_model_is_model_not_found(tmp_path):
     """A model id naming nothing loadable raises ModelNotFoundError."""
     with pytest.raises(ModelNotFoundError):
-        Model(str(tmp_path / "nothing.gguf"))
+        load_model(str(tmp_path / "nothing.gguf"))

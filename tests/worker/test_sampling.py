@@ -150,26 +150,26 @@ def sampling_requests(seed_of: dict[int, int]) -> list:
             for rid in prompts]
 
 
-def test_seeded_sampling_is_reproducible_across_batch_compositions(tiny_model):
+def test_seeded_sampling_is_reproducible_across_batch_compositions(tiny_each_layout):
     """A seeded request draws the same tokens alone, in one batch, and across concatenate and filter."""
     reqs = sampling_requests({1: 11, 2: 22, 3: 33})
-    want = alone(tiny_model, reqs)
-    assert token_ids(run_to_end(tiny_model, batch_of(tiny_model, reqs))) == want
+    want = alone(tiny_each_layout, reqs)
+    assert token_ids(run_to_end(tiny_each_layout, batch_of(tiny_each_layout, reqs))) == want
     into: dict = {}
-    first = step(tiny_model, step(tiny_model, batch_of(tiny_model, reqs[:1], 1), into), into)
-    merged = CausalLMBatch.concatenate([first, step(tiny_model, batch_of(tiny_model, reqs[1:], 2), into)])
-    merged = step(tiny_model, merged, into).filter([3, 1])
-    got = token_ids(run_to_end(tiny_model, merged, into))
+    first = step(tiny_each_layout, step(tiny_each_layout, batch_of(tiny_each_layout, reqs[:1], 1), into), into)
+    merged = type(first).concatenate([first, step(tiny_each_layout, batch_of(tiny_each_layout, reqs[1:], 2), into)])
+    merged = step(tiny_each_layout, merged, into).filter([3, 1])
+    got = token_ids(run_to_end(tiny_each_layout, merged, into))
     assert got[1] == want[1] and got[3] == want[3]
     assert all(g.seed == 11 for g in into[1])
 
 
-def test_different_seeds_give_different_tokens(tiny_model):
+def test_different_seeds_give_different_tokens(tiny_each_layout):
     """The same prompt with another seed draws other tokens; greedy requests report no seed."""
-    a = alone(tiny_model, sampling_requests({1: 1, 2: 2, 3: 3}))
-    b = alone(tiny_model, sampling_requests({1: 4, 2: 5, 3: 6}))
+    a = alone(tiny_each_layout, sampling_requests({1: 1, 2: 2, 3: 3}))
+    b = alone(tiny_each_layout, sampling_requests({1: 4, 2: 5, 3: 6}))
     assert all(a[rid] != b[rid] for rid in a)
-    greedy = run_to_end(tiny_model, batch_of(tiny_model, [request(9, [1, 2, 3], 2)]))
+    greedy = run_to_end(tiny_each_layout, batch_of(tiny_each_layout, [request(9, [1, 2, 3], 2)]))
     assert all(g.seed is None for g in greedy[9])
 
 
@@ -185,8 +185,8 @@ def test_invalid_values_are_rejected_naming_the_field(field, value):
         validate_sampling(SamplingParameters(do_sample=True, **{field: value}))
 
 
-def test_invalid_value_in_a_batch_names_the_request(tiny_model):
+def test_invalid_value_in_a_batch_names_the_request(tiny_each_layout):
     """from_requests refuses a batch with one bad request, naming that request and the field."""
     reqs = [request(1, [1, 2]), request(2, [1, 2], do_sample=True, top_p=2.0)]
     with pytest.raises(ValueError, match=r"request 2: `top_p`"):
-        batch_of(tiny_model, reqs)
+        batch_of(tiny_each_layout, reqs)

@@ -143,9 +143,9 @@ def test_heartbeats_keep_coming_during_a_long_command(worker):
 def test_command_sequence(worker):
     """Prefill, Decode (concatenating two batches), Filter, Clear and HealthCheck are each answered."""
     _, side, _, _ = worker
-    first = side.ask(Prefill(10, Batch(1, [request(1, [1, 2, 3], 5, ignore_eos=True)], 8)), StepResult)
+    first = side.ask(Prefill(10, Batch(1, [request(1, [1, 2, 3], 5, ignore_eos=True, block_ids=[0])], 8)), StepResult)
     assert [g.request_id for g in first.generations] == [1] and first.batch.request_ids == [1]
-    side.ask(Prefill(11, Batch(2, [request(2, [4, 5], 5, ignore_eos=True, do_sample=True, seed=7)], 7)), StepResult)
+    side.ask(Prefill(11, Batch(2, [request(2, [4, 5], 5, ignore_eos=True, do_sample=True, seed=7, block_ids=[1])], 7)), StepResult)
     decoded = side.ask(Decode(12, [1, 2]), StepResult)
     assert decoded.batch.batch_id == 1 and decoded.batch.request_ids == [1, 2]
     assert [g.generated_tokens for g in decoded.generations] == [2, 2] and decoded.generations[1].seed == 7
@@ -172,7 +172,7 @@ def test_bad_input_is_answered_and_the_worker_keeps_serving(worker):
 def test_new_scheduler_nonce_clears_batches_and_registers_again(worker):
     """A heartbeat with a new scheduler nonce drops every cached batch and brings a new Hello."""
     _, side, _, _ = worker
-    side.ask(Prefill(30, Batch(3, [request(3, [1, 2], 5)], 7)), StepResult)
+    side.ask(Prefill(30, Batch(3, [request(3, [1, 2], 5, block_ids=[2])], 7)), StepResult)
     side.receive(Heartbeat)  # the worker knows the current nonce
     side.boot_nonce = new_boot_nonce()
     hello = side.receive(Hello)
@@ -184,13 +184,13 @@ def test_worker_the_scheduler_dropped_clears_batches_and_registers_again(worker)
     """Heartbeat answers that say the scheduler does not know this worker (it dropped it after a
     stall) drop every cached batch and bring a new Hello, with no restart."""
     process, side, _, _ = worker
-    side.ask(Prefill(35, Batch(4, [request(4, [1, 2], 5)], 7)), StepResult)
+    side.ask(Prefill(35, Batch(4, [request(4, [1, 2], 5, block_ids=[4])], 7)), StepResult)
     side.registered = False
     hello = side.receive(Hello)
     side.registered = True
     assert hello.worker is not None and process.poll() is None
     assert "unknown batch" in side.ask(Decode(36, [4]), CommandFailed).error
-    assert side.ask(Prefill(37, Batch(5, [request(5, [1, 2], 2)], 4)), StepResult).batch is not None
+    assert side.ask(Prefill(37, Batch(5, [request(5, [1, 2], 2, block_ids=[5])], 4)), StepResult).batch is not None
 
 
 def test_a_new_router_is_served_after_the_old_one_closes(worker):
@@ -203,7 +203,8 @@ def test_a_new_router_is_served_after_the_old_one_closes(worker):
         hello = new_side.receive(Hello, timeout_s=REPLY_TIMEOUT_S)
         assert hello.role == "worker"
         assert new_side.ask(HealthCheck(40), CommandDone) == CommandDone(40)
-        assert new_side.ask(Prefill(41, Batch(1, [request(1, [1, 2], 2)], 4)), StepResult).batch is not None
+        answer = new_side.ask(Prefill(41, Batch(1, [request(1, [1, 2], 2, block_ids=[3])], 4)), StepResult)
+        assert answer.batch is not None
     finally:
         new_side.close()
 

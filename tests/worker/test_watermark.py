@@ -7,7 +7,7 @@ import torch
 
 from services.worker import watermark
 from services.worker.config import WorkerConfig
-from services.worker.model import Model
+from services.worker.model import PaddedModel as Model
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
 
 VOCAB_SIZE = 1000

@@ -5,14 +5,14 @@
     ztgi tokenizer  one tokenizer replica
     ztgi worker     one model worker
     ztgi gateway    one HTTP gateway replica
-    ztgi bench      the load generator
+    ztgi bench      the load generator (`ztgi bench --offline`: LLM.generate's throughput in this process)
     ztgi keygen     a CURVE keypair for encrypted links (ztgi keygen DIR NAME)
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 def _launch(argv: Sequence[str]) -> int:
@@ -41,6 +41,9 @@ def _gateway(argv: Sequence[str]) -> int:
 
 
 def _bench(argv: Sequence[str]) -> int:
+    if "--offline" in argv:
+        from benchmarks.offline import main as offline_main
+        return offline_main([arg for arg in argv if arg != "--offline"])
     from benchmarks.bench import main
     return main(argv)
 

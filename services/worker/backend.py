@@ -1,0 +1,87 @@
+"""The seam between the engine and a KV-cache layout: what a batch and a model must offer.
+
+Two backends implement it: the paged one (`paged/`: a block pool, unpadded batches, chunked
+prefill; the default) and the padded one (TGI's first model server: `batch.py`, `model.py`),
+kept for comparison and for models the paged forward does not cover. The engine, the batch
+cache, warmup and the benchmarks go through these protocols only.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Generic, Protocol, Sequence, TypeVar
+
+import torch
+
+from common.messages import CachedBatch, Generation, SeqUpdate, Timings, Warmup, WarmupResult, WorkerInfo, WorkerRequest
+from services.worker.config import KV_CACHES
+from services.worker.loading import load
+from services.worker.paged import families
+
+BatchT = TypeVar("BatchT", bound="Batch")
+
+
+class Batch(Protocol):
+    """Requests stepped together and their per-request state, cached between commands."""
+
+    batch_id: int
+
+    def __len__(self) -> int: ...
+
+    @property
+    def request_ids(self) -> list[int]: ...
+
+    def to_cached(self) -> CachedBatch: ...
+
+    def apply(self, updates: Sequence[SeqUpdate]) -> None: ...
+
+    def filter(self, request_ids: Sequence[int]) -> "Batch | None": ...
+
+
+class Model(Protocol, Generic[BatchT]):
+    """Weights on a device, and one step of generation over its own kind of batch."""
+
+    kv_cache: ClassVar[str]
+    batch_type: ClassVar[type]  # from_requests(requests, batch_id, max_tokens, model), concatenate(batches)
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    vocab_size: int
+    max_position_embeddings: int
+    eos_token_ids: frozenset[int]
+
+    def info(self) -> WorkerInfo: ...
+
+    def warmup(self, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: int | None,
+               step_target_ms: int) -> WarmupResult: ...
+
+    def generate_token(self, batch: BatchT) -> tuple[list[Generation], BatchT | None, Timings]: ...
+
+
+def new_batch(model: Model, requests: Sequence[WorkerRequest], batch_id: int, max_tokens: int) -> Batch:
+    return model.batch_type.from_requests(requests, batch_id, max_tokens, model)
+
+
+def resolve_kv_cache(kv_cache: str, backend: str, config: object) -> str:
+    """`auto`: paged where the paged forward covers the architecture, else padded."""
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"--kv-cache {kv_cache!r} must be one of {', '.join(KV_CACHES)}")
+    paged_fits = families.supports(config) and backend != "transformers"
+    if kv_cache == "auto":
+        return "paged" if paged_fits else "padded"
+    if kv_cache == "paged" and not paged_fits:
+        reason = ("--backend transformers was asked for" if backend == "transformers"
+                  else families.unsupported_reason(config))
+        raise ValueError(f"--kv-cache paged: {reason}; use --kv-cache padded (or auto) for the transformers forward")
+    return kv_cache
+
+
+def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
+               kv_cache: str = "auto", block_size: int = 16) -> Model:
+    """The model behind the layout `kv_cache` picks; ValueError/TypeError/ModelNotFoundError."""
+    from services.worker.model import PaddedModel
+    from services.worker.paged.model import PagedModel
+
+    loaded = load(model_id, dtype, device)
+    if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
+        return PagedModel(loaded, block_size)
+    return PaddedModel(loaded, backend)

@@ -1,0 +1,1 @@
+"""The building blocks the native forwards share: norms, projections, MLPs, rotary embeddings."""

@@ -1,0 +1,23 @@
+"""RMSNorm as the families write it: Llama's `w * x` and Gemma's `(1 + w) * x` computed in float32."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class RMSNorm:
+    """`x / rms(x)` times the weight; `offset` for Gemma, whose stored weight is `w - 1`."""
+
+    def __init__(self, module: torch.nn.Module, offset: bool = False) -> None:
+        weight = module.weight.detach()
+        self.eps = float(getattr(module, "variance_epsilon", None) or module.eps)
+        self.offset = offset
+        self.weight = (1.0 + weight.float()) if offset else weight.clone()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.offset:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # Gemma multiplies before casting back (transformers' Gemma RMSNorm), so float32 throughout
+        return (F.rms_norm(x.float(), (x.shape[-1],), None, self.eps) * self.weight).type_as(x)
+

@@ -1,0 +1,106 @@
+"""A model id turned into weights on a device: what every backend starts from."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from common.messages import WorkerInfo
+from common.model_source import resolve_model
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    """`auto`: cuda when available, else cpu."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but no CUDA device is available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """`auto`: float32 on CPU; bfloat16 on CUDA where supported, else float16."""
+    if dtype != "auto":
+        return DTYPES[dtype]
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    """A `transformers` causal LM on its device, and the facts about it every backend needs."""
+
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    module: torch.nn.Module
+    config: object  # the text (decoder) config
+    eos_token_ids: frozenset[int]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", None) or 2**31 - 1)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(getattr(self.config, "num_key_value_heads", None) or self.config.num_attention_heads)
+
+    @property
+    def head_dim(self) -> int:
+        config = self.config
+        return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes of one token of one sequence: 2 x layers x kv_heads x head_dim x dtype."""
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(
+            model_id=self.name, dtype=str(self.dtype).removeprefix("torch."), device=self.device.type,
+            eos_token_ids=sorted(self.eos_token_ids), vocab_size=self.vocab_size,
+            max_position_embeddings=self.max_position_embeddings)
+
+
+def load(model_id: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
+    """Loads the weights; ValueError for a bad device, ModelNotFoundError for an unknown model."""
+    source = resolve_model(model_id)
+    resolved_device = resolve_device(device)
+    resolved_dtype = resolve_dtype(dtype, resolved_device)
+    started = time.monotonic()
+    module = AutoModelForCausalLM.from_pretrained(source.path, dtype=resolved_dtype,
+                                                  device_map=str(resolved_device))
+    module.eval()
+    loaded = LoadedModel(source.name, resolved_device, resolved_dtype, module,
+                         module.config.get_text_config(decoder=True), frozenset(_eos_token_ids(module)))
+    logger.info("loaded %s on %s (%s) in %.1f s; eos %s", loaded.name, resolved_device,
+                str(resolved_dtype)[6:], time.monotonic() - started, sorted(loaded.eos_token_ids))
+    return loaded
+
+
+def _eos_token_ids(model: torch.nn.Module) -> list[int]:
+    """EOS ids from the generation config and the model config (each may be an int or a list)."""
+    ids: list[int] = []
+    for config in (getattr(model, "generation_config", None), model.config):
+        value = getattr(config, "eos_token_id", None) if config is not None else None
+        if value is not None:
+            ids.extend([value] if isinstance(value, int) else value)
+    return sorted(set(ids))

@@ -1,0 +1,164 @@
+"""A paged batch: requests whose keys and values live in the pool's blocks, not in the batch.
+
+Each `Sequence` holds its tokens, its block table (given by the scheduler) and how many of its
+tokens already have their keys and values in the pool (`num_computed`). A step feeds each
+running sequence the tokens it has not computed yet: one for a decoding request; for a request
+whose prompt is still being prefilled, the chunk the scheduler asked for (`chunk_len`, None for
+the whole rest). Filter and concatenate move Python objects and block tables only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Sequence as Seq
+
+import torch
+
+from common.messages import CachedBatch, SeqUpdate, WorkerRequest
+from services.worker.next_token_chooser import NextTokenChooser
+from services.worker.request_checks import chooser_for, require_unique, validate_requests
+from services.worker.stopping_criteria import StoppingCriteria
+
+if TYPE_CHECKING:
+    from services.worker.paged.model import PagedModel
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+    """One request's state between steps."""
+
+    request: WorkerRequest
+    tokens: list[int]  # the prompt (with any tokens generated before a resume), then new tokens
+    prompt_len: int
+    block_ids: list[int]
+    num_computed: int  # tokens whose keys and values are in the pool
+    stopping: StoppingCriteria
+    chunk_len: int | None  # prompt tokens the next step computes (None: all the rest; 0: none)
+    prefill_logprobs: list[float] | None = None  # gathered chunk by chunk when asked for
+
+    @property
+    def request_id(self) -> int:
+        return self.request.request_id
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed < self.prompt_len
+
+    def next_span(self) -> tuple[int, int]:
+        """Where this step's tokens start and how many there are (0: nothing to run)."""
+        if self.stopping.stopped:
+            return self.num_computed, 0
+        rest = len(self.tokens) - self.num_computed
+        if self.is_prefilling and self.chunk_len is not None:
+            return self.num_computed, min(rest, self.chunk_len)
+        return self.num_computed, rest
+
+    def capacity(self, block_size: int) -> int:
+        return len(self.block_ids) * block_size
+
+
+@dataclasses.dataclass(eq=False)
+class PagedBatch:
+    """Sequences stepped together; row i of `chooser` is sequence i."""
+
+    batch_id: int
+    sequences: list[Sequence]
+    chooser: NextTokenChooser
+    max_tokens: int
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def request_ids(self) -> list[int]:
+        return [s.request_id for s in self.sequences]
+
+    @property
+    def all_stopped(self) -> bool:
+        return all(s.stopping.stopped for s in self.sequences)
+
+    def to_cached(self) -> CachedBatch:
+        return CachedBatch(self.batch_id, self.request_ids, self.max_tokens)
+
+    @classmethod
+    def from_requests(cls, requests: Seq[WorkerRequest], batch_id: int, max_tokens: int,
+                      model: "PagedModel") -> "PagedBatch":
+        """A batch ready for its first step; ValueError naming a bad request and field."""
+        validate_requests(requests, batch_id, model)
+        for request in requests:
+            _validate_paged(request, model.block_size)
+        sequences = [Sequence(
+            request=r, tokens=list(r.input_ids), prompt_len=len(r.input_ids), block_ids=list(r.block_ids),
+            num_computed=r.cache_len, stopping=StoppingCriteria(model.eos_token_ids, r.max_new_tokens, r.ignore_eos),
+            chunk_len=r.chunk_len, prefill_logprobs=[math.nan] if r.prefill_logprobs else None)
+            for r in requests]
+        return cls(batch_id, sequences, chooser_for(requests, model.device), max_tokens)
+
+    def apply(self, updates: Seq[SeqUpdate]) -> None:
+        """Grows block tables and sets prefill chunks; ValueError (nothing changed) for an unknown
+        or repeated request."""
+        index = {s.request_id: s for s in self.sequences}
+        unknown = [u.request_id for u in updates if u.request_id not in index]
+        if unknown:
+            raise ValueError(f"updates for requests {unknown} that are not in batch {self.batch_id}")
+        require_unique([u.request_id for u in updates])
+        for update in updates:
+            if update.chunk_len is not None and update.chunk_len < 1:
+                raise ValueError(f"request {update.request_id}: `chunk_len` must be >= 1, got {update.chunk_len}")
+        for update in updates:
+            sequence = index[update.request_id]
+            sequence.block_ids.extend(update.new_block_ids)
+            sequence.chunk_len = update.chunk_len
+
+    def filter(self, request_ids: Seq[int]) -> "PagedBatch | None":
+        """The batch of `request_ids`, in that order; None when empty; ValueError for an unknown id."""
+        if not request_ids:
+            return None
+        require_unique(request_ids)
+        rows = {rid: i for i, rid in enumerate(self.request_ids)}
+        missing = [rid for rid in request_ids if rid not in rows]
+        if missing:
+            raise ValueError(f"requests {missing} are not in batch {self.batch_id}")
+        if list(request_ids) == self.request_ids:
+            return self
+        kept = [rows[rid] for rid in request_ids]
+        sequences = [self.sequences[i] for i in kept]
+        return PagedBatch(self.batch_id, sequences, self.chooser.select(kept), _max_tokens(sequences))
+
+    @classmethod
+    def concatenate(cls, batches: Seq["PagedBatch"]) -> "PagedBatch":
+        """All requests under the first batch's id; no keys or values move."""
+        if len(batches) == 1:
+            return batches[0]
+        sequences = [s for b in batches for s in b.sequences]
+        require_unique([s.request_id for s in sequences])
+        chooser = NextTokenChooser.concatenate([b.chooser for b in batches])
+        return cls(batches[0].batch_id, sequences, chooser, sum(b.max_tokens for b in batches))
+
+    def token_history(self, rows: Seq[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens so far of `rows`, right-aligned (left-padded) with their mask, for penalties."""
+        width = max(len(self.sequences[i].tokens) for i in rows)
+        token_ids = torch.zeros((len(rows), width), dtype=torch.int64)
+        mask = torch.zeros_like(token_ids)
+        for row, i in enumerate(rows):
+            tokens = self.sequences[i].tokens
+            token_ids[row, width - len(tokens):] = torch.tensor(tokens)
+            mask[row, width - len(tokens):] = 1
+        device = self.chooser.device
+        return token_ids.to(device), mask.to(device)
+
+
+def _validate_paged(request: WorkerRequest, block_size: int) -> None:
+    where = f"request {request.request_id}"
+    if not 0 <= request.cache_len < len(request.input_ids):
+        raise ValueError(f"{where}: `cache_len` must be >= 0 and below the {len(request.input_ids)} input "
+                         f"tokens, got {request.cache_len}")
+    if request.chunk_len is not None and request.chunk_len < 1:
+        raise ValueError(f"{where}: `chunk_len` must be >= 1, got {request.chunk_len}")
+    if request.cache_len > len(request.block_ids) * block_size:
+        raise ValueError(f"{where}: `cache_len` {request.cache_len} is beyond its {len(request.block_ids)} blocks")
+
+
+def _max_tokens(sequences: Seq[Sequence]) -> int:
+    return sum(len(s.tokens) + s.stopping.num_remaining for s in sequences)

@@ -1,0 +1,80 @@
+"""A decoder-only transformer's forward over a flat, unpadded paged step, assembled from `layers/`.
+
+Every family served natively here is this loop with different parts: Llama-style blocks
+(`x + attn(norm(x))`, `x + mlp(norm(x))`) or Gemma's sandwich (a norm after attention and after the
+MLP too), per-layer sliding windows and rotary bases, and optional soft-capping of the logits.
+`families.py` says which parts each `model_type` uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from services.worker.layers.embedding import Embedding
+from services.worker.layers.mlp import GatedMLP
+from services.worker.layers.norm import RMSNorm
+from services.worker.layers.qkv_projection import QKVProjection
+from services.worker.layers.rotary import Rotary, rotate
+from services.worker.layers.soft_cap import soft_cap
+from services.worker.packed_linear import PackedLinear
+from services.worker.paged.attention import AttentionInputs, PagedAttention
+from services.worker.paged.kv_pool import KVPool
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderLayer:
+    """One block: `x + post_attention(attn(attention_norm(x)))`, then the same for the MLP."""
+
+    attention_norm: RMSNorm
+    qkv: QKVProjection
+    output: PackedLinear
+    mlp_norm: RMSNorm
+    mlp: GatedMLP
+    post_attention_norm: RMSNorm | None = None  # Gemma's sandwich norms
+    post_mlp_norm: RMSNorm | None = None
+    window: int | None = None  # sliding-window layer: attends to this many positions
+    rotary_type: str | None = None  # Gemma 3: which of the rotary bases
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoder:
+    """The whole model's parts."""
+
+    embedding: Embedding
+    rotary: Rotary
+    layers: list[DecoderLayer]
+    norm: RMSNorm
+    lm_head: PackedLinear
+    attention: PagedAttention
+    final_softcap: float | None = None
+
+
+class PagedDecoderForward:
+    """Logits of chosen rows of a flat step, writing the step's keys and values into the pool."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self.decoder = decoder
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
+                 pool: KVPool, logit_rows: torch.Tensor) -> torch.Tensor:
+        """Logits `[len(logit_rows), vocab]`; `input_ids`/`positions` are `[tokens]`."""
+        d = self.decoder
+        x = d.embedding(input_ids)
+        rotations = {kind: d.rotary.cos_sin(x, positions, kind) for kind in {layer.rotary_type for layer in d.layers}}
+        windowed = {window: inputs.windowed(window) for window in {layer.window for layer in d.layers}}
+        for index, layer in enumerate(d.layers):
+            attended = self._attention(layer, index, x, rotations[layer.rotary_type], windowed[layer.window], pool)
+            x = x + (layer.post_attention_norm(attended) if layer.post_attention_norm else attended)
+            hidden = layer.mlp(layer.mlp_norm(x))
+            x = x + (layer.post_mlp_norm(hidden) if layer.post_mlp_norm else hidden)
+        x = x.index_select(0, logit_rows)
+        return soft_cap(d.lm_head(d.norm(x)), d.final_softcap)
+
+    def _attention(self, layer: DecoderLayer, index: int, x: torch.Tensor,
+                   rotation: tuple[torch.Tensor, torch.Tensor], inputs: AttentionInputs,
+                   pool: KVPool) -> torch.Tensor:
+        q, k, v = layer.qkv(layer.attention_norm(x))
+        cos, sin = rotation
+        return layer.output(self.decoder.attention(index, rotate(q, cos, sin), rotate(k, cos, sin), v, pool, inputs))

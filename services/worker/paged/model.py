@@ -1,0 +1,142 @@
+"""The paged model: weights, the KV pool, and one step of generation over a paged batch."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+
+from common.messages import Generation, Timings, Warmup, WarmupResult, WorkerInfo
+from services.worker.generations import step_rows, top_of_row
+from services.worker.loading import LoadedModel
+from services.worker.paged.batch import PagedBatch
+from services.worker.paged.kv_pool import KVPool, KVShape
+from services.worker.paged.families import paged_forward
+from services.worker.paged.step_inputs import StepInputs, build_step_inputs
+
+logger = logging.getLogger(__name__)
+
+
+class PagedModel:
+    """A model of a natively served family (`families.py`) served from a block pool; `warmup`
+    sizes and allocates the pool."""
+
+    kv_cache = "paged"
+    batch_type = PagedBatch
+
+    def __init__(self, loaded: LoadedModel, block_size: int = 16) -> None:
+        if block_size < 1:
+            raise ValueError(f"--block-size must be >= 1, got {block_size}")
+        self.loaded = loaded
+        self.name = loaded.name
+        self.device = loaded.device
+        self.dtype = loaded.dtype
+        self.vocab_size = loaded.vocab_size
+        self.max_position_embeddings = loaded.max_position_embeddings
+        self.eos_token_ids = loaded.eos_token_ids
+        self.block_size = block_size
+        self.kv_shape = KVShape(loaded.num_layers, block_size, loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
+        with torch.inference_mode():
+            self.forward_pass = paged_forward(loaded.module)
+        self.pool: KVPool | None = None
+        self.max_step_tokens = 0
+
+    def info(self) -> WorkerInfo:
+        return self.loaded.info()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks if self.pool is not None else 0
+
+    def allocate_pool(self, num_blocks: int) -> None:
+        self.pool = None  # the old pool's memory goes first
+        self.pool = KVPool(self.kv_shape, num_blocks, self.device)
+
+    def warmup(self, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: int | None,
+               step_target_ms: int) -> WarmupResult:
+        from services.worker.paged.warmup import warm_up
+        return warm_up(self, command, memory_budget_mb, cpu_prefill_tokens, step_target_ms)
+
+    # -- one step ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate_token(self, batch: PagedBatch) -> tuple[list[Generation], PagedBatch | None, Timings]:
+        """One forward over every running sequence's next tokens; a token for each sequence whose
+        input is then all computed. Returns the generations, the batch for the next step (None
+        once every request has stopped) and where the time went."""
+        started = time.perf_counter_ns()
+        if batch.all_stopped:
+            return [], None, Timings()
+        if self.pool is None:
+            raise RuntimeError("the KV pool is not allocated: the worker was not warmed up")
+        inputs = build_step_inputs(batch, self.pool)
+        if inputs is None:
+            return [], batch, Timings()
+        logits = self.forward_pass(inputs.input_ids, inputs.positions, inputs.attention, self.pool, inputs.logit_rows)
+        forward_done = self._synchronize()
+        generations = self._advance(batch, inputs, logits)
+        next_batch = None if batch.all_stopped else batch
+        done = time.perf_counter_ns()
+        return generations, next_batch, Timings(
+            forward_ns=forward_done - started, decode_ns=done - forward_done, total_ns=done - started)
+
+    def _advance(self, batch: PagedBatch, inputs: StepInputs, logits: torch.Tensor) -> list[Generation]:
+        """Chooses the sampled sequences' tokens and moves every planned sequence on."""
+        rows: list[list[float]] = []
+        if inputs.sampled:
+            rows = self._choose(batch, inputs, logits)
+        self._gather_prefill_logprobs(batch, inputs, logits)
+        for entry in inputs.entries:
+            batch.sequences[entry.index].num_computed = entry.start + entry.count
+            if batch.sequences[entry.index].is_prefilling:
+                batch.sequences[entry.index].chunk_len = 0  # the scheduler gives the next chunk
+        # in the batch's order, whatever order the step ran its rows in
+        return [self._generation(batch.sequences[index], row) for index, row in sorted(zip(inputs.sampled, rows))]
+
+    def _choose(self, batch: PagedBatch, inputs: StepInputs, logits: torch.Tensor) -> list[list[float]]:
+        sampled = inputs.sampled
+        chooser = batch.chooser if sampled == list(range(len(batch))) else batch.chooser.select(sampled)
+        history = batch.token_history(sampled) if chooser.needs_history else ()
+        scores = logits.index_select(0, torch.tensor(inputs.sample_logits, device=logits.device))
+        next_ids, logprobs = chooser(scores, *history)
+        return step_rows(next_ids, logprobs, [batch.sequences[i].request.top_n_tokens for i in sampled])
+
+    @staticmethod
+    def _gather_prefill_logprobs(batch: PagedBatch, inputs: StepInputs, logits: torch.Tensor) -> None:
+        """Each prompt token's logprob given the ones before it, chunk by chunk (raw logits)."""
+        for entry in inputs.entries:
+            first = inputs.logprob_logits.get(entry.index)
+            if first is None:
+                continue
+            sequence = batch.sequences[entry.index]
+            targets = sequence.tokens[entry.start + 1:min(entry.start + entry.count + 1, sequence.prompt_len)]
+            chunk = torch.log_softmax(logits[first:first + len(targets)].float(), dim=-1)
+            ids = torch.tensor(targets, device=logits.device)[:, None]
+            sequence.prefill_logprobs.extend(chunk.gather(1, ids).squeeze(1).tolist())
+
+    @staticmethod
+    def _generation(sequence, row: list[float]) -> Generation:
+        token_id = int(row[0])
+        sequence.tokens.append(token_id)
+        finish_reason = sequence.stopping(token_id)
+        top_ids, top_logprobs = top_of_row(row)
+        request = sequence.request
+        first = sequence.prefill_logprobs is not None and sequence.stopping.num_generated == 1
+        return Generation(
+            request_id=request.request_id, token_id=token_id, logprob=row[1], finish_reason=finish_reason,
+            generated_tokens=sequence.stopping.num_generated,
+            seed=request.sampling.seed if request.sampling.do_sample else None,
+            top_ids=top_ids, top_logprobs=top_logprobs,
+            prefill_ids=list(sequence.tokens[:sequence.prompt_len]) if first else None,
+            prefill_logprobs=list(sequence.prefill_logprobs) if first else None)
+
+    def _synchronize(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter_ns()
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return math.ceil(tokens / block_size)

@@ -1,0 +1,127 @@
+"""One paged step's flat inputs: which tokens run, where their keys go, which logits are needed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from services.worker.host_copy import to_device
+from services.worker.paged.attention import AttentionInputs, PrefillSpan, decode_groups
+from services.worker.paged.batch import PagedBatch, Sequence
+from services.worker.paged.kv_pool import KVPool
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """Sequence `index` feeds its tokens `[start, start + count)` at rows `[row, row + count)`."""
+
+    index: int
+    start: int
+    count: int
+    row: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInputs:
+    entries: list[Entry]
+    input_ids: torch.Tensor  # [tokens]
+    positions: torch.Tensor  # [tokens]
+    attention: AttentionInputs
+    logit_rows: torch.Tensor  # [logits]: the rows whose logits the step needs
+    sampled: list[int]  # sequences that choose a token this step (their input is all computed)
+    sample_logits: list[int]  # for each of `sampled`, its row in the logits
+    logprob_logits: dict[int, int]  # sequence -> first logit of its chunk (prefill logprobs asked)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def build_step_inputs(batch: PagedBatch, pool: KVPool) -> StepInputs | None:
+    """The step's inputs, decodes first; None when no sequence has anything to run. ValueError
+    (nothing changed) when a sequence's blocks cannot hold its tokens or are not in the pool."""
+    block_size, device = pool.block_size, pool.keys[0].device
+    decodes, prefills = _planned(batch, block_size, pool.num_blocks)
+    for index, _, _ in decodes + prefills:
+        pool.prepare(batch.sequences[index].block_ids)
+    if not decodes and not prefills:
+        return None
+    entries, row = [], 0
+    for index, start, count in decodes + prefills:
+        entries.append(Entry(index, start, count, row))
+        row += count
+    sequences = batch.sequences
+    input_ids = [t for e in entries for t in sequences[e.index].tokens[e.start:e.start + e.count]]
+    positions = torch.cat([torch.arange(e.start, e.start + e.count) for e in entries])
+    slots = torch.cat([_slots(sequences[e.index], e, block_size) for e in entries])
+    attention = _attention_inputs(sequences, entries[:len(decodes)], entries[len(decodes):], slots,
+                                  block_size, device)
+    logit_rows, sampled, sample_logits, logprob_logits = _logit_rows(sequences, entries)
+    return StepInputs(
+        entries=entries,
+        input_ids=to_device(torch.tensor(input_ids, dtype=torch.int64), device),
+        positions=to_device(positions, device),
+        attention=attention,
+        logit_rows=to_device(torch.tensor(logit_rows, dtype=torch.int64), device),
+        sampled=sampled, sample_logits=sample_logits, logprob_logits=logprob_logits)
+
+
+def _planned(batch: PagedBatch, block_size: int,
+             num_blocks: int) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    decodes, prefills = [], []
+    for index, sequence in enumerate(batch.sequences):
+        start, count = sequence.next_span()
+        if count == 0:
+            continue
+        _check_blocks(sequence, start + count, block_size, num_blocks)
+        (prefills if sequence.is_prefilling else decodes).append((index, start, count))
+    decodes.sort(key=lambda entry: entry[1])  # by context length: groups of similar lengths
+    return decodes, prefills
+
+
+def _check_blocks(sequence: Sequence, needed: int, block_size: int, num_blocks: int) -> None:
+    where = f"request {sequence.request_id}"
+    if sequence.capacity(block_size) < needed:
+        raise ValueError(f"{where}: its {len(sequence.block_ids)} KV blocks hold "
+                         f"{sequence.capacity(block_size)} tokens, the step needs {needed}")
+    if sequence.block_ids and not 0 <= min(sequence.block_ids) <= max(sequence.block_ids) < num_blocks:
+        raise ValueError(f"{where}: block ids must be in [0, {num_blocks}), got {sequence.block_ids}")
+
+
+def _slots(sequence: Sequence, entry: Entry, block_size: int) -> torch.Tensor:
+    positions = torch.arange(entry.start, entry.start + entry.count)
+    table = torch.tensor(sequence.block_ids[:-(-(entry.start + entry.count) // block_size)], dtype=torch.int64)
+    return table[positions // block_size] * block_size + positions % block_size
+
+
+def _attention_inputs(sequences: list[Sequence], decodes: list[Entry], prefills: list[Entry], slots: torch.Tensor,
+                      block_size: int, device: torch.device) -> AttentionInputs:
+    groups = []
+    if decodes:
+        tables = [sequences[e.index].block_ids[:e.start // block_size + 1] for e in decodes]
+        groups = decode_groups(tables, [e.start + 1 for e in decodes], block_size, device)
+    spans = [PrefillSpan(e.row, e.row + e.count, e.start, to_device(torch.tensor(
+        sequences[e.index].block_ids[:-(-(e.start + e.count) // block_size)], dtype=torch.int64), device))
+        for e in prefills]
+    return AttentionInputs(to_device(slots, device), groups, spans)
+
+
+def _logit_rows(sequences: list[Sequence],
+                entries: list[Entry]) -> tuple[list[int], list[int], list[int], dict[int, int]]:
+    rows: list[int] = []
+    sampled, sample_logits, logprob_logits = [], [], {}
+    for e in entries:
+        sequence = sequences[e.index]
+        completes = e.start + e.count == len(sequence.tokens)
+        if sequence.prefill_logprobs is not None and sequence.is_prefilling:
+            logprob_logits[e.index] = len(rows)
+            rows.extend(range(e.row, e.row + e.count))
+            if completes:
+                sampled.append(e.index)
+                sample_logits.append(len(rows) - 1)
+        elif completes:
+            sampled.append(e.index)
+            sample_logits.append(len(rows))
+            rows.append(e.row + e.count - 1)
+    return rows, sampled, sample_logits, logprob_logits

@@ -1,0 +1,93 @@
+"""Warmup of a paged worker: run the real step path, time it, then size and allocate the pool.
+
+The pool gets `max_batch_total_tokens` when the scheduler sets it; otherwise on CUDA 90% of the
+memory free after the warmup steps, on CPU `--memory-budget-mb`. A timed prefill chunk sets
+`max_step_tokens`, the most tokens one step should carry for a step to take about
+`--step-target-ms` on this hardware: the scheduler's chunked-prefill budget defaults to it, so a
+long prompt never holds the running streams for longer than that.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+
+from common.messages import SamplingParameters, Warmup, WarmupResult, WorkerRequest
+from services.worker.paged.batch import PagedBatch
+from services.worker.warmup import CUDA_MEMORY_FRACTION, TOKEN_STRIDE, validate_warmup
+
+logger = logging.getLogger(__name__)
+
+TIMED_CHUNK_TOKENS = 256
+MIN_STEP_TOKENS, MAX_STEP_TOKENS = 256, 8192  # decodes count too: a large batch leaves prefill room
+
+
+def warm_up(model, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: int | None,
+            step_target_ms: int) -> WarmupResult:
+    """Runs the warmup steps, allocates the pool; ValueError for limits the pool cannot meet."""
+    validate_warmup(model, command)
+    started = time.monotonic()
+    prefill_tokens = command.max_batch_prefill_tokens
+    if cpu_prefill_tokens is not None and model.device.type == "cpu":
+        prefill_tokens = min(prefill_tokens, cpu_prefill_tokens)
+    input_len = min(command.max_input_tokens, prefill_tokens)
+    num_requests = max(1, prefill_tokens // input_len)
+    blocks_each = math.ceil((input_len + 1) / model.block_size)
+    model.allocate_pool(num_requests * blocks_each)
+    _run(model, _batch(model, num_requests, input_len, blocks_each))
+    seconds = _timed_chunk(model, min(TIMED_CHUNK_TOKENS, input_len), blocks_each)
+    max_step_tokens = _max_step_tokens(min(TIMED_CHUNK_TOKENS, input_len) / seconds, step_target_ms)
+    num_blocks = _pool_blocks(model, command, memory_budget_mb)
+    if num_blocks * model.block_size < command.max_total_tokens:
+        raise ValueError(f"the KV pool holds {num_blocks * model.block_size} tokens, less than one request's "
+                         f"max_total_tokens ({command.max_total_tokens}): lower --max-total-tokens or give "
+                         "the worker more memory (--memory-budget-mb on CPU)")
+    model.allocate_pool(num_blocks)
+    model.max_step_tokens = max_step_tokens
+    logger.info("warmup: %d x %d prompt tokens in %.1f s; KV pool %d blocks of %d tokens; %d tokens a step",
+                num_requests, input_len, time.monotonic() - started, num_blocks, model.block_size, max_step_tokens)
+    return WarmupResult(command.command_id, num_blocks * model.block_size, num_blocks, model.block_size,
+                        max_step_tokens)
+
+
+def _batch(model, num_requests: int, input_len: int, blocks_each: int) -> PagedBatch:
+    input_ids = [(i * TOKEN_STRIDE) % model.vocab_size for i in range(input_len)]
+    requests = [WorkerRequest(request_id=i, input_ids=input_ids, sampling=SamplingParameters(),
+                              max_new_tokens=2, ignore_eos=True,
+                              block_ids=list(range(i * blocks_each, (i + 1) * blocks_each)))
+                for i in range(num_requests)]
+    return PagedBatch.from_requests(requests, batch_id=-1, max_tokens=num_requests * (input_len + 2), model=model)
+
+
+def _run(model, batch: PagedBatch | None) -> None:
+    """Prefill, then one decode."""
+    for _ in range(2):
+        if batch is not None:
+            _, batch, _ = model.generate_token(batch)
+
+
+def _timed_chunk(model, num_tokens: int, blocks_each: int) -> float:
+    batch = _batch(model, 1, num_tokens, blocks_each)
+    started = time.perf_counter()
+    model.generate_token(batch)
+    return max(time.perf_counter() - started, 1e-6)
+
+
+def _max_step_tokens(tokens_per_second: float, step_target_ms: int) -> int:
+    return int(min(MAX_STEP_TOKENS, max(MIN_STEP_TOKENS, tokens_per_second * step_target_ms / 1000)))
+
+
+def _pool_blocks(model, command: Warmup, memory_budget_mb: int) -> int:
+    if command.max_batch_total_tokens:
+        return math.ceil(command.max_batch_total_tokens / model.block_size)
+    bytes_per_block = model.kv_shape.bytes_per_block
+    if model.device.type == "cuda":
+        model.pool = None
+        torch.cuda.synchronize(model.device)
+        free, _ = torch.cuda.mem_get_info(model.device)
+        free += torch.cuda.memory_reserved(model.device) - torch.cuda.memory_allocated(model.device)
+        return int(free * CUDA_MEMORY_FRACTION) // bytes_per_block
+    return memory_budget_mb * 2**20 // bytes_per_block

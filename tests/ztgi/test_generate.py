@@ -1,0 +1,178 @@
+"""`LLM.generate` and `LLM.chat` on the embedded SmolLM2 against transformers' own `generate`."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import pytest
+import torch
+
+from tests.ztgi.conftest import greedy_reference
+from ztgi import LLM, SamplingParams
+
+MIXED = pathlib.Path(__file__).parents[2] / "benchmarks" / "data" / "mixed.jsonl"
+MAX_TOKENS = 16
+NUM_BATCH_PROMPTS = 12
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+
+
+RAW_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village at the edge of a great forest, there lived",
+    "1, 2, 3, 4,",
+]
+
+
+@pytest.fixture(scope="module")
+def prompts(llm: LLM) -> list[str]:
+    """Raw text to continue, then the benchmark's mixed-set questions in the chat template (5 to
+    60 tokens): as raw text a question mostly gets EOS at once."""
+    lines = MIXED.read_text().splitlines()[:NUM_BATCH_PROMPTS - len(RAW_PROMPTS)]
+    tokenizer = llm.get_tokenizer()
+    chats = [tokenizer.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}],
+                                           tokenize=False, add_generation_prompt=True) for line in lines]
+    return RAW_PROMPTS + chats
+
+
+@pytest.fixture(scope="module")
+def expected(llm: LLM, reference, prompts) -> list[list[int]]:
+    """transformers' greedy ids for each prompt run alone."""
+    tokenizer = llm.get_tokenizer()
+    return [greedy_reference(reference, tokenizer.encode(prompt), MAX_TOKENS) for prompt in prompts]
+
+
+def check_finish(llm: LLM, output, max_tokens: int) -> None:
+    """`stop` on an end-of-sequence token (even the last one allowed), else `length` at max_tokens."""
+    completion = output.outputs[0]
+    if completion.token_ids[-1] in llm.model.eos_token_ids:
+        assert (completion.finish_reason, completion.stop_reason) == ("stop", None)
+    else:
+        assert (completion.finish_reason, len(completion.token_ids)) == ("length", max_tokens)
+
+
+def test_one_large_batch_equals_transformers_in_order(llm, prompts, expected) -> None:
+    """All prompts in one call (batched together by the scheduler's loop): each result, in prompt
+    order, has transformers' greedy ids and their text."""
+    steps_before = llm.engine.slot.num_steps
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [output.prompt for output in outputs] == prompts
+    assert [output.outputs[0].token_ids for output in outputs] == expected
+    tokenizer = llm.get_tokenizer()
+    for output, ids in zip(outputs, expected):
+        assert output.outputs[0].text == tokenizer.decode(ids, skip_special_tokens=True)
+        check_finish(llm, output, MAX_TOKENS)
+    # one prefill of all of them, then decode steps: far fewer steps than prompts x tokens
+    assert llm.engine.slot.num_steps - steps_before <= MAX_TOKENS + len(prompts)
+
+
+def test_one_prompt_at_a_time_equals_transformers(llm, prompts, expected) -> None:
+    """Each prompt in a call of its own, as text and as token ids: transformers' greedy ids."""
+    tokenizer = llm.get_tokenizer()
+    for prompt, ids in list(zip(prompts, expected))[:4]:
+        [by_text] = llm.generate(prompt, GREEDY, use_tqdm=False)
+        [by_ids] = llm.generate({"prompt_token_ids": tokenizer.encode(prompt)}, GREEDY, use_tqdm=False)
+        assert by_text.outputs[0].token_ids == ids
+        assert by_ids.outputs[0].token_ids == ids and by_ids.prompt is None
+        assert by_ids.outputs[0].text == by_text.outputs[0].text
+
+
+def test_chat_applies_the_template(llm, reference) -> None:
+    """A conversation is rendered by the model's chat template; the reply is transformers' greedy
+    reply to the same ids; a list of conversations gives one result each."""
+    tokenizer = llm.get_tokenizer()
+    conversations = [[{"role": "user", "content": "What is 2+2?"}],
+                     [{"role": "system", "content": "Answer in French."},
+                      {"role": "user", "content": [{"type": "text", "text": "Name a colour."}]}]]
+    outputs = llm.chat(conversations, GREEDY, use_tqdm=False)
+    assert len(outputs) == 2
+    for output, conversation in zip(outputs, conversations):
+        flat = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]}
+                for m in conversation]
+        text = tokenizer.apply_chat_template(flat, tokenize=False, add_generation_prompt=True)
+        assert output.prompt == text
+        assert output.prompt_token_ids == tokenizer.encode(text, add_special_tokens=False)
+        assert output.outputs[0].token_ids == greedy_reference(reference, output.prompt_token_ids, MAX_TOKENS)
+    [single] = llm.chat(conversations[0], GREEDY, use_tqdm=False)
+    assert single.outputs[0].text == outputs[0].outputs[0].text
+
+
+def test_stop_string_left_out_or_kept(llm, prompts) -> None:
+    """A stop string ends the sequence where it appears: left out of the text (vLLM's default) or
+    kept with include_stop_str_in_output; finish_reason stop, stop_reason the string."""
+    [free] = llm.generate(prompts[2], GREEDY, use_tqdm=False)
+    text = free.outputs[0].text
+    stop = text.split()[3]  # a word the greedy text reaches mid-way
+    cut = text[:text.index(stop)]
+    [stopped] = llm.generate(prompts[2], SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop=[stop, "§"]),
+                             use_tqdm=False)
+    [kept] = llm.generate(prompts[2], SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop=stop,
+                                                     include_stop_str_in_output=True), use_tqdm=False)
+    for output in (stopped, kept):
+        completion = output.outputs[0]
+        assert (completion.finish_reason, completion.stop_reason) == ("stop", stop)
+        assert len(completion.token_ids) < MAX_TOKENS
+        assert completion.token_ids == free.outputs[0].token_ids[:len(completion.token_ids)]
+    assert stopped.outputs[0].text == cut
+    assert kept.outputs[0].text == cut + stop
+    assert not llm.engine.has_unfinished() and not llm.engine.slot.batches
+
+
+def test_n_sequences_sampled_and_replayable(llm, prompts) -> None:
+    """n=3 with a seed: three sequences, not all alike; sequence i is what n=1 with seed + i gives,
+    and the same call again gives the same three."""
+    params = SamplingParams(n=3, temperature=1.0, top_p=0.95, seed=1234, max_tokens=12)
+    [first] = llm.generate(prompts[1], params, use_tqdm=False)
+    [again] = llm.generate(prompts[1], params, use_tqdm=False)
+    assert [c.index for c in first.outputs] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in first.outputs}) > 1
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in first.outputs]
+    [alone] = llm.generate(prompts[1], SamplingParams(temperature=1.0, top_p=0.95, seed=1235, max_tokens=12),
+                           use_tqdm=False)
+    assert alone.outputs[0].token_ids == first.outputs[1].token_ids
+
+
+def test_greedy_n_and_one_params_per_prompt(llm, prompts, expected) -> None:
+    """Greedy n=2 gives the greedy sequence twice; one SamplingParams per prompt applies to its own prompt."""
+    short = SamplingParams(temperature=0, max_tokens=4)
+    outputs = llm.generate(prompts[:2], [SamplingParams(temperature=0, max_tokens=MAX_TOKENS, n=2), short],
+                           use_tqdm=False)
+    assert [c.token_ids for c in outputs[0].outputs] == [expected[0], expected[0]]
+    assert outputs[1].outputs[0].token_ids == expected[1][:4]
+    assert outputs[1].outputs[0].finish_reason == "length"
+
+
+def test_logprobs_on_request(llm, reference, prompts) -> None:
+    """logprobs=3: per token the chosen one (rank 1 when greedy) and the 3 best, with transformers'
+    log-softmax of the step's logits; prompt_logprobs=0: each prompt token's own logprob."""
+    [output] = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=4, logprobs=3, prompt_logprobs=0),
+                            use_tqdm=False)
+    completion = output.outputs[0]
+    ids = output.prompt_token_ids + completion.token_ids
+    with torch.no_grad():
+        logprobs = torch.log_softmax(reference(torch.tensor([ids])).logits[0].float(), dim=-1)
+    for position, (token_id, step) in enumerate(zip(completion.token_ids, completion.logprobs)):
+        row = logprobs[len(output.prompt_token_ids) - 1 + position]
+        assert step[token_id].rank == 1
+        assert sorted(step) == sorted(torch.topk(row, 3).indices.tolist())
+        for top_id, logprob in step.items():
+            assert logprob.logprob == pytest.approx(row[top_id].item(), abs=1e-3)
+    assert completion.cumulative_logprob == pytest.approx(sum(s[t].logprob for s, t in zip(completion.logprobs,
+                                                                                           completion.token_ids)))
+    assert output.prompt_logprobs[0] is None
+    for position, entry in enumerate(output.prompt_logprobs[1:], start=1):
+        [(token_id, logprob)] = entry.items()
+        assert token_id == ids[position]
+        assert logprob.logprob == pytest.approx(logprobs[position - 1, token_id].item(), abs=1e-3)
+    assert all(math.isfinite(s[t].logprob) for s, t in zip(completion.logprobs, completion.token_ids))
+
+
+def test_progress_bar(llm, prompts, capsys) -> None:
+    """The bar counts prompts and shows tokens/s on stderr; use_tqdm=False prints nothing."""
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=True)
+    bar = capsys.readouterr().err
+    assert "Processed prompts" in bar and "2/2" in bar and "output:" in bar and "toks/s" in bar
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,51 @@
+"""`LLM(**engine_options)`: the scheduler's batching limits and the worker's budgets, by the server's
+flag names (or vLLM's for the same thing), checked by the services' own config classes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from services.scheduler.config import DEFAULT_MAX_BATCH_PREFILL_TOKENS, SchedulerConfig
+from services.worker.backend import Model
+
+SCHEDULER_OPTIONS = ("max_input_tokens", "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
+                     "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode")
+WORKER_OPTIONS = ("kv_cache", "block_size", "step_target_ms", "memory_budget_mb", "cpu_warmup_prefill_tokens")
+VLLM_NAMES = {"max_model_len": "max_total_tokens", "max_num_seqs": "max_batch_size",
+              "max_num_batched_tokens": "max_batch_prefill_tokens"}
+DEFAULT_MAX_TOTAL_TOKENS = SchedulerConfig.max_total_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    """The options given, under the server's names; `scheduler_config` fills in the rest."""
+
+    scheduler: dict[str, Any]
+    kv_cache: str = "auto"
+    block_size: int = 16
+    step_target_ms: int = 250
+    memory_budget_mb: int = 4096
+    cpu_warmup_prefill_tokens: int | None = 512
+
+    @classmethod
+    def parse(cls, options: dict[str, Any]) -> EngineOptions:
+        """TypeError for a name neither the server nor vLLM has (before any model is loaded)."""
+        named = {VLLM_NAMES.get(name, name): value for name, value in options.items()}
+        unknown = sorted(name for name in options if VLLM_NAMES.get(name, name) not in SCHEDULER_OPTIONS + WORKER_OPTIONS)
+        if unknown:
+            known = ", ".join(SCHEDULER_OPTIONS + WORKER_OPTIONS + tuple(VLLM_NAMES))
+            raise TypeError(f"unknown engine option {', '.join(map(repr, unknown))}; known: {known}")
+        worker = {name: named.pop(name) for name in WORKER_OPTIONS if name in named}
+        return cls(named, **worker)
+
+    def scheduler_config(self, model: Model) -> SchedulerConfig:
+        """The limits given, the others derived as the server's defaults would allow: the context
+        is the model's up to 4096 tokens, a prompt up to one token less, a padded prefill at least one
+        prompt (a paged worker chunks prompts: its step budget is what it measured at warmup)."""
+        options = dict(self.scheduler)
+        options.setdefault("max_total_tokens", min(DEFAULT_MAX_TOTAL_TOKENS, model.max_position_embeddings))
+        options.setdefault("max_input_tokens", options["max_total_tokens"] - 1)
+        if model.kv_cache == "padded" and options["max_input_tokens"] > DEFAULT_MAX_BATCH_PREFILL_TOKENS:
+            options.setdefault("max_batch_prefill_tokens", options["max_input_tokens"])
+        return SchedulerConfig(**options)  # ConfigError (a ValueError) names a bad value

@@ -1,0 +1,207 @@
+"""`LLM`: offline batch inference in this process, vLLM's `LLM.generate` and `LLM.chat`.
+
+The server's parts, in one process: the tokenizer service's `Encoder` (chat template, limits,
+parameter resolution) turns each prompt into the `Encoded` request a scheduler queues, a
+`LocalEngine` (the scheduler's batching loop over the worker's engine) runs them all together,
+and the tokenizer service's `Detokenizer` turns each step's tokens into text and finds stop
+strings, as it does for a server's clients. So an offline run batches, samples, stops and
+decodes text exactly as `ztgi launch` serves the same requests.
+
+    llm = LLM()                                              # the embedded SmolLM2
+    for output in llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=20)):
+        print(output.outputs[0].text)
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+import gc
+import itertools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from common.gc_freeze import freeze_startup_objects
+from common.messages import (
+    Generate,
+    GenerateParameters,
+    Generation,
+    RequestKey,
+    TokenStep,
+)
+from common.model_source import DEFAULT_MODEL_ID
+from common.parameters import ParameterLimits, ValidationError
+from services.tokenizer.detokenizer import Detokenizer
+from services.tokenizer.encoder import Encoder
+from services.tokenizer.loading import load_tokenizer
+from services.worker.backend import load_model
+from services.worker.config import DEVICES, DTYPES, KV_CACHES
+from ztgi.engine_options import EngineOptions
+from ztgi.local_engine import LocalEngine
+from ztgi.outputs import RequestOutput
+from ztgi.progress import Progress
+from ztgi.prompts import Prompt, as_conversations, as_prompts, per_prompt
+from ztgi.sampling_params import MAX_LOGPROBS, SamplingParams
+from ztgi.sequence import Sequence as GeneratedSequence
+
+logger = logging.getLogger(__name__)
+
+CLIENT_ID = b"llm"  # every offline request's key: (this, "<request id>/<sequence index>")
+MAX_STOP_STRINGS = 2**16  # no server-side cap on stop strings offline
+
+
+@dataclasses.dataclass
+class _Request:
+    """One prompt's request: its ids, its parameters and its `n` sequences."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sequences: list[GeneratedSequence]
+    num_unfinished: int = 0
+
+    def to_output(self) -> RequestOutput:
+        prompt_logprobs = self.sequences[0].prompt_logprobs
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, prompt_logprobs,
+                             [sequence.to_output() for sequence in self.sequences])
+
+
+class LLM:
+    """A model loaded in this process with the server's engine and batching.
+
+    `model`: `smollm2` (the embedded SmolLM2-135M-Instruct), a model directory, a .gguf file or a
+    Hub id; `dtype` float32, bfloat16, float16 or auto; `device` cpu, cuda or auto; `backend`
+    native, transformers or auto. `engine_options` are the server's batching limits by its flag
+    names (`max_total_tokens`, `max_input_tokens`, `max_batch_prefill_tokens`,
+    `max_batch_total_tokens`, `max_batch_size`, `waiting_served_ratio`, `max_waiting_tokens`,
+    `pipeline_decode`) and the worker's (`kv_cache` paged, padded or auto; `block_size`,
+    `step_target_ms`, `memory_budget_mb`, `cpu_warmup_prefill_tokens`), or vLLM's for the same
+    limit (`max_model_len`, `max_num_seqs`, `max_num_batched_tokens`).
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL_ID, dtype: str = "auto", device: str = "auto",
+                 backend: str = "auto", **engine_options: Any) -> None:
+        options = EngineOptions.parse(engine_options)
+        self.model = load_model(model, _checked("dtype", dtype, DTYPES), _checked("device", device, DEVICES), backend,
+                                _checked("kv_cache", options.kv_cache, KV_CACHES), options.block_size)
+        config = options.scheduler_config(self.model)
+        self.tokenizer = load_tokenizer(model)
+        limits = ParameterLimits(max_best_of=1, max_stop_sequences=MAX_STOP_STRINGS, max_top_n_tokens=MAX_LOGPROBS,
+                                 max_input_tokens=config.max_input_tokens, max_total_tokens=config.max_total_tokens)
+        self.encoder = Encoder(self.tokenizer, limits, CLIENT_ID)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self.engine = LocalEngine(self.model, config, options.memory_budget_mb, options.cpu_warmup_prefill_tokens,
+                                  options.step_target_ms)
+        self._request_counter = itertools.count()
+        freeze_startup_objects()  # the weights and the vocabulary stay out of later GC passes, as in the services
+        _unfreeze_at_exit()
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """One result per prompt, in order. `prompts`: a string, token ids, or a list of either
+        (or of vLLM's {"prompt": ...} / {"prompt_token_ids": ...} dicts); `sampling_params`: one
+        for all, or one per prompt (default: SamplingParams()). Every prompt and value is checked
+        before any work starts: ValueError names the prompt and the value."""
+        return self._run(as_prompts(prompts), sampling_params, use_tqdm)
+
+    def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """`generate` for conversations: one ([{"role": ..., "content": ...}, ...]) or a list of them,
+        each rendered by the model's chat template with the assistant's turn to come."""
+        return self._run(as_conversations(messages), sampling_params, use_tqdm)
+
+    # -- one run -------------------------------------------------------------------------------
+
+    def _run(self, prompts: list[Prompt], sampling_params: Any, use_tqdm: bool) -> list[RequestOutput]:
+        requests = [self._request(index, prompt, params)
+                    for index, (prompt, params) in enumerate(zip(prompts, per_prompt(sampling_params, len(prompts))))]
+        sequences = self._start(requests)
+        progress = Progress(len(requests), use_tqdm)
+        try:
+            while self.engine.has_unfinished():
+                for generation in self.engine.step():
+                    self._advance(*sequences[generation.request_id], generation, progress)
+        except BaseException:
+            self.detokenizer.forget([sequence.key for _, sequence in sequences.values()])
+            self.engine.reset()  # an interrupted run leaves nothing behind for the next one
+            raise
+        finally:
+            progress.close()
+        return [request.to_output() for request in requests]
+
+    def _request(self, index: int, prompt: Prompt, params: SamplingParams) -> _Request:
+        """The prompt's ids and its n sequences, each checked and encoded as a tokenizer would."""
+        request_id = str(next(self._request_counter))
+        try:
+            input_ids = self._input_ids(prompt, params.to_parameters())
+            request = _Request(request_id, self._prompt_text(prompt), input_ids, params, [])
+            for sequence_index in range(params.n):
+                key = RequestKey(CLIENT_ID, f"{request_id}/{sequence_index}")
+                parameters = params.to_parameters(sequence_index)
+                encoded = self.encoder.encode_ids(key, input_ids, parameters)
+                request.sequences.append(GeneratedSequence(index, sequence_index, key, params, encoded, parameters))
+        except ValidationError as exc:
+            raise ValueError(f"prompt {index}: {_vllm_names(str(exc))}") from None
+        return request
+
+    def _input_ids(self, prompt: Prompt, parameters: GenerateParameters) -> list[int]:
+        if prompt.token_ids is None:
+            return self.encoder.input_ids(Generate("", prompt.text, prompt.messages, parameters))
+        vocab_size = self.model.vocab_size
+        for token_id in prompt.token_ids:
+            if not 0 <= token_id < vocab_size:
+                raise ValidationError("inputs", f"token id {token_id} is outside the vocabulary [0, {vocab_size})")
+        return prompt.token_ids
+
+    def _prompt_text(self, prompt: Prompt) -> str | None:
+        if prompt.messages is not None:
+            return self.encoder.render_chat(prompt.messages)
+        return prompt.text
+
+    def _start(self, requests: list[_Request]) -> dict[int, tuple[_Request, GeneratedSequence]]:
+        """Every sequence queued in the engine at once, its decode state with the detokenizer."""
+        sequences = {}
+        for request in requests:
+            request.num_unfinished = len(request.sequences)
+            for sequence in request.sequences:
+                self.detokenizer.start(sequence.encoded, sequence.parameters)
+                sequences[self.engine.add(sequence.encoded)] = request, sequence
+        return sequences
+
+    def _advance(self, request: _Request, sequence: GeneratedSequence, generation: Generation,
+                 progress: Progress) -> None:
+        """A step's token through the detokenizer; a stop string ends the request in the engine."""
+        answer = self.detokenizer.next_event(TokenStep(sequence.key, generation))
+        if answer is None:
+            return
+        event, stopped = answer
+        sequence.add(event)
+        if stopped:
+            self.engine.abort(generation.request_id)
+        if sequence.finished:
+            request.num_unfinished -= 1
+            if not request.num_unfinished:
+                progress.prompt_done(len(request.prompt_token_ids), sum(len(s.token_ids) for s in request.sequences))
+
+
+@functools.cache
+def _unfreeze_at_exit() -> None:
+    """Frozen objects are never finalized: extension modules would report them as leaks at exit."""
+    atexit.register(gc.unfreeze)
+
+
+def _checked(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} {value!r} must be one of {', '.join(allowed)}")
+    return value
+
+
+def _vllm_names(message: str) -> str:
+    """TGI's messages name `max_new_tokens`; offline callers set it as `max_tokens`."""
+    return message.replace("`max_new_tokens`", "`max_tokens`")
