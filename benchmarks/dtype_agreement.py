@@ -1,9 +1,10 @@
-"""How far a dtype's greedy generations drift from float32's, on the same prompts.
+"""How far a dtype's (or quantized weights') greedy generations drift from float32's, on the same prompts.
 
     python -m benchmarks.dtype_agreement --dtype bfloat16 --output-tokens 32
+    python -m benchmarks.dtype_agreement --dtype bfloat16 --quantize int8 --reference-dtype bfloat16
 
-Every prompt of the dataset is generated greedily (EOS ignored) in one batch, once in float32 and
-once in `--dtype`. Reported: the share of requests whose tokens are all identical, the share of
+Every prompt of the dataset is generated greedily (EOS ignored) in one batch, once with float
+weights in `--reference-dtype` (float32 unless set) and once in `--dtype` with `--quantize`. Reported: the share of requests whose tokens are all identical, the share of
 token positions identical before each request's first divergence (over all positions), and the
 largest absolute difference of the chosen tokens' logprobs while both runs still agree.
 """
@@ -36,6 +37,8 @@ class DtypeAgreementConfig(BaselineConfig):
 
     dtype: str = "bfloat16"
     output_tokens: int | None = 32
+    reference_dtype: str = dataclasses.field(default=REFERENCE_DTYPE, metadata={
+        "help": "the dtype of the reference run (always float weights)"})
 
 
 def generate(model: Model, input_ids: Sequence[list[int]], max_new_tokens: Sequence[int]) -> list[list[Generation]]:
@@ -79,10 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     requests = encode_prompts(load_tokenizer(config.model_id), prompts)
     input_ids, max_new_tokens = [r.input_ids for r in requests], [r.max_new_tokens for r in requests]
-    runs = {dtype: generate(load_model(config.model_id, dtype, config.device, kv_cache="padded"), input_ids, max_new_tokens)
-            for dtype in (REFERENCE_DTYPE, config.dtype)}
-    result = {"dtype": config.dtype, "reference": REFERENCE_DTYPE,
-              **agreement(runs[REFERENCE_DTYPE], runs[config.dtype])}
+    reference = generate(load_model(config.model_id, config.reference_dtype, config.device, kv_cache="padded"),
+                         input_ids, max_new_tokens)
+    other = generate(load_model(config.model_id, config.dtype, config.device, kv_cache="padded",
+                                quantize=config.quantize), input_ids, max_new_tokens)
+    result = {"dtype": config.dtype, "quantize": config.quantize, "reference": config.reference_dtype,
+              **agreement(reference, other)}
     sys.stdout.write(json.dumps(result, indent=1) + "\n")
     return 0
 

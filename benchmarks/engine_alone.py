@@ -224,7 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("%s", exc)
         return 2
     requests = encode_prompts(load_tokenizer(config.model_id), prompts)
-    engine = EngineAlone(load_model(config.model_id, config.dtype, config.device, config.backend, "padded"), BatchingPolicy.of(config),
+    engine = EngineAlone(load_model(config.model_id, config.dtype, config.device, config.backend, "padded",
+                                    quantize=config.quantize), BatchingPolicy.of(config),
                          config.ignore_eos)
     engine.warmup(requests[:config.concurrency])
     freeze_startup_objects()  # as the worker does after its warmup: the model stays out of later collections

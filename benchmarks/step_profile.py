@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     input_ids = [r.input_ids for r in encode_prompts(load_tokenizer(config.model_id), prompts)]
-    model = load_model(config.model_id, config.dtype, config.device, config.backend, "padded")
+    model = load_model(config.model_id, config.dtype, config.device, config.backend, "padded", quantize=config.quantize)
     for batch_size in parse_sweep(config.batch_sizes):
         result = profile_steps(model, input_ids, batch_size, config.steps, config.warmup_steps)
         sys.stdout.write(render(batch_size, result))

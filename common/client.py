@@ -37,7 +37,7 @@ from common.identity import new_boot_nonce, new_identity
 from common.messages import (
     PROTOCOL_VERSION, Cancel, ChatMessage, ErrorReply, FinalDetails, Generate, GenerateParameters,
     HealthReply, Heartbeat, Hello, InfoReply, Query, SimpleToken, StatsReply, StreamEvent, StreamEvents, Token,
-    TokenizeQuery, TokenizeReply,
+    TokenizeQuery, TokenizeReply, Tool,
 )
 
 __all__ = ["AsyncZtgiClient", "ZtgiClient", "ZtgiError", "GenerateResult", "StreamObserver"]
@@ -177,7 +177,7 @@ class AsyncZtgiClient:
 
     async def stream(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
                      parameters: GenerateParameters | None = None,
-                     request_id: str | None = None) -> AsyncIterator[StreamEvent]:
+                     request_id: str | None = None, tools: list[Tool] | None = None) -> AsyncIterator[StreamEvent]:
         """Yields a request's events up to and including the final one.
 
         An error event raises `ZtgiError`. Leaving early (break, exception, task cancellation)
@@ -188,7 +188,7 @@ class AsyncZtgiClient:
         # return_full_text is applied here, once, for gateway and direct users alike: the
         # scheduler is sent False so nothing downstream prepends the prompt a second time
         generate = Generate(request_id, inputs, messages,
-                            dataclasses.replace(parameters, return_full_text=False))
+                            dataclasses.replace(parameters, return_full_text=False), tools)
         observer = self.observe(parameters) if self.observe is not None else None
         try:
             await self.start()
@@ -221,12 +221,12 @@ class AsyncZtgiClient:
 
     async def generate(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
                        parameters: GenerateParameters | None = None,
-                       request_id: str | None = None) -> GenerateResult:
+                       request_id: str | None = None, tools: list[Tool] | None = None) -> GenerateResult:
         """Runs a request to its end and collects its tokens; errors raise `ZtgiError`."""
         tokens: list[Token] = []
         top_tokens: list[list[Token]] = []
         final: StreamEvent | None = None
-        async for event in self.stream(inputs, messages, parameters, request_id):
+        async for event in self.stream(inputs, messages, parameters, request_id, tools):
             if event.token is not None:
                 tokens.append(event.token)
                 top_tokens.append(event.top_tokens)
@@ -439,8 +439,8 @@ class ZtgiClient:
 
     def stream(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
                parameters: GenerateParameters | None = None,
-               request_id: str | None = None) -> Iterator[StreamEvent]:
-        events = self._client.stream(inputs, messages, parameters, request_id)
+               request_id: str | None = None, tools: list[Tool] | None = None) -> Iterator[StreamEvent]:
+        events = self._client.stream(inputs, messages, parameters, request_id, tools)
         try:
             while True:
                 try:
@@ -454,8 +454,8 @@ class ZtgiClient:
 
     def generate(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
                  parameters: GenerateParameters | None = None,
-                 request_id: str | None = None) -> GenerateResult:
-        return self._call(self._client.generate(inputs, messages, parameters, request_id))
+                 request_id: str | None = None, tools: list[Tool] | None = None) -> GenerateResult:
+        return self._call(self._client.generate(inputs, messages, parameters, request_id, tools))
 
     def cancel(self, request_id: str) -> None:
         self._call(self._client.cancel(request_id))

@@ -34,6 +34,7 @@ class ModelSource:
 
     path: str
     name: str
+    gguf_file: str | None = None  # the GGUF file `path` was converted from, if any
 
 
 def cache_root() -> str:
@@ -43,11 +44,12 @@ def cache_root() -> str:
 def resolve_model(model_id: str = DEFAULT_MODEL_ID) -> ModelSource:
     """Turns a model id into a directory, converting GGUF once; raises ModelNotFoundError."""
     if model_id in (DEFAULT_MODEL_ID, EMBEDDED_NAME):
-        return ModelSource(_converted_gguf(embedded_gguf_path()), EMBEDDED_NAME)
+        gguf_file = embedded_gguf_path()
+        return ModelSource(_converted_gguf(gguf_file), EMBEDDED_NAME, gguf_file)
     if model_id.endswith(".gguf"):
         if not os.path.isfile(model_id):
             raise ModelNotFoundError(f"GGUF file {model_id!r} does not exist")
-        return ModelSource(_converted_gguf(model_id), os.path.basename(model_id))
+        return ModelSource(_converted_gguf(model_id), os.path.basename(model_id), model_id)
     if os.path.isdir(model_id):
         if not os.path.isfile(os.path.join(model_id, "config.json")):
             raise ModelNotFoundError(f"directory {model_id!r} has no config.json: not a model directory")

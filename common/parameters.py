@@ -94,6 +94,7 @@ def resolve_sampling(params: GenerateParameters) -> SamplingParameters:
         frequency_penalty=0.0 if params.frequency_penalty is None else float(params.frequency_penalty),
         watermark=params.watermark,
         presence_penalty=0.0 if params.presence_penalty is None else float(params.presence_penalty),
+        grammar=params.grammar,
     )
 
 

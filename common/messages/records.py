@@ -7,20 +7,55 @@ from typing import Literal
 from common.codec import record
 
 __all__ = [
-    "ChatMessage", "GenerateParameters", "SamplingParameters", "WorkerRequest", "Batch",
+    "Grammar", "GrammarType", "Tool", "ToolCall", "ChatMessage", "GenerateParameters", "SamplingParameters", "WorkerRequest", "Batch",
     "CachedBatch", "Generation", "Timings", "RequestKey", "Token", "FinalDetails", "StreamEvent",
     "WorkerInfo", "FinishReason", "SeqUpdate",
 ]
 
 FinishReason = Literal["length", "eos_token", "stop_sequence", "cancelled", "error"]
+GrammarType = Literal["json", "regex", "lark"]
+
+
+@record
+class Grammar:
+    """A constraint on the generated text (TGI's `grammar`): `value` is a JSON Schema as JSON
+    text (`json`), a regular expression (`regex`), or a Lark grammar (`lark`, what tool calls use;
+    llguidance's syntax, JSON schemas embedded as `%json{...}`)."""
+
+    type: GrammarType
+    value: str
+
+
+@record
+class Tool:
+    """A function a chat model may call: `parameters` is its arguments' JSON Schema as JSON text."""
+
+    name: str
+    description: str | None
+    parameters: str
+
+
+@record
+class ToolCall:
+    """A call an assistant made (OpenAI's `tool_calls` item): `arguments` is JSON text."""
+
+    id: str
+    name: str
+    arguments: str
 
 
 @record
 class ChatMessage:
-    """One chat turn; structured OpenAI content is flattened to text by the gateway."""
+    """One chat turn; structured OpenAI content is flattened to text by the gateway.
+
+    An assistant turn may carry the `tool_calls` it made; a `tool` turn answers the call
+    `tool_call_id`.
+    """
 
     role: str
     content: str
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
 
 @record
@@ -49,6 +84,7 @@ class GenerateParameters:
     ignore_eos: bool = False
     add_special_tokens: bool = True
     presence_penalty: float | None = None  # OpenAI's; last so the older fields keep their places
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, tuple):
@@ -60,7 +96,7 @@ class SamplingParameters:
     """How a worker chooses the next token for one request (TGI's NextTokenChooserParameters).
 
     Applied in TGI's order: watermark, repetition penalty, frequency penalty (then OpenAI's
-    presence penalty), then temperature, top_k, top_p, typical_p; greedy unless do_sample.
+    presence penalty), the grammar's mask, then temperature, top_k, top_p, typical_p; greedy unless do_sample.
     Neutral values leave logits untouched.
     """
 
@@ -74,6 +110,7 @@ class SamplingParameters:
     frequency_penalty: float = 0.0
     watermark: bool = False
     presence_penalty: float = 0.0  # last: added after the others, the older fields keep their places
+    grammar: Grammar | None = None  # the grammar mask comes after the penalties, before temperature
 
 
 @record

@@ -7,7 +7,7 @@ from typing import Literal
 from common.codec import message, record
 from common.messages.records import (
     CachedBatch, ChatMessage, GenerateParameters, Generation, RequestKey, SamplingParameters,
-    Timings,
+    Timings, Tool,
 )
 
 __all__ = [
@@ -21,16 +21,22 @@ QueryKind = Literal["health", "info", "stats"]
 
 @message("generate")
 class Generate:
-    """A client asks for text: `inputs` (raw prompt) or chat `messages`, exactly one of them."""
+    """A client asks for text: `inputs` (raw prompt) or chat `messages`, exactly one of them.
+
+    `tools` (with `messages` only) are rendered into the prompt by the chat template.
+    """
 
     request_id: str
     inputs: str | None
     messages: list[ChatMessage] | None
     parameters: GenerateParameters
+    tools: list[Tool] | None = None
 
     def __post_init__(self) -> None:
         if (self.inputs is None) == (self.messages is None):
             raise ValueError("exactly one of inputs and messages must be given")
+        if self.tools is not None and self.messages is None:
+            raise ValueError("tools need messages")
 
 
 @message("cancel")

@@ -19,6 +19,7 @@ from services.gateway.schemas import read_json
 from services.gateway.state import CLIENT, CONFIG, SERVED_MODEL
 from services.gateway.stop_trim import StopTrimmer, trim_stop
 from services.gateway.streaming import gather_all, merge, serve_sse
+from services.gateway.tool_stream import ToolCallStream
 
 DONE = "[DONE]"
 
@@ -32,10 +33,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     client = request.app[CLIENT]
     if chat.stream:
         return await _stream_chat(request, client, chat, envelope)
-    results = await gather_all(client.generate(messages=chat.messages, parameters=chat.choice_parameters(j))
+    results = await gather_all(client.generate(messages=chat.messages, parameters=chat.choice_parameters(j),
+                                               tools=chat.tools)
                                for j in range(chat.n))
     results = _without_stop(results, chat.parameters.stop)
-    return web.json_response(render.chat_completion_json(envelope, results, chat.logprobs))
+    return web.json_response(render.chat_completion_json(envelope, results, chat.logprobs, chat.tools is not None))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -109,19 +111,25 @@ async def _stream_chat(request: web.Request, client: AsyncZtgiClient, chat: Open
                        envelope: Envelope) -> web.StreamResponse:
     final: list[FinalDetails] = []
     trimmers = [StopTrimmer(chat.parameters.stop) for _ in range(chat.n)]
+    calls = [ToolCallStream() for _ in range(chat.n)] if chat.tools is not None else None
 
     def chunks(item: tuple[int, StreamEvent]) -> Iterable[Any]:
         index, event = item
         if event.details is not None:
             final.append(event.details)
         text = _streamed_text(trimmers[index], event)
-        return [render.chat_chunk_json(envelope, event, chat.logprobs, index, text)]
+        if calls is None:
+            return [render.chat_chunk_json(envelope, event, chat.logprobs, index, text)]
+        content, deltas = calls[index].feed(text, final=event.is_final)
+        return [render.chat_tool_chunk_json(envelope, event, chat.logprobs, index, content, deltas,
+                                            calls[index].num_calls)]
 
     def trailer() -> Iterable[Any]:
         usage = [render.chat_usage_chunk_json(envelope, final, chat.n)] if chat.include_usage and final else []
         return [*usage, DONE]
 
-    streams = [client.stream(messages=chat.messages, parameters=chat.choice_parameters(j)) for j in range(chat.n)]
+    streams = [client.stream(messages=chat.messages, parameters=chat.choice_parameters(j), tools=chat.tools)
+               for j in range(chat.n)]
     return await serve_sse(request, merge(streams), chunks, trailer)
 
 

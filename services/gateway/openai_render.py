@@ -6,7 +6,9 @@ from typing import Any
 
 from common.client import GenerateResult
 from common.messages import FinalDetails, InfoReply, StreamEvent, Token
+from common.tool_calls import parse_calls
 from services.gateway.completion_logprobs import logprob_json
+from services.gateway.tool_stream import ToolCallDelta, new_call_id
 
 _FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
 
@@ -46,15 +48,31 @@ def chat_logprobs_json(tokens: list[Token], top_tokens: list[list[Token]]) -> di
         for token, top in zip(tokens, top_tokens)]}
 
 
-def chat_choice_json(index: int, result: GenerateResult, logprobs: bool) -> dict[str, Any]:
-    return {"index": index, "message": {"role": "assistant", "content": result.text},
+def chat_choice_json(index: int, result: GenerateResult, logprobs: bool, tools: bool = False) -> dict[str, Any]:
+    """One choice; with `tools`, an answer made of calls is `message.tool_calls` (of an answer cut
+    short by `max_tokens`, the calls it finished: finish_reason stays `length`)."""
+    message: dict[str, Any] = {"role": "assistant", "content": result.text}
+    reason = finish_reason(result.details)
+    calls = parse_calls(result.text, truncated=reason == "length") if tools else None
+    if calls:
+        message = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+            for name, arguments in calls]}
+        reason = tool_calls_finish_reason(reason)
+    return {"index": index, "message": message,
             "logprobs": chat_logprobs_json(result.tokens, result.top_tokens) if logprobs else None,
-            "finish_reason": finish_reason(result.details)}
+            "finish_reason": reason}
 
 
-def chat_completion_json(envelope: Envelope, results: list[GenerateResult], logprobs: bool) -> dict[str, Any]:
+def tool_calls_finish_reason(reason: str | None) -> str | None:
+    """OpenAI's `tool_calls` for an answer of calls that ended by itself."""
+    return "tool_calls" if reason == "stop" else reason
+
+
+def chat_completion_json(envelope: Envelope, results: list[GenerateResult], logprobs: bool,
+                         tools: bool = False) -> dict[str, Any]:
     """The chat completion with one choice per result (`n`)."""
-    choices = [chat_choice_json(index, result, logprobs) for index, result in enumerate(results)]
+    choices = [chat_choice_json(index, result, logprobs, tools) for index, result in enumerate(results)]
     return envelope.wrap("chat.completion", choices=choices,
                          usage=usage_json([r.details for r in results], n=len(results)))
 
@@ -69,6 +87,21 @@ def chat_chunk_json(envelope: Envelope, event: StreamEvent, logprobs: bool, inde
                            if logprobs and event.token is not None else None),
               "finish_reason": finish_reason(event.details)}
     return envelope.wrap("chat.completion.chunk", choices=[choice], usage=None)
+
+
+def chat_tool_chunk_json(envelope: Envelope, event: StreamEvent, logprobs: bool, index: int, content: str | None,
+                         calls: list[ToolCallDelta], num_calls: int) -> dict[str, Any]:
+    """A chunk of an answer that may call tools: `content` (None once it is calls) and the
+    `delta.tool_calls` pieces this token completed."""
+    chunk = chat_chunk_json(envelope, event, logprobs, index, content or "")
+    choice = chunk["choices"][0]
+    if content is None:
+        choice["delta"]["content"] = None
+    if calls:
+        choice["delta"]["tool_calls"] = [call.json() for call in calls]
+    if num_calls:
+        choice["finish_reason"] = tool_calls_finish_reason(choice["finish_reason"])
+    return chunk
 
 
 def chat_usage_chunk_json(envelope: Envelope, details: list[FinalDetails], n: int) -> dict[str, Any]:

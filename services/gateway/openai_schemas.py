@@ -1,7 +1,8 @@
 """OpenAI's request schemas (chat completions, completions) to `GenerateParameters`, TGI's way.
 
 As in TGI: temperature 0 means greedy, any other (or none) samples; completions default to
-100 new tokens; `suffix`, tools and grammars are refused. `top_p: 1.0` (OpenAI's "off") is
+100 new tokens; `suffix` is refused. `response_format` and `tools` become a grammar
+(`structured_output`); assistant `tool_calls` and `tool` turns are carried back to the template. `top_p: 1.0` (OpenAI's "off") is
 treated as unset, and so is any `top_p` with temperature 0 (as vLLM: TGI would sample then).
 `n` choices are `n` requests (choice `j` of a seeded request uses `seed + j`); choices of all
 prompts together are bounded by `max_client_batch_size`.
@@ -12,14 +13,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from common.messages import ChatMessage, GenerateParameters
+from common.messages import ChatMessage, GenerateParameters, Grammar, Tool, ToolCall
 from common.parameters import MAX_SEED, ParameterLimits, ValidationError, validate_parameters
 from services.gateway.schemas import json_type, optional_integer, optional_number, optional_value
+from services.gateway.structured_output import parse_response_format, parse_tool_use
 
 COMPLETION_MAX_NEW_TOKENS = 100
 """TGI's default for /v1/completions when `max_tokens` is not given."""
 
-_UNSUPPORTED_CHAT_FIELDS = ("tools", "tool_choice", "response_format", "logit_bias", "functions")
+_UNSUPPORTED_CHAT_FIELDS = ("logit_bias", "functions", "function_call")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +36,7 @@ class OpenAIRequest:
     logprobs: bool = False
     echo: bool = False
     n: int = 1
+    tools: list[Tool] | None = None  # rendered into the prompt; the answer is read for tool calls
 
     def choice_parameters(self, choice: int) -> GenerateParameters:
         """Parameters of choice `choice` of one prompt: its own seed when a seed is given."""
@@ -55,11 +58,15 @@ def parse_chat_request(body: Any, limits: ParameterLimits, max_client_batch_size
     max_tokens = _max_tokens(body, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = _max_tokens(body, "max_tokens")
+    response_format = parse_response_format(body.get("response_format"))
+    tool_use = parse_tool_use(body, response_format)
+    grammar = tool_use.grammar if tool_use is not None else response_format
     parameters = _parameters(body, limits, max_tokens, details=logprobs,
-                             top_n_tokens=top_logprobs if logprobs else None)
+                             top_n_tokens=top_logprobs if logprobs else None, grammar=grammar)
     return OpenAIRequest(parameters, messages=_messages(body.get("messages")), stream=_stream(body),
                          include_usage=_include_usage(body), logprobs=logprobs,
-                         n=_num_choices(body, 1, max_client_batch_size))
+                         n=_num_choices(body, 1, max_client_batch_size),
+                         tools=tool_use.tools if tool_use is not None else None)
 
 
 def parse_completion_request(body: Any, limits: ParameterLimits, max_client_batch_size: int) -> OpenAIRequest:
@@ -102,7 +109,7 @@ def _max_tokens(body: dict[str, Any], name: str) -> int | None:
 
 
 def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: int | None, details: bool,
-                top_n_tokens: int | None) -> GenerateParameters:
+                top_n_tokens: int | None, grammar: Grammar | None = None) -> GenerateParameters:
     temperature = optional_number(body, "temperature")
     top_p = optional_number(body, "top_p")
     parameters = GenerateParameters(
@@ -117,6 +124,7 @@ def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: i
         stop=_stop(body.get("stop")),
         details=details,
         top_n_tokens=top_n_tokens,
+        grammar=grammar,
     )
     validate_parameters(parameters, limits)
     if not parameters.do_sample:
@@ -158,7 +166,29 @@ def _message(item: Any, index: int) -> ChatMessage:
     role = item.get("role")
     if not isinstance(role, str) or not role:
         raise ValidationError("messages", f"`{where}.role` must be a non-empty string")
-    return ChatMessage(role, _content(item.get("content"), where, has_tool_calls="tool_calls" in item))
+    tool_calls = _tool_calls(item.get("tool_calls"), where) if role == "assistant" else None
+    tool_call_id = item.get("tool_call_id") if role == "tool" else None
+    if role == "tool" and not isinstance(tool_call_id, str):
+        raise ValidationError("messages", f"`{where}.tool_call_id` must be the id of the call it answers")
+    content = _content(item.get("content"), where, has_tool_calls=bool(tool_calls))
+    return ChatMessage(role, content, tool_calls, tool_call_id)
+
+
+def _tool_calls(raw: Any, where: str) -> list[ToolCall] | None:
+    """An assistant turn's `tool_calls`: [{"id", "type": "function", "function": {"name", "arguments"}}]."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise ValidationError("messages", f"`{where}.tool_calls` must be an array")
+    calls = []
+    for index, call in enumerate(raw):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(function, dict) or not isinstance(call.get("id"), str)
+                or not isinstance(function.get("name"), str) or not isinstance(function.get("arguments"), str)):
+            raise ValidationError("messages", f"`{where}.tool_calls[{index}]` must be {{\"id\": string, \"type\": "
+                                              f"\"function\", \"function\": {{\"name\": string, \"arguments\": string}}}}")
+        calls.append(ToolCall(call["id"], function["name"], function["arguments"]))
+    return calls or None
 
 
 def _content(content: Any, where: str, has_tool_calls: bool) -> str:

@@ -110,6 +110,7 @@ def info_json(info: InfoReply, config: GatewayConfig) -> dict[str, Any]:
         "docker_label": None,
         "num_workers": info.num_workers,
         "num_tokenizers": info.num_tokenizers,
+        "grammar_support": True,  # TGI's --disable-grammar-support, the other way round
         "kv_cache": info.kv_cache,
         "block_size": info.block_size,
         "num_blocks": info.num_blocks,

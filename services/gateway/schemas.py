@@ -18,13 +18,15 @@ from aiohttp import hdrs, web
 from common.messages import GenerateParameters
 from common.parameters import ParameterLimits, ValidationError, validate_best_of, validate_parameters
 from services.gateway.errors import HttpError
+from services.gateway.json_values import json_type
+from services.gateway.structured_output import parse_tgi_grammar
 
 _INT_FIELDS = ("max_new_tokens", "top_k", "seed", "truncate", "top_n_tokens")
 _FLOAT_FIELDS = ("temperature", "top_p", "typical_p", "repetition_penalty", "frequency_penalty",
                  "presence_penalty")  # the last is OpenAI's, accepted here as an extension
 _BOOL_FIELDS = ("do_sample", "watermark", "details", "decoder_input_details", "return_full_text",
                 "ignore_eos")
-_UNSUPPORTED_FIELDS = ("grammar", "adapter_id")
+_UNSUPPORTED_FIELDS = ("adapter_id",)
 _ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 _MIN_INT, _MAX_INT = -(2**63), 2**64 - 1  # what msgpack carries (seeds are u64)
 
@@ -142,6 +144,7 @@ def parse_parameters(raw: dict[str, Any], limits: ParameterLimits, stream: bool)
         if value is not None:
             values[name] = value
     values["stop"] = _stop_sequences(raw)
+    values["grammar"] = parse_tgi_grammar(raw.get("grammar"))
     _check_unsupported(raw)
     parameters = GenerateParameters(**values)
     if stream and parameters.decoder_input_details:
@@ -188,17 +191,3 @@ def optional_number(raw: dict[str, Any], name: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValidationError(name, f"`{name}` must be a number, got {json_type(value)}")
     return float(value)
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return f"the number {value}"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"

@@ -1,15 +1,17 @@
-"""Text to ids: chat template, truncation, TGI's length limits and parameter resolution."""
+"""Text to ids: chat template, truncation, TGI's length limits, grammar check and parameter resolution."""
 
 from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
+from common.grammar import GrammarChecker
 from common.messages import (
-    ChatMessage, Encoded, Generate, GenerateParameters, RequestKey, SimpleToken, TokenizeQuery,
+    ChatMessage, Encoded, Generate, GenerateParameters, RequestKey, SimpleToken, TokenizeQuery, Tool,
 )
 from common.parameters import (
     ParameterLimits, ValidationError, resolve_sampling, validate_lengths, validate_parameters,
 )
+from services.tokenizer.chat_template import ChatTemplate
 
 
 class Encoder:
@@ -22,6 +24,8 @@ class Encoder:
         self.tokenizer = tokenizer
         self.limits = limits
         self.tokenizer_id = tokenizer_id
+        self.grammars = GrammarChecker(tokenizer)
+        self.template = ChatTemplate(tokenizer)
 
     def encode(self, key: RequestKey, generate: Generate) -> Encoded:
         validate_parameters(generate.parameters, self.limits)
@@ -35,6 +39,8 @@ class Encoder:
         return self._encoded(key, list(input_ids), params)
 
     def _encoded(self, key: RequestKey, input_ids: list[int], params: GenerateParameters) -> Encoded:
+        if params.grammar is not None:
+            self.grammars.check(params.grammar)  # a grammar the worker could not compile never gets queued
         if params.truncate is not None:
             input_ids = input_ids[-params.truncate:]  # TGI truncates from the left
         max_new_tokens = params.max_new_tokens
@@ -56,7 +62,7 @@ class Encoder:
         """The prompt's ids before truncation: raw `inputs`, or `messages` through the template."""
         if generate.messages is not None:
             # the template writes the special tokens itself
-            return self._tokenize(self.render_chat(generate.messages), add_special_tokens=False)
+            return self._tokenize(self.render_chat(generate.messages, generate.tools), add_special_tokens=False)
         if not generate.inputs:
             raise ValidationError("inputs", "`inputs` cannot be empty")
         return self._tokenize(generate.inputs, generate.parameters.add_special_tokens)
@@ -80,15 +86,12 @@ class Encoder:
                   for token_id, (start, stop) in zip(encoding["input_ids"], encoding["offset_mapping"])]
         return tokens[-query.truncate:] if query.truncate is not None else tokens
 
-    def render_chat(self, messages: list[ChatMessage]) -> str:
-        """The prompt text of a conversation, ending with the assistant's generation prompt."""
+    def render_chat(self, messages: list[ChatMessage], tools: list[Tool] | None = None) -> str:
+        """The prompt text of a conversation (and the tools it may call), ending with the
+        assistant's generation prompt."""
         if not messages:
             raise ValidationError("messages", "`messages` cannot be empty")
-        conversation = [{"role": m.role, "content": m.content} for m in messages]
-        try:
-            return self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
-        except Exception as exc:  # jinja raises many types (raise_exception, TypeError, no template)
-            raise ValidationError("messages", f"Template error: {exc}") from None
+        return self.template.render(messages, tools)
 
     def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         try:

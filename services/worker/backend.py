@@ -76,12 +76,12 @@ def resolve_kv_cache(kv_cache: str, backend: str, config: object) -> str:
 
 
 def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
-               kv_cache: str = "auto", block_size: int = 16) -> Model:
+               kv_cache: str = "auto", block_size: int = 16, quantize: str = "none") -> Model:
     """The model behind the layout `kv_cache` picks; ValueError/TypeError/ModelNotFoundError."""
     from services.worker.model import PaddedModel
     from services.worker.paged.model import PagedModel
 
-    loaded = load(model_id, dtype, device)
+    loaded = load(model_id, dtype, device, quantize)
     if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
         return PagedModel(loaded, block_size)
     return PaddedModel(loaded, backend)

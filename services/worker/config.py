@@ -13,6 +13,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "native", "transformers")
 KV_CACHES = ("auto", "paged", "padded")
+QUANTIZE = ("none", "int8", "int4")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,9 @@ class WorkerConfig:
     step_target_ms: int = dataclasses.field(default=500, metadata={
         "help": "paged KV cache: warmup times a prefill chunk and announces how many tokens fit in a step "
                 "of this length; the scheduler's default per-step token budget"})
+    quantize: str = dataclasses.field(default="none", metadata={
+        "help": "keep the linear weights quantized on CPU (native forward): int8 (one scale per row), int4 "
+                "(a scale and offset per 32 inputs; a GGUF's Q4_0/Q4_1 blocks as stored), or none"})
     worker_index: int = 0
     memory_budget_mb: int = 4096
     cpu_warmup_prefill_tokens: int | None = 512
@@ -69,6 +73,7 @@ class WorkerConfig:
         require(self.dtype in DTYPES, f"--dtype {self.dtype!r} must be one of {', '.join(DTYPES)}")
         require(self.device in DEVICES, f"--device {self.device!r} must be one of {', '.join(DEVICES)}")
         require(self.backend in BACKENDS, f"--backend {self.backend!r} must be one of {', '.join(BACKENDS)}")
+        require(self.quantize in QUANTIZE, f"--quantize {self.quantize!r} must be one of {', '.join(QUANTIZE)}")
         require(self.kv_cache in KV_CACHES, f"--kv-cache {self.kv_cache!r} must be one of {', '.join(KV_CACHES)}")
         require(self.block_size >= 1, "--block-size must be >= 1")
         require(self.step_target_ms >= 1, "--step-target-ms must be >= 1")

@@ -11,12 +11,15 @@ records or cache objects per call. On SmolLM2-135M this step is several times ch
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from services.worker.kv_cache import KVCache
 from services.worker.packed_linear import PackedLinear
+
+Linear = Callable[[torch.Tensor], torch.Tensor]  # PackedLinear, or a quantized layer
 
 
 def supports(config: object) -> bool:
@@ -33,17 +36,17 @@ class LlamaLayer:
     """One decoder block's weights: norms, fused q/k/v, output, fused gate/up, down."""
 
     attention_norm: torch.Tensor
-    qkv: PackedLinear
-    output: PackedLinear
+    qkv: Linear
+    output: Linear
     mlp_norm: torch.Tensor
-    gate_up: PackedLinear
-    down: PackedLinear
+    gate_up: Linear
+    down: Linear
 
 
 class LlamaForward:
     """Logits for a padded batch, writing the new keys and values into its cache."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, linear: Callable[..., Linear] | None = None) -> None:
         config = model.config
         if not supports(config):
             raise TypeError(f"{type(model).__name__} is not a plain Llama model")
@@ -55,9 +58,10 @@ class LlamaForward:
         decoder = model.model
         self.rotary = decoder.rotary_emb  # transformers' own: every rope scaling it knows
         self.embedding = decoder.embed_tokens.weight.detach().clone()
-        self.layers = [_layer(block) for block in decoder.layers]
+        linear = linear or _packed  # weights stacked by rows -> a layer (quantized_linear.LinearFactory)
+        self.layers = [_layer(block, linear) for block in decoder.layers]
         self.norm = decoder.norm.weight.detach().clone()
-        self.lm_head = PackedLinear(model.lm_head.weight)
+        self.lm_head = linear(model.lm_head.weight)
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                  cache: KVCache, num_logits: int) -> torch.Tensor:
@@ -76,12 +80,12 @@ class LlamaForward:
             x = x + self.mlp(layer, x)
         if num_logits:
             x = x[:, -num_logits:]
-        return self.lm_head(F.rms_norm(x, (x.shape[-1],), self.norm, self.eps))
+        return self.lm_head(rms_norm(x, self.norm, self.eps))
 
     def _attention(self, layer: LlamaLayer, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    keep: torch.Tensor, cache: KVCache) -> torch.Tensor:
         batch_size, num_new, _ = x.shape
-        hidden = F.rms_norm(x, (x.shape[-1],), layer.attention_norm, self.eps)
+        hidden = rms_norm(x, layer.attention_norm, self.eps)
         q, k, v = layer.qkv(hidden).split(
             [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
             dim=-1)
@@ -94,21 +98,33 @@ class LlamaForward:
         return layer.output(out.transpose(1, 2).reshape(batch_size, num_new, -1))
 
     def mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
-        hidden = F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, self.eps)
+        hidden = rms_norm(x, layer.mlp_norm, self.eps)
         gate, up = layer.gate_up(hidden).split(self.intermediate_size, dim=-1)
         return layer.down(F.silu(gate) * up)
 
 
-def _layer(block: torch.nn.Module) -> LlamaLayer:
+def _layer(block: torch.nn.Module, linear: Callable[..., Linear]) -> LlamaLayer:
     attention, mlp = block.self_attn, block.mlp
     return LlamaLayer(
         attention_norm=block.input_layernorm.weight.detach().clone(),
-        qkv=PackedLinear(torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])),
-        output=PackedLinear(attention.o_proj.weight),
+        qkv=linear(attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight),
+        output=linear(attention.o_proj.weight),
         mlp_norm=block.post_attention_layernorm.weight.detach().clone(),
-        gate_up=PackedLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-        down=PackedLinear(mlp.down_proj.weight),
+        gate_up=linear(mlp.gate_proj.weight, mlp.up_proj.weight),
+        down=linear(mlp.down_proj.weight),
     )
+
+
+def _packed(*weights: torch.Tensor) -> PackedLinear:
+    return PackedLinear(torch.cat(weights))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm rounded as transformers' `LlamaRMSNorm` rounds it (normalized in float32, cast, then
+    scaled), so bfloat16 greedy texts equal transformers' in bfloat16; in float32 it is `F.rms_norm`."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

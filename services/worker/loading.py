@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from common.messages import WorkerInfo
 from common.model_source import resolve_model
+from services.worker import dtype_choice
 
 logger = logging.getLogger(__name__)
 
@@ -27,12 +28,8 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto`: float32 on CPU; bfloat16 on CUDA where supported, else float16."""
-    if dtype != "auto":
-        return DTYPES[dtype]
-    if device.type != "cuda":
-        return torch.float32
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    """`auto`: bfloat16 on CUDA where supported, else float16; on CPU see `dtype_choice`."""
+    return DTYPES[dtype] if dtype != "auto" else dtype_choice.auto_dtype(device)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +42,8 @@ class LoadedModel:
     module: torch.nn.Module
     config: object  # the text (decoder) config
     eos_token_ids: frozenset[int]
+    quantize: str = "none"  # --quantize: the linear weights the native forwards build (quantized_linear)
+    gguf_file: str | None = None  # the GGUF file the weights came from, if any (its 4-bit blocks, as stored)
 
     @property
     def vocab_size(self) -> int:
@@ -80,7 +79,7 @@ class LoadedModel:
             max_position_embeddings=self.max_position_embeddings)
 
 
-def load(model_id: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
+def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str = "none") -> LoadedModel:
     """Loads the weights; ValueError for a bad device, ModelNotFoundError for an unknown model."""
     source = resolve_model(model_id)
     resolved_device = resolve_device(device)
@@ -90,7 +89,8 @@ def load(model_id: str, dtype: str = "auto", device: str = "auto") -> LoadedMode
                                                   device_map=str(resolved_device))
     module.eval()
     loaded = LoadedModel(source.name, resolved_device, resolved_dtype, module,
-                         module.config.get_text_config(decoder=True), frozenset(_eos_token_ids(module)))
+                         module.config.get_text_config(decoder=True), frozenset(_eos_token_ids(module)),
+                         quantize, source.gguf_file)
     logger.info("loaded %s on %s (%s) in %.1f s; eos %s", loaded.name, resolved_device,
                 str(resolved_dtype)[6:], time.monotonic() - started, sorted(loaded.eos_token_ids))
     return loaded

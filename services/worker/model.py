@@ -8,7 +8,7 @@ import time
 import torch
 
 from common.messages import Generation, Timings, Warmup, WarmupResult, WorkerInfo
-from services.worker import kv_cache, llama_forward
+from services.worker import kv_cache, llama_forward, quantized_linear
 from services.worker.batch import CausalLMBatch
 from services.worker.config import BACKENDS
 from services.worker.generations import step_rows, top_of_row
@@ -56,8 +56,10 @@ class PaddedModel:
         self.backend = resolve_backend(backend, loaded.module.config)
         with torch.inference_mode():
             module = loaded.module
-            self.forward_pass = LlamaForward(module) if self.backend == "native" else TransformersForward(module)
-        logger.info("padded KV cache, %s forward", self.backend)
+            linear = quantized_linear.factory(loaded.quantize, module, loaded.gguf_file, self.backend, self.device,
+                                              self.dtype)
+            self.forward_pass = LlamaForward(module, linear) if self.backend == "native" else TransformersForward(module)
+        logger.info("padded KV cache, %s forward, %s weights", self.backend, linear.describe())
 
     def info(self) -> WorkerInfo:
         return self.loaded.info()

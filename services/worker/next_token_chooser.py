@@ -1,11 +1,16 @@
 """Per-request next-token choice for a whole batch (TGI's HeterogeneousNextTokenChooser).
 
 Order, as TGI: watermark, repetition penalty, frequency penalty (then OpenAI's presence penalty,
-which TGI lacks), then temperature, top_k, top_p, typical_p. A processor runs only when some row
-needs it, and then on every row at once with that row's own parameter (neutral for the others).
+which TGI lacks), the grammar's mask, then temperature, top_k, top_p, typical_p. A processor runs
+only when some row needs it, and then on every row at once with that row's own parameter (neutral
+for the others).
 Rows choose by argmax unless they sample; a sampling row draws from its own `torch.Generator`,
 seeded with the request's seed, so its tokens do not depend on which other requests share the
 batch. The logprob reported for a token is the log-softmax of the processed scores.
+
+A constrained row has its own grammar state (`grammar.GrammarState`), kept in a per-row list
+that `select` and `concatenate` carry like the generators; it takes each chosen token at the end
+of `__call__`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Sequence
 import torch
 
 from common.messages import SamplingParameters
+from services.worker import grammar as grammars
 from services.worker import logits_processors as processors
 from services.worker import watermark
 
@@ -49,11 +55,16 @@ class NextTokenChooser:
     """The sampling state of a batch: per-row parameter columns and one generator per sampling row."""
 
     def __init__(self, params: Sequence[SamplingParameters], device: torch.device,
-                 generators: Sequence[torch.Generator | None] | None = None) -> None:
+                 generators: Sequence[torch.Generator | None] | None = None,
+                 grammar_states: Sequence[grammars.GrammarState | None] | None = None) -> None:
         self.params = list(params)
         self.device = device
         self.generators = list(generators) if generators is not None else [
             _seeded_generator(p.seed, device) if p.do_sample else None for p in self.params]
+        self.grammar_states = list(grammar_states) if grammar_states is not None else (
+            grammars.new_states([p.grammar for p in self.params]) if any(p.grammar for p in self.params)
+            else [None] * len(self.params))
+        self.grammar_rows = [i for i, state in enumerate(self.grammar_states) if state is not None]
         self.sample_rows = [i for i, p in enumerate(self.params) if p.do_sample]
         self.watermark_rows = [i for i, p in enumerate(self.params) if p.watermark]
         self.repetition_penalty = self._column("repetition_penalty", 1.0)
@@ -100,7 +111,10 @@ class NextTokenChooser:
         `token_ids`/`token_mask` (each row's tokens so far) are needed only for penalties.
         """
         scores = self.process(scores, token_ids, token_mask)
-        return self.choose(scores), torch.log_softmax(scores, dim=-1)
+        next_ids = self.choose(scores)
+        if self.grammar_rows:
+            self._advance_grammars(next_ids)
+        return next_ids, torch.log_softmax(scores, dim=-1)
 
     def process(self, scores: torch.Tensor, token_ids: torch.Tensor | None,
                 token_mask: torch.Tensor | None) -> torch.Tensor:
@@ -116,6 +130,8 @@ class NextTokenChooser:
                 scores = processors.frequency_penalty(scores, counts, self.frequency_penalty)
             if self.presence_penalty is not None:
                 scores = processors.presence_penalty(scores, counts, self.presence_penalty)
+        if self.grammar_rows:
+            scores = grammars.apply_masks(scores, self.grammar_rows, self._constrained_states())
         if self.temperature is not None:
             scores = processors.temperature(scores, self.temperature)
         if self.top_k is not None:
@@ -140,15 +156,25 @@ class NextTokenChooser:
             next_ids[rows] = (probs / noise).argmax(dim=-1)
         return next_ids
 
+    def _constrained_states(self) -> list[grammars.GrammarState]:
+        return [self.grammar_states[i] for i in self.grammar_rows]
+
+    def _advance_grammars(self, next_ids: torch.Tensor) -> None:
+        """The constrained rows take their tokens (one host transfer, of those rows only)."""
+        rows = torch.tensor(self.grammar_rows, device=next_ids.device)
+        grammars.advance(self._constrained_states(), next_ids.index_select(0, rows).tolist())
+
     def select(self, indices: Sequence[int]) -> "NextTokenChooser":
-        """The chooser of the rows `indices` (in that order), generators carried over."""
+        """The chooser of the rows `indices` (in that order), generators and grammar states carried over."""
         return NextTokenChooser([self.params[i] for i in indices], self.device,
-                                [self.generators[i] for i in indices])
+                                [self.generators[i] for i in indices],
+                                [self.grammar_states[i] for i in indices])
 
     @classmethod
     def concatenate(cls, choosers: Sequence["NextTokenChooser"]) -> "NextTokenChooser":
         return cls([p for c in choosers for p in c.params], choosers[0].device,
-                   [g for c in choosers for g in c.generators])
+                   [g for c in choosers for g in c.generators],
+                   [s for c in choosers for s in c.grammar_states])
 
 
 def _seeded_generator(seed: int, device: torch.device) -> torch.Generator:

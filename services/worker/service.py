@@ -34,14 +34,23 @@ from common.gc_freeze import freeze_startup_objects
 from common.identity import new_boot_nonce, new_identity
 from common.logs import setup_logging
 from common.messages import (
-    PROTOCOL_VERSION, Clear, CommandFailed, Decode, Filter, HealthCheck, Heartbeat, Hello, Prefill, Warmup,
+    PROTOCOL_VERSION,
+    Clear,
+    CommandFailed,
+    Decode,
+    Filter,
+    HealthCheck,
+    Heartbeat,
+    Hello,
+    Prefill,
+    Warmup,
     WarmupResult,
 )
 from common.model_source import ModelNotFoundError
-from services.worker import watermark
+from services.worker import grammar, watermark
+from services.worker.backend import load_model
 from services.worker.config import WorkerConfig
 from services.worker.engine import Engine
-from services.worker.backend import load_model
 from services.worker.loading import resolve_device
 from services.worker.registration import Registration, Rejoin
 
@@ -287,7 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         model = load_model(config.model_id, config.dtype, config.device, config.backend, config.kv_cache,
-                           config.block_size)
+                           config.block_size, config.quantize)
+        grammar.configure(config.model_id, model.eos_token_ids)
     except (ModelNotFoundError, ValueError, TypeError) as exc:
         logger.error("cannot load %s: %s", config.model_id, exc)
         return 1

@@ -33,12 +33,14 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2) -> dict[str, list[int]]:
-    """transformers' greedy `generate` ids for every prompt."""
+def reference(smollm2, server: LaunchedServer) -> dict[str, list[int]]:
+    """transformers' greedy `generate` ids for every prompt, in the dtype the server chose
+    (`--dtype auto`: bfloat16 on a CPU with bfloat16 units, else float32)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dtype = getattr(torch, requests.get(server.url + "/info", timeout=30).json()["model_dtype"])
     tokenizer = AutoTokenizer.from_pretrained(smollm2.path)
-    model = AutoModelForCausalLM.from_pretrained(smollm2.path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(smollm2.path, dtype=dtype).eval()
     out = {}
     for prompt in PROMPTS:
         inputs = tokenizer(prompt, return_tensors="pt")

@@ -93,3 +93,25 @@ def smollm2_each_layout(request: pytest.FixtureRequest, smollm2_paged_model: Pag
                         smollm2_model: PaddedModel):
     """SmolLM2 with each KV cache layout in turn."""
     return smollm2_paged_model if request.param == "paged" else smollm2_model
+
+
+@pytest.fixture(scope="session")
+def smollm2_bf16_model(smollm2) -> PaddedModel:
+    """SmolLM2-135M-Instruct on CPU in bfloat16 (`--dtype auto` on a CPU with bfloat16 units), padded KV cache."""
+    return load_model(smollm2.path, dtype="bfloat16", device="cpu", kv_cache="padded")
+
+
+@pytest.fixture(scope="session")
+def smollm2_paged_bf16_model(smollm2) -> PagedModel:
+    """SmolLM2-135M-Instruct on CPU in bfloat16, paged KV cache with a pool of TEST_POOL_BLOCKS."""
+    model = load_model(smollm2.path, dtype="bfloat16", device="cpu", kv_cache="paged")
+    model.allocate_pool(TEST_POOL_BLOCKS)
+    return model
+
+
+@pytest.fixture(scope="session")
+def smollm2_bf16_reference(smollm2) -> torch.nn.Module:
+    """SmolLM2-135M-Instruct as a plain `transformers` module in bfloat16."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2.path, dtype=torch.bfloat16).eval()

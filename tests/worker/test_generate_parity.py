@@ -39,13 +39,25 @@ def reference(model, input_ids: list[int]) -> list[int]:
     return out[0, len(input_ids):].tolist()
 
 
-def test_greedy_batch_equals_transformers_generate(smollm2_each_layout, smollm2_reference, prompts):
+@pytest.fixture(params=["float32", "bfloat16"])
+def engine_and_reference(request: pytest.FixtureRequest, smollm2_each_layout):
+    """Each KV cache layout in turn, with transformers' module in the same dtype: float32, and
+    bfloat16 (`--dtype auto`'s choice on a CPU with bfloat16 units)."""
+    if request.param == "float32":
+        return smollm2_each_layout, request.getfixturevalue("smollm2_reference")
+    name = "smollm2_paged_bf16_model" if smollm2_each_layout.kv_cache == "paged" else "smollm2_bf16_model"
+    return request.getfixturevalue(name), request.getfixturevalue("smollm2_bf16_reference")
+
+
+def test_greedy_batch_equals_transformers_generate(engine_and_reference, prompts):
     """Five prompts (raw and chat-templated, 5 to 38 tokens) in one batch: every request's 32 greedy
-    tokens (or fewer, up to EOS) equal `generate(do_sample=False)` run on that prompt alone."""
+    tokens (or fewer, up to EOS) equal `generate(do_sample=False)` run on that prompt alone, in the
+    same dtype."""
+    model, reference_model = engine_and_reference
     assert len({len(p) for p in prompts}) >= 5
     requests = [request(i, ids, MAX_NEW_TOKENS) for i, ids in enumerate(prompts)]
-    got = token_ids(run_to_end(smollm2_each_layout, batch_of(smollm2_each_layout, requests)))
+    got = token_ids(run_to_end(model, batch_of(model, requests)))
     for i, ids in enumerate(prompts):
-        assert got[i] == reference(smollm2_reference, ids), f"prompt {i} diverged"
+        assert got[i] == reference(reference_model, ids), f"prompt {i} diverged"
     assert any(len(tokens) == MAX_NEW_TOKENS for tokens in got.values())
     assert any(len(tokens) < MAX_NEW_TOKENS for tokens in got.values())  # some stopped on EOS

@@ -75,3 +75,20 @@ def test_float16_weights_stay_plain():
     weight = torch.randn(8, 4).half()
     layer = PackedLinear(weight)
     assert not layer.packed and layer(torch.ones(2, 4).half()).shape == (2, 8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_rounds_as_transformers(dtype: torch.dtype):
+    """The forward's RMSNorm equals transformers' `LlamaRMSNorm` bit for bit in float32 and bfloat16
+    (normalized in float32, cast, then scaled): bfloat16 greedy parity rests on it."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from services.worker.llama_forward import rms_norm
+
+    generator = torch.Generator().manual_seed(0)
+    norm = LlamaRMSNorm(64, eps=1e-5)
+    norm.weight.data = 1 + 0.1 * torch.randn(64, generator=generator)
+    norm = norm.to(dtype)
+    x = (3 * torch.randn(2, 7, 64, generator=generator)).to(dtype)
+    with torch.inference_mode():
+        assert torch.equal(rms_norm(x, norm.weight, 1e-5), norm(x))

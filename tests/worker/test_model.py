@@ -11,10 +11,11 @@ from services.worker.loading import resolve_device, resolve_dtype
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
 
 
-def test_auto_picks_cuda_when_present_and_float32_on_cpu():
-    """`auto` device is cuda when available, else cpu; `auto` dtype on CPU is float32, explicit ones stay."""
+def test_auto_picks_cuda_when_present_and_the_rules_dtype_on_cpu():
+    """`auto` device is cuda when available, else cpu; `auto` dtype on CPU is `dtype_choice`'s
+    (float32 or bfloat16, tests/worker/test_dtype_choice.py), explicit ones stay."""
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert resolve_dtype("auto", torch.device("cpu")) is torch.float32
+    assert resolve_dtype("auto", torch.device("cpu")) in (torch.float32, torch.bfloat16)
     assert resolve_dtype("bfloat16", torch.device("cpu")) is torch.bfloat16
 
 

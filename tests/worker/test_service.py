@@ -83,6 +83,7 @@ def worker(tiny_model_dir, tmp_path_factory):
     log = open(run_dir / "worker.log", "w+")
     process = subprocess.Popen(
         [sys.executable, "-m", "services.worker", "--scheduler-url", scheduler_url, "--model-id", tiny_model_dir,
+         "--dtype", "float32",  # the pool arithmetic below is float32's (auto may be bfloat16)
          "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--memory-budget-mb", "32", "--cpu-warmup-prefill-tokens", "none"],
         cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:

@@ -9,7 +9,7 @@ its own forward (`llama.py`), which shares the padded backend's weights.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -23,6 +23,9 @@ from services.worker.packed_linear import PackedLinear
 from services.worker.paged.attention import PagedAttention
 from services.worker.paged.decoder import Decoder, DecoderLayer, PagedDecoderForward
 from services.worker.paged.llama import PagedLlamaForward
+
+if TYPE_CHECKING:
+    from services.worker.quantized_linear import LinearFactory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,13 +66,17 @@ def unsupported_reason(config: object) -> str:
     return f"model type {model_type!r} has no native paged forward (supported: {', '.join(SUPPORTED)})"
 
 
-def paged_forward(module: torch.nn.Module) -> Callable[..., torch.Tensor]:
-    """The native paged forward of `module` (a transformers causal LM); TypeError where none fits."""
+def paged_forward(module: torch.nn.Module, linear: "LinearFactory | None" = None) -> Callable[..., torch.Tensor]:
+    """The native paged forward of `module` (a transformers causal LM), its linear layers from
+    `linear` (`--quantize`; Llama only for now); TypeError where none fits, ValueError for a
+    quantization the family's forward does not take."""
     config = module.config
     if not supports(config):
         raise TypeError(unsupported_reason(config))
     if config.model_type == "llama":
-        return PagedLlamaForward(module)
+        return PagedLlamaForward(module, linear)
+    if linear is not None and linear.quantize != "none":
+        raise ValueError(f"--quantize {linear.quantize} is served for Llama models only, not {config.model_type!r}")
     return PagedDecoderForward(_decoder(module, FAMILIES[config.model_type]))
 
 

@@ -7,10 +7,12 @@ go to the pool's slots and queries attend over block tables (`PagedAttention`).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
-from services.worker.llama_forward import LlamaForward, LlamaLayer, rotate
+from services.worker.llama_forward import Linear, LlamaForward, LlamaLayer, rms_norm, rotate
 from services.worker.paged.attention import AttentionInputs, PagedAttention
 from services.worker.paged.kv_pool import KVPool
 
@@ -18,8 +20,8 @@ from services.worker.paged.kv_pool import KVPool
 class PagedLlamaForward:
     """Logits of chosen rows of a flat step, writing the step's keys and values into the pool."""
 
-    def __init__(self, module: torch.nn.Module) -> None:
-        self.weights = LlamaForward(module)
+    def __init__(self, module: torch.nn.Module, linear: Callable[..., Linear] | None = None) -> None:
+        self.weights = LlamaForward(module, linear)
         w = self.weights
         self.attention = PagedAttention(w.num_heads, w.num_kv_heads, w.head_dim)
 
@@ -33,13 +35,13 @@ class PagedLlamaForward:
             x = x + self._attention(layer, index, x, cos, sin, inputs, pool)
             x = x + w.mlp(layer, x)
         x = x.index_select(0, logit_rows)
-        return w.lm_head(F.rms_norm(x, (x.shape[-1],), w.norm, w.eps))
+        return w.lm_head(rms_norm(x, w.norm, w.eps))
 
     def _attention(self, layer: LlamaLayer, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    inputs: AttentionInputs, pool: KVPool) -> torch.Tensor:
         w = self.weights
         num_tokens = x.shape[0]
-        hidden = F.rms_norm(x, (x.shape[-1],), layer.attention_norm, w.eps)
+        hidden = rms_norm(x, layer.attention_norm, w.eps)
         q, k, v = layer.qkv(hidden).split(
             [w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim, w.num_kv_heads * w.head_dim], dim=-1)
         q = rotate(q.view(num_tokens, w.num_heads, w.head_dim), cos, sin)

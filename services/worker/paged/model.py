@@ -9,11 +9,12 @@ import time
 import torch
 
 from common.messages import Generation, Timings, Warmup, WarmupResult, WorkerInfo
+from services.worker import quantized_linear
 from services.worker.generations import step_rows, top_of_row
 from services.worker.loading import LoadedModel
 from services.worker.paged.batch import PagedBatch
-from services.worker.paged.kv_pool import KVPool, KVShape
 from services.worker.paged.families import paged_forward
+from services.worker.paged.kv_pool import KVPool, KVShape
 from services.worker.paged.step_inputs import StepInputs, build_step_inputs
 
 logger = logging.getLogger(__name__)
@@ -39,7 +40,10 @@ class PagedModel:
         self.block_size = block_size
         self.kv_shape = KVShape(loaded.num_layers, block_size, loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
         with torch.inference_mode():
-            self.forward_pass = paged_forward(loaded.module)
+            linear = quantized_linear.factory(loaded.quantize, loaded.module, loaded.gguf_file, "native",
+                                              self.device, self.dtype)
+            self.forward_pass = paged_forward(loaded.module, linear)
+        logger.info("paged KV cache, %s weights", linear.describe())
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
 

@@ -1,0 +1,266 @@
+"""Weight-only quantized linear layers on CPU, kept quantized: int8 per output row, int4 per 32 inputs.
+
+`--quantize int8` stores the decoder blocks' linear weights as int8 with one scale per output row
+and multiplies with torch's own `_weight_int8pack_mm`; `--quantize int4` stores them as 4-bit codes
+with a scale and an offset per group of 32 inputs (GGUF Q4_1's layout, exactly) and multiplies with
+`_weight_int4pack_mm_for_cpu`. The lm_head stays a float matrix (`PackedLinear`): it is the one
+matrix whose rounding moves the argmax directly, and at a decode step of 16 rows oneDNN's bfloat16
+product beats both quantized kernels on it (BENCHMARKS.md). The activations stay in the model's
+dtype; only the weights are rounded. torch's two kernels are vectorized for bfloat16 activations
+and fall back to scalar loops for float32 (30-100x slower, measured); `--dtype auto` is bfloat16
+wherever the CPU has bfloat16 instructions (`dtype_choice`).
+
+From a GGUF file whose blocks are Q4_0 or Q4_1, `--quantize int4` takes the 4-bit codes and the
+block scales as they are in the file (no de-quantizing and re-quantizing): the layer computes with
+the very weights the file holds. Any other tensor is quantized from its float weights.
+
+What each format costs and how far its greedy texts drift from float weights: BENCHMARKS.md
+("Quantized weights").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from services.worker.config import QUANTIZE
+from services.worker.packed_linear import PackedLinear
+
+logger = logging.getLogger(__name__)
+
+GROUP_SIZE = 32  # inputs per int4 group: GGUF's block size, and the smallest group torch's kernel takes
+INT4_MAX = 15
+INT8_MAX = 127
+HEAD_NAMES = ("lm_head.weight", "model.embed_tokens.weight")  # the output matrix (tied or not)
+
+
+def check_supported(quantize: str, device: torch.device, dtype: torch.dtype) -> None:
+    """ValueError unless `--quantize` can run here: CPU, float32 or bfloat16 activations."""
+    if quantize not in QUANTIZE:
+        raise ValueError(f"--quantize {quantize!r} must be one of {', '.join(QUANTIZE)}")
+    if quantize == "none":
+        return
+    if device.type != "cpu":
+        raise ValueError(f"--quantize {quantize} runs torch's CPU kernels; the device is {device.type}")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"--quantize {quantize} needs float32 or bfloat16 activations, not {dtype}")
+    if dtype == torch.float32:
+        logger.warning("--quantize %s with float32 activations runs torch's scalar kernels, tens of times "
+                       "slower than with --dtype bfloat16", quantize)
+
+
+class Int8Linear:
+    """`y = x @ (codes * scales[:, None]).T`: int8 codes, one scale per output row."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> None:
+        self.out_features, self.in_features = codes.shape
+        self.codes = codes.to(torch.int8).contiguous()
+        self.scales = scales.to(dtype).contiguous()
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, dtype: torch.dtype) -> "Int8Linear":
+        """Symmetric per-row rounding, with each scale first rounded to `dtype` (the kernel's), so
+        the codes are the nearest to the weights under the scale the kernel really uses."""
+        weight = weight.detach().float()
+        scales = (weight.abs().amax(dim=1) / INT8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+        scales = _round_up_to(scales, dtype)
+        codes = torch.round(weight / scales[:, None]).clamp(-INT8_MAX, INT8_MAX)
+        return cls(codes, scales, dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        y = torch._weight_int8pack_mm(rows, self.codes, self.scales)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.codes.float() * self.scales.float()[:, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupCodes:
+    """4-bit weights by groups of `GROUP_SIZE` inputs: `weight = codes * scales + offsets` per group.
+
+    `codes` `[out, in]` in 0..15, `scales`/`offsets` `[out, in / GROUP_SIZE]` float32.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor
+
+    @staticmethod
+    def concat(parts: Sequence["GroupCodes"]) -> "GroupCodes":
+        return GroupCodes(*(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "scales", "offsets")))
+
+    def dequantized(self) -> torch.Tensor:
+        out_features, in_features = self.codes.shape
+        groups = self.codes.view(out_features, -1, GROUP_SIZE).float()
+        return (groups * self.scales[..., None] + self.offsets[..., None]).view(out_features, in_features)
+
+    def permuted_rows(self, order: torch.Tensor) -> "GroupCodes":
+        return GroupCodes(self.codes[order], self.scales[order], self.offsets[order])
+
+
+class Int4Linear:
+    """`y = x @ W.T` with W as 4-bit codes, a scale and an offset per group of 32 inputs.
+
+    torch's kernel computes `(code - 8) * scale + zero`; with `zero = offset + 8 * scale` that is
+    GGUF Q4_1's `code * scale + offset` (Q4_0: `offset = -8 * scale`).
+    """
+
+    def __init__(self, groups: GroupCodes, dtype: torch.dtype) -> None:
+        self.out_features, self.in_features = groups.codes.shape
+        if self.in_features % GROUP_SIZE:
+            raise ValueError(f"int4 needs a multiple of {GROUP_SIZE} inputs, not {self.in_features}")
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.codes.to(torch.int32).contiguous(), 1)
+        zeros = groups.offsets + 8 * groups.scales
+        self.scales_and_zeros = torch.stack([groups.scales, zeros], dim=-1).transpose(0, 1).contiguous().to(dtype)
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, dtype: torch.dtype) -> "Int4Linear":
+        return cls(quantize_int4(weight, dtype), dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP_SIZE, self.scales_and_zeros)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def quantize_int4(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> GroupCodes:
+    """Asymmetric 4-bit rounding per group of 32 inputs (Q4_1's scheme): the group's minimum is the
+    offset and its range over 15 the scale, both first rounded to `dtype` (the kernel's)."""
+    weight = weight.detach().float()
+    out_features, in_features = weight.shape
+    if in_features % GROUP_SIZE:
+        raise ValueError(f"int4 needs a multiple of {GROUP_SIZE} inputs, not {in_features}")
+    groups = weight.view(out_features, -1, GROUP_SIZE)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scales = _round_up_to(((high - low) / INT4_MAX).clamp(min=torch.finfo(torch.float32).tiny), dtype)
+    offsets = low.to(dtype).float()
+    codes = torch.round((groups - offsets[..., None]) / scales[..., None]).clamp(0, INT4_MAX)
+    return GroupCodes(codes.to(torch.uint8).view(out_features, in_features), scales, offsets)
+
+
+def _round_up_to(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float32 `values` rounded to `dtype` and back, never below themselves (no code overflows)."""
+    rounded = values.to(dtype).float()
+    while bool((smaller := rounded < values).any()):
+        bumped = torch.nextafter(rounded.to(dtype), torch.tensor(float("inf"), dtype=dtype)).float()
+        rounded = torch.where(smaller, bumped, rounded)
+    return rounded
+
+
+# -- GGUF blocks ------------------------------------------------------------------------------------
+
+GGUF_NAMES = {  # transformers' Llama parameter -> GGUF tensor (blk.N. prefix)
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down"}
+
+
+class GgufWeights:
+    """The 4-bit blocks of a Llama GGUF file, by transformers' parameter names."""
+
+    def __init__(self, path: str, num_heads: int, num_kv_heads: int) -> None:
+        import gguf
+
+        self.path = path
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self._types = gguf.GGMLQuantizationType
+        self.tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(path).tensors}
+
+    def gguf_name(self, name: str) -> str | None:
+        """`model.layers.3.mlp.up_proj.weight` -> `blk.3.ffn_up.weight`; None for other names."""
+        parts = name.split(".")
+        if len(parts) != 6 or parts[:2] != ["model", "layers"] or parts[5] != "weight":
+            return None
+        short = GGUF_NAMES.get(f"{parts[3]}.{parts[4]}")
+        return None if short is None else f"blk.{parts[2]}.{short}.weight"
+
+    def group_codes(self, name: str) -> GroupCodes | None:
+        """The tensor's 4-bit codes and block scales as stored (Q4_0, Q4_1), in transformers' row
+        order; None when the file holds it in another type."""
+        gguf_name = self.gguf_name(name)
+        tensor = self.tensors.get(gguf_name) if gguf_name else None
+        if tensor is None or tensor.tensor_type not in (self._types.Q4_0, self._types.Q4_1):
+            return None
+        in_features, out_features = (int(n) for n in tensor.shape)
+        block_bytes = 18 if tensor.tensor_type == self._types.Q4_0 else 20
+        blocks = np.asarray(tensor.data).reshape(out_features, in_features // GROUP_SIZE, block_bytes)
+        scales = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        if tensor.tensor_type == self._types.Q4_1:
+            offsets = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        else:  # Q4_0: code * scale - 8 * scale
+            offsets = -8 * scales
+        nibbles = blocks[..., block_bytes - GROUP_SIZE // 2:]
+        codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(out_features, in_features)
+        groups = GroupCodes(torch.from_numpy(codes.copy()), torch.from_numpy(scales), torch.from_numpy(offsets))
+        if ".attn_q." in gguf_name:
+            return groups.permuted_rows(_unpermute_order(out_features, self.num_heads))
+        if ".attn_k." in gguf_name:
+            return groups.permuted_rows(_unpermute_order(out_features, self.num_kv_heads))
+        return groups
+
+
+def _unpermute_order(num_rows: int, num_heads: int) -> torch.Tensor:
+    """Row order undoing llama.cpp's q/k permutation (interleaved rotary halves), as transformers'
+    GGUF loader does to the float weights."""
+    half = num_rows // num_heads // 2
+    return torch.arange(num_rows).view(num_heads, half, 2).transpose(1, 2).reshape(num_rows)
+
+
+# -- the forward's layer factory ---------------------------------------------------------------------
+
+def factory(quantize: str, model: torch.nn.Module, gguf_file: str | None, backend: str, device: torch.device,
+            dtype: torch.dtype) -> "LinearFactory":
+    """The native forward's layer factory for `--quantize`; ValueError where it cannot run."""
+    check_supported(quantize, device, dtype)
+    if quantize != "none" and backend != "native":
+        raise ValueError(f"--quantize {quantize} needs the native forward (--backend native), not {backend}")
+    return LinearFactory(quantize, model, gguf_file, dtype)
+
+
+class LinearFactory:
+    """Builds the native forward's linear layers from transformers' weights: `factory(w1, w2, ...)`
+    is one layer over the weights stacked by rows (fused q/k/v, gate/up).
+
+    `none`: the float weights packed for oneDNN (`PackedLinear`); `int8`: `Int8Linear` for the
+    decoder blocks; `int4`: `Int4Linear` for them (from the GGUF's own 4-bit blocks where the file
+    has them). The lm_head stays `PackedLinear` in every mode.
+    """
+
+    def __init__(self, quantize: str = "none", model: torch.nn.Module | None = None, gguf_file: str | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
+        self.quantize = quantize
+        self.dtype = dtype
+        self.names: dict[int, str] = {}
+        if model is not None:
+            self.names = {p.data_ptr(): name for name, p in model.named_parameters(remove_duplicate=False)}
+        self.gguf: GgufWeights | None = None
+        self.counts: dict[str, int] = {}
+        if quantize == "int4" and gguf_file and model is not None:
+            config = model.config
+            self.gguf = GgufWeights(gguf_file, config.num_attention_heads,
+                                    config.num_key_value_heads or config.num_attention_heads)
+
+    def __call__(self, *weights: torch.Tensor):
+        weight = weights[0] if len(weights) == 1 else torch.cat(weights)
+        names = [self.names.get(w.data_ptr(), "") for w in weights]
+        if self.quantize == "none" or any(name in HEAD_NAMES for name in names):
+            return PackedLinear(weight)
+        if self.quantize == "int8":
+            return self._count("int8", Int8Linear.from_float(weight, self.dtype))
+        parts = [self.gguf.group_codes(name) for name in names] if self.gguf is not None else [None]
+        if all(part is not None for part in parts):
+            return self._count("int4 (GGUF blocks)", Int4Linear(GroupCodes.concat(parts), self.dtype))
+        return self._count("int4", Int4Linear.from_float(weight, self.dtype))
+
+    def _count(self, kind: str, layer):
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        return layer
+
+    def describe(self) -> str:
+        return ", ".join(f"{count} {kind}" for kind, count in self.counts.items()) or "float"

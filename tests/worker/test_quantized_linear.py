@@ -1,0 +1,209 @@
+"""Quantized weights kept quantized: int8 and int4 layers, GGUF 4-bit blocks taken as stored, --quantize."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from common.config import ConfigError, parse_config
+from services.launcher.config import LaunchConfig
+from services.worker.config import WorkerConfig
+from services.worker.backend import load_model
+from services.worker.packed_linear import PackedLinear
+from services.worker.quantized_linear import (GROUP_SIZE, GgufWeights, GroupCodes, Int4Linear, Int8Linear,
+                                              LinearFactory, _unpermute_order, quantize_int4)
+from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
+
+ACTIVATION_DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _weight(out_features: int = 96, in_features: int = 128, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(out_features, in_features, generator=generator) * in_features ** -0.5
+
+
+@pytest.mark.parametrize("dtype", ACTIVATION_DTYPES)
+def test_int8_layer_computes_with_its_own_rounded_weights(dtype: torch.dtype):
+    """The int8 layer equals F.linear over its de-quantized weights (kernel rounding aside), whose
+    error is at most half a step of each row's scale, and works on 2-d and 3-d inputs."""
+    weight = _weight()
+    layer = Int8Linear.from_float(weight, dtype)
+    assert layer.codes.dtype == torch.int8 and layer.scales.dtype == dtype
+    steps = layer.scales.float()[:, None]
+    assert bool(((layer.dequantized() - weight).abs() <= steps / 2 + 1e-7).all())
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    for shape in ((1, 128), (16, 128), (2, 5, 128)):
+        x = torch.randn(shape).to(dtype)
+        expected = F.linear(x.float(), layer.dequantized())
+        torch.testing.assert_close(layer(x).float(), expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", ACTIVATION_DTYPES)
+def test_int4_layer_computes_with_its_groups(dtype: torch.dtype):
+    """The int4 layer equals F.linear over codes x scale + offset per 32 inputs, each within half
+    a step of the float weight."""
+    weight = _weight()
+    groups = quantize_int4(weight, dtype)
+    assert groups.codes.shape == weight.shape and groups.scales.shape == (96, 128 // GROUP_SIZE)
+    assert int(groups.codes.max()) <= 15
+    steps = groups.scales.repeat_interleave(GROUP_SIZE, dim=1)
+    assert bool(((groups.dequantized() - weight).abs() <= steps / 2 + 1e-6).all())
+    layer = Int4Linear(groups, dtype)
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    for shape in ((1, 128), (16, 128), (2, 5, 128)):
+        x = torch.randn(shape).to(dtype)
+        expected = F.linear(x.float(), groups.dequantized())
+        torch.testing.assert_close(layer(x).float(), expected, rtol=tolerance, atol=tolerance)
+
+
+def test_int4_needs_whole_groups():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Int4Linear.from_float(_weight(in_features=48), torch.float32)
+
+
+def _write_gguf(path: str, tensors: dict[str, tuple[np.ndarray, object]]) -> None:
+    import gguf
+
+    writer = gguf.GGUFWriter(path, "llama")
+    for name, (weight, kind) in tensors.items():
+        blocks = gguf.quants.quantize(weight, kind)
+        writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_q4_blocks_are_taken_as_stored(tmp_path):
+    """Q4_0 and Q4_1 blocks read into codes and scales that de-quantize to exactly what gguf-py's
+    own de-quantizer gives; q and k rows come back in transformers' order; a Q8_0 tensor is not
+    4-bit (None: it is quantized from float instead)."""
+    import gguf
+
+    kinds = gguf.GGMLQuantizationType
+    rng = np.random.RandomState(0)
+    weights = {name: rng.randn(16, 64).astype(np.float32) for name in ("down", "q", "k", "up")}
+    path = str(tmp_path / "tiny.gguf")
+    _write_gguf(path, {"blk.0.ffn_down.weight": (weights["down"], kinds.Q4_0),
+                       "blk.0.attn_q.weight": (weights["q"], kinds.Q4_1),
+                       "blk.0.attn_k.weight": (weights["k"], kinds.Q4_1),
+                       "blk.0.ffn_up.weight": (weights["up"], kinds.Q8_0)})
+    source = GgufWeights(path, num_heads=4, num_kv_heads=2)
+
+    def reference(name: str, kind) -> torch.Tensor:
+        return torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(weights[name], kind), kind))
+
+    down = source.group_codes("model.layers.0.mlp.down_proj.weight")
+    assert torch.equal(down.dequantized(), reference("down", kinds.Q4_0))
+    q = source.group_codes("model.layers.0.self_attn.q_proj.weight")
+    assert torch.equal(q.dequantized(), reference("q", kinds.Q4_1)[_unpermute_order(16, 4)])
+    k = source.group_codes("model.layers.0.self_attn.k_proj.weight")
+    assert torch.equal(k.dequantized(), reference("k", kinds.Q4_1)[_unpermute_order(16, 2)])
+    assert source.group_codes("model.layers.0.mlp.up_proj.weight") is None
+    assert source.group_codes("model.layers.1.mlp.up_proj.weight") is None
+    assert source.group_codes("lm_head.weight") is None
+
+
+def test_unpermute_order_is_transformers_reverse_permutation():
+    """The row order undoes llama.cpp's permutation as transformers' GGUF loader does it."""
+    rows, heads = 24, 3
+    weights = torch.arange(rows * 2).view(rows, 2)
+    half = rows // heads // 2
+    expected = weights.reshape(heads, half, 2, 2).swapaxes(2, 1).reshape(rows, 2)
+    assert torch.equal(weights[_unpermute_order(rows, heads)], expected)
+
+
+def test_embedded_gguf_blocks_equal_the_converted_float_weights(smollm2, smollm2_reference):
+    """Every 4-bit tensor of the embedded SmolLM2 GGUF, read as codes and block scales, equals the
+    float weight transformers de-quantized from it, bit for bit (q/k permutation included)."""
+    config = smollm2_reference.config
+    source = GgufWeights(smollm2.gguf_file, config.num_attention_heads, config.num_key_value_heads)
+    checked = 0
+    for name, parameter in smollm2_reference.named_parameters():
+        groups = source.group_codes(name)
+        if groups is not None:
+            assert torch.equal(groups.dequantized(), parameter.detach()), name
+            checked += 1
+    assert checked == 7 * config.num_hidden_layers
+
+
+def test_factory_quantizes_the_blocks_and_keeps_the_lm_head_float(tiny_reference):
+    """int8/int4 for the decoder blocks' weights (stacked by rows), PackedLinear for the lm_head
+    (tied to the embedding here) and for everything with --quantize none."""
+    attention = tiny_reference.model.layers[0].self_attn
+    qkv = (attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight)
+    for quantize, kind in (("none", PackedLinear), ("int8", Int8Linear), ("int4", Int4Linear)):
+        factory = LinearFactory(quantize, tiny_reference, None, torch.float32)
+        layer = factory(*qkv)
+        assert isinstance(layer, kind) and layer.out_features == sum(w.shape[0] for w in qkv)
+        assert isinstance(factory(tiny_reference.lm_head.weight), PackedLinear)
+    assert LinearFactory("int4", tiny_reference).describe() == "float"
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_quantized_model_equals_transformers_with_the_same_rounded_weights(tiny_model_dir, quantize):
+    """The native forward with quantized blocks gives the logits transformers gives when its
+    weights are replaced by the de-quantized ones (float32 activations: exact but for summation
+    order), and generates."""
+    from transformers import AutoModelForCausalLM
+
+    model = load_model(tiny_model_dir, dtype="float32", device="cpu", kv_cache="padded", quantize=quantize)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    for block in reference.model.layers:
+        for linear in (block.self_attn.q_proj, block.self_attn.k_proj, block.self_attn.v_proj,
+                       block.self_attn.o_proj, block.mlp.gate_proj, block.mlp.up_proj, block.mlp.down_proj):
+            weight = linear.weight.detach()
+            rounded = (Int8Linear.from_float(weight, torch.float32).dequantized() if quantize == "int8"
+                       else quantize_int4(weight).dequantized())
+            linear.weight.data.copy_(rounded)
+    ids = [1, 504, 3458, 282, 9690, 17]
+    batch = batch_of(model, [request(1, ids, 3, ignore_eos=True)])
+    logits, _ = model.forward(batch, all_positions=True)
+    with torch.inference_mode():
+        expected = reference(torch.tensor([ids])).logits
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    assert len(token_ids(run_to_end(model, batch_of(model, [request(2, ids, 4, ignore_eos=True)])))[2]) == 4
+
+
+def test_quantize_needs_the_native_forward(tiny_model_dir):
+    with pytest.raises(ValueError, match="native forward"):
+        load_model(tiny_model_dir, dtype="float32", device="cpu", backend="transformers", kv_cache="padded",
+                   quantize="int8")
+
+
+def test_auto_dtype_with_quantize_is_bfloat16_where_the_cpu_has_it(tiny_model_dir):
+    """torch's quantized kernels are scalar loops in float32: `auto` takes bfloat16 where it can."""
+    from services.worker.dtype_choice import cpu_has_bf16_matrix_units
+
+    model = load_model(tiny_model_dir, dtype="auto", device="cpu", quantize="int4")
+    assert model.dtype == (torch.bfloat16 if cpu_has_bf16_matrix_units() else torch.float32)
+
+
+def test_quantize_flag_and_environment(monkeypatch):
+    """--quantize and ZTGI_QUANTIZE reach the worker's config; the launcher passes it on to every
+    child; a value outside none/int8/int4 is a config error."""
+    assert parse_config(WorkerConfig, []).quantize == "none"
+    assert parse_config(WorkerConfig, ["--quantize", "int4"]).quantize == "int4"
+    monkeypatch.setenv("ZTGI_QUANTIZE", "int8")
+    assert parse_config(WorkerConfig, []).quantize == "int8"
+    assert parse_config(LaunchConfig, []).shared_environment("tcp://x:1")["ZTGI_QUANTIZE"] == "int8"
+    with pytest.raises(ConfigError, match="--quantize"):
+        parse_config(WorkerConfig, ["--quantize", "int2"])
+
+
+def test_group_codes_concatenate_by_rows():
+    a, b = quantize_int4(_weight(8, 64, 1)), quantize_int4(_weight(4, 64, 2))
+    both = GroupCodes.concat([a, b])
+    assert torch.equal(both.dequantized(), torch.cat([a.dequantized(), b.dequantized()]))
+
+
+def test_paged_model_builds_quantized_layers_and_matches_padded(tiny_model_dir):
+    """The paged forward takes the same layers: int4 weights give the padded backend's tokens."""
+    padded = load_model(tiny_model_dir, dtype="float32", device="cpu", kv_cache="padded", quantize="int4")
+    paged = load_model(tiny_model_dir, dtype="float32", device="cpu", kv_cache="paged", quantize="int4")
+    assert isinstance(paged.forward_pass.weights.layers[0].gate_up, Int4Linear)
+    paged.allocate_pool(64)
+    requests = [request(1, [1, 504, 3458, 282], 5, ignore_eos=True), request(2, [9690, 17], 3, ignore_eos=True)]
+    assert token_ids(run_to_end(paged, batch_of(paged, requests))) == token_ids(run_to_end(padded, batch_of(padded, requests)))
