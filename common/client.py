@@ -27,7 +27,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterator,
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
+from common import handshake
 from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.curve import CurveKeys, apply as apply_curve
 from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
@@ -87,12 +89,15 @@ class AsyncZtgiClient:
     `query_timeout_s` bounds health/info/stats; `request_timeout_s` (None: no bound) is the
     longest wait for a request's next event before it is cancelled. `observe(parameters)`, when
     given, makes a `StreamObserver` for each request. `curve_keys`
-    (`common.curve.client_keys(...)`) encrypts the link to a scheduler that runs CURVE.
+    (`common.curve.client_keys(...)`) encrypts the link to a scheduler that runs CURVE; a
+    handshake that fails (keys missing or wrong) is logged in plain words, and `handshake.expired`
+    says when it has kept failing for `handshake_timeout_s`.
     """
 
     def __init__(self, scheduler_url: str = DEFAULT_SCHEDULER_URL, *, heartbeat_interval_ms: int = 1000,
                  heartbeat_misses: int = 5, query_timeout_s: float = 5.0,
-                 request_timeout_s: float | None = None, curve_keys: CurveKeys | None = None) -> None:
+                 request_timeout_s: float | None = None, curve_keys: CurveKeys | None = None,
+                 handshake_timeout_s: float = 30.0) -> None:
         if heartbeat_interval_ms <= 0 or heartbeat_misses <= 0:
             raise ValueError("heartbeat_interval_ms and heartbeat_misses must be positive")
         self.scheduler_url = scheduler_url
@@ -104,9 +109,11 @@ class AsyncZtgiClient:
         self.query_timeout_s = query_timeout_s
         self.request_timeout_s = request_timeout_s
         self.curve_keys = curve_keys
+        self.handshake = handshake.HandshakeWatch(curve_keys is not None, handshake_timeout_s)
         self.observe: ObserverFactory | None = None
         self._context: zmq.asyncio.Context | None = None
         self._socket: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self._request_id_to_queue: dict[str, asyncio.Queue[StreamEvent]] = {}
         self._query_id_to_future: dict[str, asyncio.Future] = {}
@@ -129,13 +136,15 @@ class AsyncZtgiClient:
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # libzmq drops a larger frame unread
         apply_curve(socket, self.curve_keys)
+        self._monitor = handshake.watch(socket)
         socket.connect(self.address)
         self._socket = socket
         self._connected = asyncio.Event()
         self._last_heard = time.monotonic()
         self._send(Hello(role="client", protocol_version=PROTOCOL_VERSION, boot_nonce=self.boot_nonce))
         self._tasks = [asyncio.create_task(self._receive_loop(), name="ztgi-client-receive"),
-                       asyncio.create_task(self._heartbeat_loop(), name="ztgi-client-heartbeat")]
+                       asyncio.create_task(self._heartbeat_loop(), name="ztgi-client-heartbeat"),
+                       asyncio.create_task(self._handshake_loop(), name="ztgi-client-handshake")]
         logger.info("client %s connecting to %s", self.identity.decode(), self.address)
         return self
 
@@ -148,6 +157,8 @@ class AsyncZtgiClient:
         for task in self._tasks:
             task.cancel()
         if self._socket is not None:
+            self._socket.disable_monitor()
+            self._monitor.close(linger=0)
             self._socket.close(linger=0)
             self._context.term()
 
@@ -298,7 +309,8 @@ class AsyncZtgiClient:
         waiter = asyncio.ensure_future(self._connected.wait())
         try:
             if not await _wait(waiter, max(0.0, remaining_s)):
-                raise ZtgiError(f"the scheduler at {self.scheduler_url} is unreachable", "unhealthy")
+                why = f": {self.handshake.failure}" if self.handshake.failure else ""
+                raise ZtgiError(f"the scheduler at {self.scheduler_url} is unreachable{why}", "unhealthy")
         finally:
             waiter.cancel()
 
@@ -362,6 +374,14 @@ class AsyncZtgiClient:
             self._fail_in_flight("scheduler restarted", "unhealthy", send_cancel=True)
             self._send(Hello(role="client", protocol_version=PROTOCOL_VERSION, boot_nonce=self.boot_nonce))
         self._scheduler_nonce = nonce
+
+    async def _handshake_loop(self) -> None:
+        """Reads the socket monitor's handshake events; a failure is logged once, in words."""
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())
+            failure = self.handshake.on_event(event["event"], event["value"])
+            if failure is not None:
+                logger.error("cannot connect to the scheduler at %s: %s", self.scheduler_url, failure)
 
     async def _heartbeat_loop(self) -> None:
         """Heartbeats every interval and fails in-flight work when the scheduler goes silent."""

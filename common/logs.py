@@ -6,6 +6,8 @@ import logging
 import os
 import sys
 
+from common.log_rate_limit import RateLimitFilter
+
 _FORMAT = "%(asctime)s %(levelname)s %(service)s %(name)s: %(message)s"
 
 
@@ -19,12 +21,18 @@ class _ServiceFilter(logging.Filter):
         return True
 
 
-def setup_logging(service: str, level: str | None = None) -> None:
-    """Configures the root logger once for a service process (`service` like `worker[0]`)."""
+def setup_logging(service: str, level: str | None = None, rate_limit_s: float = 10.0) -> None:
+    """Configures the root logger once for a service process (`service` like `worker[0]`).
+
+    A warning repeated more than a few times within `rate_limit_s` is counted instead of
+    written (`RateLimitFilter`); 0 turns that off.
+    """
     level = (level or os.environ.get("ZTGI_LOG_LEVEL", "INFO")).upper()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(_FORMAT))
     handler.addFilter(_ServiceFilter(service))
+    if rate_limit_s > 0:
+        handler.addFilter(RateLimitFilter(rate_limit_s))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

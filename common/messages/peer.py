@@ -24,6 +24,11 @@ class Hello:
 
 @message("heartbeat")
 class Heartbeat:
-    """Sent periodically by every peer; the scheduler answers with its own boot nonce."""
+    """Sent periodically by every peer; the scheduler answers with its own boot nonce.
+
+    In the scheduler's answer to a worker, `registered` says whether a worker of that boot
+    nonce is registered: False tells a worker the scheduler dropped to say Hello again.
+    """
 
     boot_nonce: str
+    registered: bool | None = None

@@ -104,11 +104,14 @@ class TextBatch:
 
     `payload` is an encoded `StreamEvents`, forwarded to the client without decoding.
     `finished` lists requests the tokenizer ended itself (stop sequence): the scheduler drops
-    them from their batch at the next step.
+    them from their batch at the next step. `job_id` is the DetokenizeJob's it answers: the
+    answer of a job the scheduler no longer waits for (sent to a tokenizer it lost, then handed
+    to another) is dropped, never streamed twice.
     """
 
     outputs: list[ClientOutput]
     finished: list[RequestKey]
+    job_id: int = 0
 
 
 @message("tokenize_done")

@@ -11,10 +11,15 @@ __all__ = ["EncodeJob", "TokenStep", "DetokenizeJob", "Forget", "Adopt", "Tokeni
 
 @message("encode_job")
 class EncodeJob:
-    """Encode this client request; answer with Encoded or Rejected on `tokenized`."""
+    """Encode this client request; answer with Encoded or Rejected on `tokenized`.
+
+    `scheduler_nonce` is the sending scheduler's boot nonce: the tokenizer drops the state of a
+    scheduler that restarted, and an encode job may arrive before the new scheduler's heartbeat.
+    """
 
     key: RequestKey
     generate: Generate
+    scheduler_nonce: str = ""
 
 
 @record
@@ -29,9 +34,10 @@ class TokenStep:
 
 @message("detokenize_job")
 class DetokenizeJob:
-    """All tokens of one step for the requests this tokenizer owns."""
+    """All tokens of one step for the requests this tokenizer owns; its TextBatch names `job_id`."""
 
     steps: list[TokenStep]
+    job_id: int = 0
 
 
 @message("forget")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 import weakref
 from typing import AsyncIterator
@@ -19,11 +20,12 @@ from services.gateway.errors import error_middleware
 from services.gateway.metrics import METRICS, GatewayMetrics, handle_metrics, rejection_middleware
 from services.gateway.sse import EventStream
 from services.gateway.served_model import ServedModel
-from services.gateway.state import CLIENT, CONFIG, SERVED_MODEL, STREAMS
+from services.gateway.state import CLIENT, CONFIG, EXIT_STATUS, SERVED_MODEL, STREAMS, ExitStatus
 
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_REASON = "the gateway is shutting down"
+HANDSHAKE_CHECK_S = 0.5
 
 
 def make_app(config: GatewayConfig) -> web.Application:
@@ -34,6 +36,7 @@ def make_app(config: GatewayConfig) -> web.Application:
     app[CONFIG] = config
     app[STREAMS] = weakref.WeakSet()
     app[METRICS] = GatewayMetrics()
+    app[EXIT_STATUS] = ExitStatus()
     app.cleanup_ctx.append(_client_context)
     app.on_shutdown.append(_drain_streams)
     app.add_routes([
@@ -60,12 +63,27 @@ async def _client_context(app: web.Application) -> AsyncIterator[None]:
     client = AsyncZtgiClient(
         config.scheduler_url, heartbeat_interval_ms=config.heartbeat_interval_ms,
         heartbeat_misses=config.heartbeat_misses, query_timeout_s=config.query_timeout_s,
-        request_timeout_s=config.request_timeout_s, curve_keys=config.curve_keys)
+        request_timeout_s=config.request_timeout_s, curve_keys=config.curve_keys,
+        handshake_timeout_s=config.handshake_timeout_s)
     client.observe = app[METRICS].observe
     app[CLIENT] = await client.start()
     app[SERVED_MODEL] = ServedModel(client)
+    watcher = asyncio.create_task(_give_up_on_a_failing_handshake(app))
     yield
+    watcher.cancel()
     await client.aclose()
+
+
+async def _give_up_on_a_failing_handshake(app: web.Application) -> None:
+    """A gateway whose handshake with the scheduler keeps failing (CURVE keys) serves nothing:
+    after `handshake_timeout_s` it stops itself with exit code 1, as a worker or tokenizer does."""
+    client = app[CLIENT]
+    while not client.handshake.expired:
+        await asyncio.sleep(HANDSHAKE_CHECK_S)
+    logger.error("no handshake with the scheduler for %g s (%s): exiting", app[CONFIG].handshake_timeout_s,
+                 client.handshake.failure)
+    app[EXIT_STATUS].code = 1
+    signal.raise_signal(signal.SIGTERM)  # run_app's own handler: a clean stop
 
 
 async def _drain_streams(app: web.Application) -> None:

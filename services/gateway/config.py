@@ -30,10 +30,16 @@ class GatewayConfig:
     max_best_of: int = 2
     max_client_batch_size: int = 4
     max_payload_bytes: int = 2 * 1024 * 1024
+    body_read_timeout_s: float = dataclasses.field(default=30.0, metadata={
+        "help": "a request body not received within this many seconds is answered 408 and its "
+                "connection closed (a client that sends part of a body and stops holds it until then)"})
     request_timeout_s: float = 600.0
     query_timeout_s: float = 5.0
     heartbeat_interval_ms: int = 1000
     heartbeat_misses: int = 5
+    handshake_timeout_s: float = dataclasses.field(default=30.0, metadata={
+        "help": "exit with code 1 when the handshake with the scheduler (CURVE keys) has kept failing this "
+                "long; a scheduler that is not up yet is waited for without limit"})
     compute_type: str = "ztgi"
     api_key: str | None = dataclasses.field(default=None, metadata={
         "help": "when set, generation routes need `Authorization: Bearer <key>`"})
@@ -45,8 +51,12 @@ class GatewayConfig:
     curve_secret_key_file: str | None = dataclasses.field(default=None, metadata={
         "help": "this gateway's CURVE keypair (NAME.key_secret); unset: a fresh one per process"})
     log_level: str = "INFO"
+    log_rate_limit_s: float = dataclasses.field(default=10.0, metadata={
+        "help": "a warning repeated more than 10 times within this many seconds is counted, not written "
+                "(one line then says how many were suppressed); 0: every line is written"})
 
     def __post_init__(self) -> None:
+        require(self.log_rate_limit_s >= 0, "--log-rate-limit-s must be >= 0")
         Endpoints(self.scheduler_url)  # validates the URL
         require(0 <= self.port < 65536, f"--port {self.port} is not a TCP port")
         require(self.gateway_index >= 0, "--gateway-index must be >= 0")
@@ -57,7 +67,9 @@ class GatewayConfig:
             require(getattr(self, name) >= 0, f"--{name.replace('_', '-')} must be >= 0")
         require(self.max_payload_bytes > 0, "--max-payload-bytes must be positive")
         require(self.request_timeout_s > 0, "--request-timeout-s must be positive")
+        require(self.body_read_timeout_s > 0, "--body-read-timeout-s must be positive")
         require(self.query_timeout_s > 0, "--query-timeout-s must be positive")
+        require(self.handshake_timeout_s > 0, "--handshake-timeout-s must be positive")
         require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
                 "--heartbeat-interval-ms and --heartbeat-misses must be positive")
         require(self.shutdown_timeout_s >= 0, "--shutdown-timeout-s must be >= 0")

@@ -32,6 +32,8 @@ OPENAI_PREFIX = "/v1/"
 _ERROR_TYPE_TO_OPENAI_TYPE = {
     "validation": "invalid_request_error",
     "payload_too_large": "invalid_request_error",
+    "unsupported_media_type": "invalid_request_error",
+    "request_timeout": "invalid_request_error",
     "authentication": "authentication_error",
     "overloaded": "rate_limit_error",
 }
@@ -41,12 +43,13 @@ class HttpError(Exception):
     """A request the gateway refuses by itself, with the status to answer."""
 
     def __init__(self, status: int, message: str, error_type: str,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, close_connection: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.error_type = error_type
         self.headers = headers
+        self.close_connection = close_connection  # the request's body is unread: no keep-alive
 
 
 def status_for(error_type: str) -> int:
@@ -81,7 +84,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except TimeoutError as exc:
         return error_for(request, 503, str(exc) or "the scheduler did not answer in time", "unhealthy")
     except HttpError as exc:
-        return error_for(request, exc.status, exc.message, exc.error_type, headers=exc.headers)
+        response = error_for(request, exc.status, exc.message, exc.error_type, headers=exc.headers)
+        if exc.close_connection:
+            response.force_close()
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -7,12 +7,13 @@ rules the tokenizer applies to direct clients. `null` means "the default" everyw
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import re
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from common.messages import GenerateParameters
 from common.parameters import ParameterLimits, ValidationError, validate_best_of, validate_parameters
@@ -40,15 +41,33 @@ class TextRequest:
     best_of: int = 1
 
 
-async def read_json(request: web.Request, max_payload_bytes: int) -> Any:
-    """The body as JSON; 413 before reading anything larger than the limit, 422 for bad JSON."""
+async def read_json(request: web.Request, max_payload_bytes: int, read_timeout_s: float) -> Any:
+    """The body as JSON: 415 for a body that says it is not JSON, 413 before reading anything
+    larger than the limit, 408 for a body that does not arrive within `read_timeout_s` (a client
+    that sends part of a body and stops holds a connection until then), 422 for bad JSON."""
+    _check_json_content_type(request)
     if request.content_length is not None and request.content_length > max_payload_bytes:
         raise _too_large(max_payload_bytes)
     try:
-        body = await request.read()  # the app's client_max_size stops bodies without a length
+        async with asyncio.timeout(read_timeout_s):
+            body = await request.read()  # the app's client_max_size stops bodies without a length
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(max_payload_bytes) from None
+    except TimeoutError:
+        raise HttpError(408, f"the request body did not arrive within {read_timeout_s:g} s", "request_timeout",
+                        close_connection=True) from None
     return parse_json(body)
+
+
+def _check_json_content_type(request: web.Request) -> None:
+    """TGI's JSON extractor answers 415 unless the body is declared JSON; a body with no
+    Content-Type at all is read as JSON here (curl --data-binary, requests' data=)."""
+    if hdrs.CONTENT_TYPE not in request.headers:
+        return
+    mime = request.content_type
+    if mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json")):
+        return
+    raise HttpError(415, "Expected request with `Content-Type: application/json`", "unsupported_media_type")
 
 
 def parse_json(body: bytes) -> Any:

@@ -11,10 +11,14 @@ from aiohttp import web
 from common.config import parse_config
 from common.gc_freeze import freeze_startup_objects
 from common.logs import setup_logging
+from services.gateway import bad_requests
 from services.gateway.app import make_app
 from services.gateway.config import GatewayConfig
+from services.gateway.state import EXIT_STATUS
 
 logger = logging.getLogger(__name__)
+
+LINGERING_TIME_S = 10.0  # aiohttp's default
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -28,7 +32,8 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 def main(argv: Sequence[str] | None = None) -> int:
     """Serves until SIGTERM/SIGINT, then drains for `shutdown_timeout_s` and exits 0."""
     config = parse_config(GatewayConfig, argv, prog="ztgi gateway")
-    setup_logging(f"gateway[{config.gateway_index}]", config.log_level)
+    setup_logging(f"gateway[{config.gateway_index}]", config.log_level, config.log_rate_limit_s)
+    bad_requests.install()
     logger.info("serving http://%s:%d for the scheduler at %s", config.host, config.port, config.scheduler_url)
     debug = logging.getLogger().isEnabledFor(logging.DEBUG)
     app = make_app(config)
@@ -36,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     web.run_app(
         app, host=config.host, port=config.port, reuse_port=config.reuse_port or None,
         shutdown_timeout=config.shutdown_timeout_s, handler_cancellation=True, print=None,
+        # after an answer that left a body unread (413, 408), aiohttp reads and drops the rest for
+        # at most this long before it closes the connection
+        lingering_time=min(LINGERING_TIME_S, config.body_read_timeout_s),
         access_log=logging.getLogger("aiohttp.access") if debug else None, loop=new_event_loop())
     logger.info("stopped")
-    return 0
+    return app[EXIT_STATUS].code

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 
 from aiohttp import web
@@ -10,8 +11,18 @@ from common.client import AsyncZtgiClient
 from services.gateway.config import GatewayConfig
 from services.gateway.served_model import ServedModel
 
+
+
+@dataclasses.dataclass
+class ExitStatus:
+    """The gateway process's exit code, set before it stops itself (1: it could not do its job)."""
+
+    code: int = 0
+
+
 CONFIG = web.AppKey("config", GatewayConfig)
 CLIENT = web.AppKey("client", AsyncZtgiClient)
 SERVED_MODEL = web.AppKey("served_model", ServedModel)
 STREAMS = web.AppKey("streams", weakref.WeakSet)
 """Open SSE streams (`EventStream`), ended with a reason when the gateway shuts down."""
+EXIT_STATUS = web.AppKey("exit_status", ExitStatus)

@@ -51,12 +51,17 @@ class LaunchConfig:
     drain_timeout_s: float = 20.0  # SIGTERM: how long gateways and the scheduler let requests finish
     health_window_s: float = 30.0  # /health: a worker quiet this long must pass a one-token canary
     startup_timeout_s: float = 600.0
+    body_read_timeout_s: float = 30.0  # the gateways answer 408 to a request body not received this fast
     shutdown_timeout_s: float = 30.0  # how long a child may take to exit after SIGTERM before a kill
     restart: bool = True
     restart_backoff_s: float = 1.0
     log_level: str = "INFO"
+    log_rate_limit_s: float = dataclasses.field(default=10.0, metadata={
+        "help": "a warning repeated more than 10 times within this many seconds is counted, not written "
+                "(one line then says how many were suppressed); 0: every line is written"})
 
     def __post_init__(self) -> None:
+        require(self.log_rate_limit_s >= 0, "--log-rate-limit-s must be >= 0")
         for name in ("num_workers", "num_tokenizers", "num_gateways", "block_size", "step_target_ms"):
             require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         require(0 < self.port < 65536, f"--port {self.port} is not a TCP port")
@@ -65,6 +70,7 @@ class LaunchConfig:
         require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
                 "--heartbeat-interval-ms and --heartbeat-misses must be positive")
         require(self.health_window_s > 0, "--health-window-s must be positive")
+        require(self.body_read_timeout_s > 0, "--body-read-timeout-s must be positive")
         require(self.no_worker_timeout_s >= 0 and self.restart_backoff_s >= 0,
                 "--no-worker-timeout-s and --restart-backoff-s must be >= 0")
         require(0 <= self.drain_timeout_s < self.shutdown_timeout_s,
@@ -77,8 +83,9 @@ class LaunchConfig:
                  "memory_budget_mb", "max_concurrent_requests", "max_input_tokens",
                  "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
                  "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode",
-                 "prefix_caching", "max_stop_sequences", "max_top_n_tokens", "max_best_of", "heartbeat_interval_ms", "heartbeat_misses",
-                 "no_worker_timeout_s", "drain_timeout_s", "health_window_s", "log_level")
+                 "prefix_caching", "max_stop_sequences", "max_top_n_tokens", "max_best_of", "heartbeat_interval_ms",
+                 "heartbeat_misses", "no_worker_timeout_s", "drain_timeout_s", "health_window_s", "log_level",
+                 "log_rate_limit_s")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
                if getattr(self, name) is not None}
         env["ZTGI_SCHEDULER_URL"] = scheduler_url

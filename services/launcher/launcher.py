@@ -45,7 +45,8 @@ class Launcher:
                      for i in range(config.num_tokenizers)]
         # several gateways share one port: the kernel spreads connections (SO_REUSEPORT)
         gateway_args = ["--host", config.host, "--port", str(config.port),
-                        "--shutdown-timeout-s", str(config.drain_timeout_s)]
+                        "--shutdown-timeout-s", str(config.drain_timeout_s),
+                        "--body-read-timeout-s", str(config.body_read_timeout_s)]
         gateway_args += ["--reuse-port"] if config.num_gateways > 1 else []
         children += [Child(f"gateway[{i}]", "gateway", ["--gateway-index", str(i), *gateway_args], env)
                      for i in range(config.num_gateways)]

@@ -21,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"ztgi launch: {exc}", file=sys.stderr)
         return 2
-    setup_logging("launcher", config.log_level)
+    setup_logging("launcher", config.log_level, config.log_rate_limit_s)
     launcher = Launcher(config)
 
     def stop(signum: int, _frame: object) -> None:

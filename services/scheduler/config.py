@@ -50,8 +50,12 @@ class SchedulerConfig:
     curve_client_keys_dir: str | None = dataclasses.field(default=None, metadata={
         "help": "directory of client public keys (*.key): only those clients get in"})
     log_level: str = "INFO"
+    log_rate_limit_s: float = dataclasses.field(default=10.0, metadata={
+        "help": "a warning repeated more than 10 times within this many seconds is counted, not written "
+                "(one line then says how many were suppressed); 0: every line is written"})
 
     def __post_init__(self) -> None:
+        require(self.log_rate_limit_s >= 0, "--log-rate-limit-s must be >= 0")
         Endpoints(self.scheduler_url, self.bind_host)  # validates the URL
         require(self.max_concurrent_requests > 0, "--max-concurrent-requests must be positive")
         require(self.max_input_tokens < self.max_total_tokens,

@@ -34,25 +34,47 @@ class Assessment:
     canary_worker: WorkerSlot | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerLoss:
+    """The last worker the scheduler lost: which, why, when (a 503 says it)."""
+
+    identity: bytes
+    reason: str
+    lost_at: float
+
+
 def assess(workers: Iterable[WorkerSlot], num_tokenizers: int, draining: bool, now: float,
-           window_s: float) -> Assessment:
-    """Whether a request can be served now, from what the scheduler has seen (no IO)."""
+           window_s: float, last_loss: WorkerLoss | None = None) -> Assessment:
+    """Whether a request can be served now, from what the scheduler has seen (no IO).
+
+    Each reason says only what is known: a worker quiet because nothing was asked of it is
+    not stuck, so a stuck verdict counts from the unanswered command, not the last answer."""
     if draining:
         return Assessment(False, "shutting down")
     workers = list(workers)
     ready = [slot for slot in workers if slot.ready]
     if not ready:
-        warming = len(workers)
-        return Assessment(False, "no worker is ready" + (f" ({warming} warming up)" if warming else ""))
+        return Assessment(False, _not_ready_reason(len(workers), now, last_loss))
     if not num_tokenizers:
         return Assessment(False, "no tokenizer is connected")
     if any(now - slot.last_progress <= window_s for slot in ready):
         return Assessment(True, "ok")
-    quiet_s = min(now - slot.last_progress for slot in ready)
     idle = [slot for slot in ready if slot.idle and not slot.batches]
     if idle:
-        return Assessment(False, f"no worker progress for {quiet_s:.0f} s", True, idle[0])
-    return Assessment(False, f"no worker has made progress for {quiet_s:.0f} s (a command is stuck)", True)
+        return Assessment(False, f"no worker answered a command in the last {window_s:g} s", True, idle[0])
+    waits = [now - slot.in_flight[0].sent_at for slot in ready if slot.in_flight]
+    if not waits:  # between an answer and the next command
+        return Assessment(False, f"no worker answered a command in the last {window_s:g} s", True)
+    return Assessment(False, f"no worker has answered its command for {min(waits):.0f} s, none answered one in "
+                             f"the last {window_s:g} s (a command is stuck)", True)
+
+
+def _not_ready_reason(num_warming: int, now: float, last_loss: WorkerLoss | None) -> str:
+    reason = "no worker is ready" + (f" ({num_warming} warming up)" if num_warming else "")
+    if last_loss is not None:
+        reason += (f"; worker {last_loss.identity.decode(errors='replace')} was lost "
+                   f"{now - last_loss.lost_at:.0f} s ago ({last_loss.reason})")
+    return reason
 
 
 @dataclasses.dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import time
 
@@ -20,7 +21,7 @@ from common.messages import (
 )
 from services.scheduler.batcher import Batcher
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.health import Assessment, HealthMonitor, assess
+from services.scheduler.health import Assessment, HealthMonitor, WorkerLoss, assess
 from services.scheduler.outbox import Outbox
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
@@ -31,6 +32,7 @@ from services.scheduler.worker_slot import WorkerSlot
 logger = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
+MAX_ADOPTED_AWAY = 64  # lost tokenizers remembered for a Forget, should they come back
 CLIENT_MESSAGES = (Generate, Cancel, Query, TokenizeQuery, Hello, Heartbeat)
 TOKENIZER_MESSAGES = (Hello, Heartbeat, TextBatch, TokenizeDone)
 WORKER_MESSAGES = (Hello, Heartbeat, StepResult, FilterResult, WarmupResult, CommandDone, CommandFailed)
@@ -55,9 +57,13 @@ class Hub:
         self.draining = False
         self.tokenizers: dict[bytes, float] = {}
         # per tokenizer, the DetokenizeJobs not yet answered (one TextBatch per job, in order)
-        self.unacknowledged: dict[bytes, collections.deque[list[tuple[Request, TokenStep]]]] = (
+        self.unacknowledged: dict[bytes, collections.deque[tuple[int, list[tuple[Request, TokenStep]]]]] = (
             collections.defaultdict(collections.deque))
+        self._job_ids = itertools.count(1)
+        # per tokenizer lost for silence, the requests handed to others: it forgets them if it returns
+        self.adopted_away: dict[bytes, list[RequestKey]] = {}
         self.clients: dict[bytes, float] = {}
+        self.last_worker_loss: WorkerLoss | None = None
         self.health_monitor = HealthMonitor(self.outbox, config.canary_timeout_s)
         self.batcher = Batcher(config, self.table, self.queue, self.outbox,
                                self._on_generations, self._fail_requests, self.health_monitor.on_canary)
@@ -101,7 +107,7 @@ class Hub:
             self._send_error(key, "Model is overloaded", "overloaded")
             return
         request = self.table.create(key)
-        request.encode_job = encode(EncodeJob(key, generate))
+        request.encode_job = encode(EncodeJob(key, generate, self.boot_nonce))
         request.parameters = generate.parameters
         self.outbox.to_tokenizer_pool(request.encode_job)
 
@@ -172,6 +178,8 @@ class Hub:
             return
         if isinstance(msg, Hello) and tokenizer_id not in self.tokenizers:
             logger.info("tokenizer %s registered", tokenizer_id.decode(errors="replace"))
+        if tokenizer_id in self.adopted_away:  # back after a stall: its old requests are served elsewhere
+            self.outbox.to_tokenizer(tokenizer_id, Forget(self.adopted_away.pop(tokenizer_id)))
         self.tokenizers[tokenizer_id] = time.monotonic()
         match msg:
             case Hello() | Heartbeat():
@@ -183,9 +191,17 @@ class Hub:
 
     def _on_text_batch(self, tokenizer_id: bytes, batch: TextBatch) -> None:
         pending = self.unacknowledged.get(tokenizer_id)
-        if pending:
-            for request, _ in pending.popleft():
-                request.num_acknowledged += 1
+        if not pending or all(job_id != batch.job_id for job_id, _ in pending):
+            # a job of before this tokenizer was lost (frozen): another tokenizer has its steps
+            logger.warning("tokenizer %s answered detokenize job %d, which it no longer owns: dropped",
+                           tokenizer_id.decode(errors="replace"), batch.job_id)
+            return
+        while True:  # an older job left unanswered (a frame the tokenizer could not read) is skipped
+            job_id, steps = pending.popleft()
+            if job_id == batch.job_id:
+                break
+        for request, _ in steps:
+            request.num_acknowledged += 1
         for output in batch.outputs:
             self.outbox.to_client(output.client_id, output.payload)
         for key in batch.finished:
@@ -212,11 +228,26 @@ class Hub:
                     return
                 self.batcher.register(worker_id, msg)
             case Heartbeat():  # from the worker's liveness socket, known by its boot nonce
-                self.batcher.touch(worker_id, now, msg.boot_nonce)
-                self.outbox.to_worker(worker_id, Heartbeat(self.boot_nonce))
+                registered = self.batcher.touch(worker_id, now, msg.boot_nonce)
+                # a worker dropped for silence (frozen, starved) hears it here and says Hello again
+                self.outbox.to_worker(worker_id, Heartbeat(self.boot_nonce, registered))
             case _:
                 self.batcher.touch(worker_id, now)
                 self.batcher.on_answer(worker_id, msg)
+
+    def on_worker_disconnected(self, worker_id: bytes) -> None:
+        """A worker's command connection closed (its process ended): it is lost now, not after
+        the heartbeat window."""
+        self._lose_worker(worker_id, "disconnected")
+
+    def _lose_worker(self, worker_id: bytes, reason: str) -> None:
+        if worker_id in self.batcher.workers:
+            self.batcher.lose(worker_id, reason)
+            self.last_worker_loss = WorkerLoss(worker_id, reason, time.monotonic())
+
+    def on_tokenizer_disconnected(self, tokenizer_id: bytes) -> None:
+        if tokenizer_id in self.tokenizers:
+            self._lose_tokenizer(tokenizer_id, "disconnected")
 
     def _on_generations(self, slot: WorkerSlot, generations: list[Generation]) -> None:
         """Sends one DetokenizeJob per owning tokenizer for this step's tokens."""
@@ -239,8 +270,9 @@ class Hub:
 
     def _send_detokenize(self, tokenizer_id: bytes, steps: list[tuple[Request, TokenStep]]) -> None:
         self.counters.num_generated_tokens += len(steps)
-        self.unacknowledged[tokenizer_id].append(steps)
-        self.outbox.to_tokenizer(tokenizer_id, DetokenizeJob([step for _, step in steps]))
+        job_id = next(self._job_ids)
+        self.unacknowledged[tokenizer_id].append((job_id, steps))
+        self.outbox.to_tokenizer(tokenizer_id, DetokenizeJob([step for _, step in steps], job_id))
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -260,7 +292,7 @@ class Hub:
 
     def assess_health(self, now: float) -> Assessment:
         return assess(self.batcher.workers.values(), len(self.tokenizers), self.draining, now,
-                      self.config.health_window_s)
+                      self.config.health_window_s, self.last_worker_loss)
 
     def _info(self, query_id: str) -> InfoReply:
         config = self.config
@@ -319,10 +351,10 @@ class Hub:
         timeout = self.config.peer_timeout_s
         for worker in list(self.batcher.workers.values()):
             if now - worker.last_seen > timeout:
-                self.batcher.lose(worker.identity, "missed heartbeats")
+                self._lose_worker(worker.identity, "missed heartbeats")
         for tokenizer_id, last_seen in list(self.tokenizers.items()):
             if now - last_seen > timeout:
-                self._lose_tokenizer(tokenizer_id)
+                self._lose_tokenizer(tokenizer_id, "missed heartbeats")
         for client_id, last_seen in list(self.clients.items()):
             if now - last_seen > timeout:
                 del self.clients[client_id]
@@ -332,7 +364,7 @@ class Hub:
             self._fail_stale_queue(now)
         self.health_monitor.tick(now, self.batcher.workers)
 
-    def _lose_tokenizer(self, tokenizer_id: bytes) -> None:
+    def _lose_tokenizer(self, tokenizer_id: bytes, reason: str) -> None:
         """Hands a lost tokenizer's requests to another one and re-sends what it never answered.
 
         Unanswered encode jobs are pushed again (one may have been queued for the lost
@@ -344,13 +376,17 @@ class Hub:
         encoding = [r for r in self.table if r.status is RequestStatus.ENCODING]
         for request in encoding:
             self.outbox.to_tokenizer_pool(request.encode_job)
-        pending = self.unacknowledged.pop(tokenizer_id, collections.deque())
+        pending = collections.deque(steps for _, steps in self.unacknowledged.pop(tokenizer_id, ()))
         owned = {r.request_id: r for r in self.table if r.encoded is not None and r.tokenizer_id == tokenizer_id}
         # finished requests whose last tokens were never answered still need their final event
         owned.update((r.request_id, r) for steps in pending for r, step in steps if step.generation.finish_reason)
         pending = collections.deque([(r, step) for r, step in steps if r.request_id in owned] for steps in pending)
-        logger.warning("tokenizer %s lost (missed heartbeats): re-sending %d encode jobs, %d requests to adopt",
-                       tokenizer_id.decode(errors="replace"), len(encoding), len(owned))
+        logger.warning("tokenizer %s lost (%s): re-sending %d encode jobs, %d requests to adopt",
+                       tokenizer_id.decode(errors="replace"), reason, len(encoding), len(owned))
+        if owned and reason == "missed heartbeats":  # it may be frozen, and come back
+            self.adopted_away[tokenizer_id] = [r.key for r in owned.values()]
+            while len(self.adopted_away) > MAX_ADOPTED_AWAY:
+                del self.adopted_away[next(iter(self.adopted_away))]
         if owned:
             self._adopt(list(owned.values()), pending)
 

@@ -10,6 +10,7 @@ import time
 from typing import Sequence
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from common import curve
 from common.codec import MAX_MESSAGE_BYTES
@@ -19,6 +20,7 @@ from common.identity import new_boot_nonce
 from common.logs import setup_logging
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.hub import Hub
+from services.scheduler.peer_connections import PeerConnections
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,16 @@ class SchedulerService:
         self.poller = zmq.Poller()
         for socket in (self.frontend, self.tokenized, self.detokenize, self.workers):
             self.poller.register(socket, zmq.POLLIN)
+        # a peer whose process ends closes its connection: the monitor says so at once
+        self.worker_connections = PeerConnections()
+        self.tokenizer_connections = PeerConnections()
+        self.worker_monitor = self._monitor(self.workers)
+        self.tokenizer_monitor = self._monitor(self.detokenize)
+
+    def _monitor(self, socket: zmq.Socket) -> zmq.Socket:
+        monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.poller.register(monitor, zmq.POLLIN)
+        return monitor
 
     def _bind(self, kind: int, address: str) -> zmq.Socket:
         socket = self.context.socket(kind)
@@ -97,11 +109,18 @@ class SchedulerService:
 
     def _drain(self, ready: dict) -> None:
         hub = self.hub
+        # disconnections first: a descriptor they name may already carry a new peer's messages
+        if self.worker_monitor in ready:
+            for identity in self._disconnected(self.worker_monitor, self.worker_connections):
+                hub.on_worker_disconnected(identity)
+        if self.tokenizer_monitor in ready:
+            for identity in self._disconnected(self.tokenizer_monitor, self.tokenizer_connections):
+                hub.on_tokenizer_disconnected(identity)
         if self.workers in ready:
-            for identity, frame in self._receive(self.workers, 2):
+            for identity, frame in self._receive_tracked(self.workers, self.worker_connections):
                 hub.on_worker_frame(identity, frame)
         if self.detokenize in ready:
-            for identity, frame in self._receive(self.detokenize, 2):
+            for identity, frame in self._receive_tracked(self.detokenize, self.tokenizer_connections):
                 hub.on_tokenizer_frame(identity, frame)
         if self.tokenized in ready:
             for (frame,) in self._receive(self.tokenized, 1):
@@ -123,6 +142,36 @@ class SchedulerService:
                 continue
             messages.append(frames)
         return messages
+
+    def _receive_tracked(self, socket: zmq.Socket, connections: PeerConnections) -> list[tuple[bytes, bytes]]:
+        """Like `_receive` for a ROUTER of peers, noting the connection each identity spoke over."""
+        messages = []
+        for _ in range(MAX_FRAMES_PER_PASS):
+            try:
+                frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            if len(frames) != 2:
+                logger.warning("dropped a message of %d frames (expected 2)", len(frames))
+                continue
+            identity = frames[0].bytes
+            connections.on_message(frames[0].get(zmq.SRCFD), identity)
+            messages.append((identity, frames[1].bytes))
+        return messages
+
+    @staticmethod
+    def _disconnected(monitor: zmq.Socket, connections: PeerConnections) -> list[bytes]:
+        """The identities whose connection closed, from the monitor's pending events."""
+        identities = []
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return identities
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                identity = connections.on_disconnected(event["value"])
+                if identity is not None:
+                    identities.append(identity)
 
     def _flush(self) -> None:
         outbox = self.hub.outbox
@@ -166,7 +215,7 @@ class SchedulerService:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(SchedulerConfig, argv, prog="ztgi scheduler")
-    setup_logging("scheduler", config.log_level)
+    setup_logging("scheduler", config.log_level, config.log_rate_limit_s)
     service = SchedulerService(config)
 
     def stop(signum: int, _frame: object) -> None:

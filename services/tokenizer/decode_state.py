@@ -36,12 +36,14 @@ class DecodeState:
     generated_parts: list[str] = dataclasses.field(default_factory=list)
     prefill: list[Token] = dataclasses.field(default_factory=list)
     cached_tokens: int = 0
+    scheduler_nonce: str = ""  # the scheduler this request belongs to
 
     @classmethod
-    def start(cls, encoded: Encoded, params: GenerateParameters) -> DecodeState:
+    def start(cls, encoded: Encoded, params: GenerateParameters, scheduler_nonce: str = "") -> DecodeState:
         """The state of a request that was just encoded."""
         context_ids = encoded.input_ids[-NUM_CONTEXT_TOKENS:]
         return cls(
+            scheduler_nonce=scheduler_nonce,
             input_ids=encoded.input_ids,
             stop_sequences=StopSequences(params.stop),
             seed=encoded.sampling.seed if encoded.sampling.do_sample else None,

@@ -41,13 +41,13 @@ class Detokenizer:
     def num_requests(self) -> int:
         return len(self.key_to_state)
 
-    def start(self, encoded: Encoded, params: GenerateParameters) -> None:
-        """Owns the decode state of a request this tokenizer just encoded."""
-        self.key_to_state[encoded.key] = DecodeState.start(encoded, params)
+    def start(self, encoded: Encoded, params: GenerateParameters, scheduler_nonce: str = "") -> None:
+        """Owns the decode state of a request this tokenizer just encoded for that scheduler."""
+        self.key_to_state[encoded.key] = DecodeState.start(encoded, params, scheduler_nonce)
 
-    def adopt(self, adopt: Adopt) -> None:
+    def adopt(self, adopt: Adopt, scheduler_nonce: str = "") -> None:
         """Rebuilds the state of a lost tokenizer's request from the tokens its client has seen."""
-        state = DecodeState.start(adopt.encoded, adopt.parameters)
+        state = DecodeState.start(adopt.encoded, adopt.parameters, scheduler_nonce)
         for token_id in adopt.emitted_ids:
             text = state.next_text(token_id, self._decode)
             if token_id not in self.special_ids:
@@ -58,6 +58,13 @@ class Detokenizer:
     def forget(self, keys: list[RequestKey]) -> None:
         for key in keys:
             self.key_to_state.pop(key, None)
+
+    def keep_only(self, scheduler_nonce: str) -> int:
+        """Drops every request of another scheduler (one that restarted: the new one will never
+        send a token of them, and their clients have failed them); how many were dropped."""
+        stale = [key for key, state in self.key_to_state.items() if state.scheduler_nonce != scheduler_nonce]
+        self.forget(stale)
+        return len(stale)
 
     def detokenize(self, job: DetokenizeJob) -> TextBatch:
         """One step: events grouped into one `StreamEvents` per client, and stop-sequence hits."""
@@ -73,7 +80,7 @@ class Detokenizer:
                 finished.append(step.key)
         outputs = [ClientOutput(client_id, encode(StreamEvents(events)))
                    for client_id, events in client_to_events.items()]
-        return TextBatch(outputs=outputs, finished=finished)
+        return TextBatch(outputs=outputs, finished=finished, job_id=job.job_id)
 
     # -- one request's step --------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import zmq
 from transformers import PreTrainedTokenizerBase
 
-from common import curve
+from common import curve, handshake
 from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.config import parse_config
 from common.gc_freeze import freeze_startup_objects
@@ -53,18 +53,23 @@ class TokenizerService:
         endpoints = config.endpoints
         self.tokenize = self._connect(zmq.PULL, endpoints.connect("tokenize"))
         self.tokenized = self._connect(zmq.PUSH, endpoints.connect("tokenized"))
-        self.detokenize = self._connect(zmq.DEALER, endpoints.connect("detokenize"), self.identity)
+        self.detokenize = self._connect(zmq.DEALER, endpoints.connect("detokenize"), self.identity, watched=True)
+        self.handshake = handshake.HandshakeWatch(self.curve_keys is not None, config.handshake_timeout_s)
         self.poller = zmq.Poller()
         self.poller.register(self.detokenize, zmq.POLLIN)
         self.poller.register(self.tokenize, zmq.POLLIN)
+        self.poller.register(self.link_monitor, zmq.POLLIN)
+        self.exit_code = 0
 
-    def _connect(self, kind: int, address: str, identity: bytes | None = None) -> zmq.Socket:
+    def _connect(self, kind: int, address: str, identity: bytes | None = None, watched: bool = False) -> zmq.Socket:
         socket = self.context.socket(kind)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # libzmq drops a larger frame unread
         curve.apply(socket, self.curve_keys)
         if identity is not None:
             socket.setsockopt(zmq.IDENTITY, identity)
+        if watched:  # one link says for all three whether the keys are right
+            self.link_monitor = handshake.watch(socket)
         socket.connect(address)
         return socket
 
@@ -83,9 +88,17 @@ class TokenizerService:
             if self.tokenize in ready:
                 for frames in self._receive(self.tokenize):
                     self.on_encode_frames(frames)
+            if self.link_monitor in ready:
+                for failure in handshake.read_events(self.link_monitor, self.handshake):
+                    logger.error("cannot connect to the scheduler: %s", failure)
             if time.monotonic() >= next_heartbeat:
                 self._send(self.detokenize, Heartbeat(self.boot_nonce))
                 next_heartbeat = time.monotonic() + interval_s
+                if self.handshake.expired:
+                    logger.error("no handshake with the scheduler for %g s (%s): exiting",
+                                 self.config.handshake_timeout_s, self.handshake.failure)
+                    self.exit_code = 1
+                    break
         logger.info("stopping with %d requests in flight", self.detokenizer.num_requests)
 
     # -- encode --------------------------------------------------------------------------------
@@ -105,7 +118,7 @@ class TokenizerService:
         except Exception as exc:  # a bug must cost one request, not the service
             logger.exception("encoding %r failed", job.key)
             return Rejected(job.key, f"encoding failed: {exc}", "validation")
-        self.detokenizer.start(encoded, job.generate.parameters)
+        self.detokenizer.start(encoded, job.generate.parameters, job.scheduler_nonce)
         logger.debug("encoded %r: %d input tokens", job.key, len(encoded.input_ids))
         return encoded
 
@@ -140,14 +153,15 @@ class TokenizerService:
 
     def _adopt(self, adopt: Adopt) -> None:
         try:
-            self.detokenizer.adopt(adopt)
+            self.detokenizer.adopt(adopt, self.scheduler_nonce or "")
         except Exception as exc:  # e.g. ids no vocabulary has: the request is lost, not the tokenizer
             logger.warning("dropped an Adopt for %r: %s: %s", adopt.encoded.key, type(exc).__name__, exc)
 
     def _on_heartbeat(self, scheduler_nonce: str) -> None:
         if self.scheduler_nonce is not None and scheduler_nonce != self.scheduler_nonce:
-            logger.info("scheduler restarted: registering again (keeping %d requests)",
-                        self.detokenizer.num_requests)
+            num_dropped = self.detokenizer.keep_only(scheduler_nonce)
+            logger.info("scheduler restarted: dropped %d requests of the previous one; registering again",
+                        num_dropped)
             self._send(self.detokenize, self._hello())
         self.scheduler_nonce = scheduler_nonce
 
@@ -189,7 +203,7 @@ class TokenizerService:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(TokenizerConfig, argv, prog="ztgi tokenizer")
-    setup_logging(f"tokenizer[{config.tokenizer_index}]", config.log_level)
+    setup_logging(f"tokenizer[{config.tokenizer_index}]", config.log_level, config.log_rate_limit_s)
     stop_requested = threading.Event()
 
     def stop(signum: int, _frame: object) -> None:
@@ -209,4 +223,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         service.run()
     finally:
         service.close()
-    return 0
+    return service.exit_code

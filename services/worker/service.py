@@ -5,8 +5,9 @@ on the main thread (the one that loaded the model) and owns the command socket: 
 receives each command, runs it (a prefill may take seconds) and sends the answer itself, so a
 command and its answer cross no thread. The IO thread owns the liveness socket: it heartbeats
 with the worker's boot nonce, by which the scheduler knows whose heartbeats they are, so a long
-step never delays one; when the scheduler's answers carry a new nonce (it restarted), it tells
-the engine loop over an inproc PAIR to drop every cached batch and say Hello again.
+step never delays one; when the scheduler's answers carry a new nonce (it restarted) or say it
+does not know this worker (it dropped it after a stall: `registration.py`), it tells the engine
+loop over an inproc PAIR to drop every cached batch and say Hello again.
 
 Handing each command and answer through the IO thread instead cost the first token 0.3-0.4 ms
 (a queue and an inproc PAIR, two thread wake-ups per step, machine C). torch work split over two
@@ -26,7 +27,7 @@ from typing import Sequence
 import torch
 import zmq
 
-from common import curve
+from common import curve, handshake
 from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.config import parse_config
 from common.gc_freeze import freeze_startup_objects
@@ -51,6 +52,7 @@ from services.worker.backend import load_model
 from services.worker.config import WorkerConfig
 from services.worker.engine import Engine
 from services.worker.loading import resolve_device
+from services.worker.registration import Registration, Rejoin
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ COMMANDS = (Warmup, Prefill, Decode, Filter, Clear, HealthCheck)
 SCHEDULER_MESSAGES = (Heartbeat, *COMMANDS)
 MAX_WAIT_MS = 100  # how late a stop signal may be noticed
 STOP_TIMEOUT_S = 5.0  # how long the IO thread may take to notice a stop
-RESET = b"reset"  # IO thread -> engine loop: the scheduler restarted
+RESET = b"reset"  # IO thread -> engine loop: the scheduler restarted, or dropped this worker
 
 
 class EngineLoop:
@@ -130,15 +132,16 @@ class EngineLoop:
         return answer
 
     def _on_control(self, message: bytes) -> None:
-        """The scheduler restarted: the commands the old one left are dropped, then every cached
-        batch, and the new one hears Hello."""
+        """The scheduler restarted, or dropped this worker: the commands it left are dropped, then
+        every cached batch, and the scheduler hears Hello."""
         if message != RESET:
             return
-        while True:
-            try:
-                self.commands.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        for socket in (self.control, self.commands):  # one Hello for resets that queued up meanwhile
+            while True:
+                try:
+                    socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
         self.engine.cache.clear()
         self._send(self.hello)
 
@@ -157,9 +160,11 @@ class WorkerService:
         self.stop_requested = stop_requested
         self.identity = new_identity("worker")
         self.boot_nonce = new_boot_nonce()
-        self.scheduler_nonce: str | None = None
+        self.registration = Registration()
+        self.handshake = handshake.HandshakeWatch(config.curve_keys is not None, config.handshake_timeout_s)
+        self.exit_code = 0
         self.context = zmq.Context()
-        self.liveness = self._dealer(self.identity + b"/liveness")
+        self.liveness = self._dealer(self.identity + b"/liveness", watched=True)
         control_address = f"inproc://control-{self.boot_nonce}"
         self.control = self.context.socket(zmq.PAIR)
         self.control.setsockopt(zmq.LINGER, 0)
@@ -172,12 +177,14 @@ class WorkerService:
         self.engine_loop = EngineLoop(engine, self._dealer(self.identity), engine_control, hello, stop_requested)
         self.io_thread = threading.Thread(target=self._run_io, name="io", daemon=True)
 
-    def _dealer(self, identity: bytes) -> zmq.Socket:
+    def _dealer(self, identity: bytes, watched: bool = False) -> zmq.Socket:
         socket = self.context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.IDENTITY, identity)
         socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # libzmq drops a larger frame unread
         curve.apply(socket, self.config.curve_keys)
+        if watched:  # the IO thread's link says for both whether the keys are right
+            self.link_monitor = handshake.watch(socket)
         socket.connect(self.config.endpoints.connect("workers"))
         return socket
 
@@ -198,16 +205,32 @@ class WorkerService:
         """Heartbeats every interval and the scheduler's answers to them, until a stop signal."""
         interval_s = self.config.heartbeat_interval_ms / 1000.0
         next_heartbeat = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(self.liveness, zmq.POLLIN)
+        poller.register(self.link_monitor, zmq.POLLIN)
         while not self.stop_requested.is_set():
             if time.monotonic() >= next_heartbeat:
                 self._send_heartbeat()
                 next_heartbeat = time.monotonic() + interval_s
+                self._give_up_on_a_failing_handshake()
             wait_ms = min(MAX_WAIT_MS, max(0, int((next_heartbeat - time.monotonic()) * 1000)))
-            if self.liveness.poll(wait_ms):
+            ready = dict(poller.poll(wait_ms))
+            if self.link_monitor in ready:
+                for failure in handshake.read_events(self.link_monitor, self.handshake):
+                    logger.error("cannot connect to the scheduler: %s", failure)
+            if self.liveness in ready:
                 self.on_liveness_frames(self.liveness.recv_multipart())
 
+    def _give_up_on_a_failing_handshake(self) -> None:
+        if self.handshake.expired:
+            logger.error("no handshake with the scheduler for %g s (%s): exiting",
+                         self.config.handshake_timeout_s, self.handshake.failure)
+            self.exit_code = 1
+            self.stop_requested.set()
+
     def on_liveness_frames(self, frames: list[bytes]) -> None:
-        """The scheduler's heartbeat: its nonce tells whether it restarted. Nothing else comes here."""
+        """The scheduler's heartbeat: whether it restarted, or dropped this worker (`Registration`).
+        Nothing else comes here."""
         try:
             if len(frames) != 1:
                 raise MessageError(f"expected a one-frame message, got {len(frames)} frames")
@@ -215,10 +238,11 @@ class WorkerService:
         except MessageError as exc:
             logger.warning("bad frame on the liveness socket: %s", exc)
             return
-        if self.scheduler_nonce is not None and heartbeat.boot_nonce != self.scheduler_nonce:
-            logger.info("scheduler restarted: dropping cached batches and registering again")
+        rejoin = self.registration.on_heartbeat(heartbeat.boot_nonce, heartbeat.registered)
+        if rejoin is not None:
+            logger.log(logging.INFO if rejoin is Rejoin.SCHEDULER_RESTARTED else logging.WARNING,
+                       "%s: dropping cached batches and registering again", rejoin.value)
             self.control.send(RESET)
-        self.scheduler_nonce = heartbeat.boot_nonce
 
     def _send_heartbeat(self) -> None:
         try:
@@ -257,7 +281,7 @@ def _lower_priority_on_cpu(config: WorkerConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(WorkerConfig, argv, prog="ztgi worker")
-    setup_logging(f"worker[{config.worker_index}]", config.log_level)
+    setup_logging(f"worker[{config.worker_index}]", config.log_level, config.log_rate_limit_s)
     stop_requested = threading.Event()
 
     def stop(signum: int, _frame: object) -> None:
@@ -286,4 +310,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         service.close()
     logger.info("stopped")
-    return 0
+    return service.exit_code

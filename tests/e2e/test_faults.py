@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import glob
 import os
+import re
 import signal
 import threading
 import time
@@ -106,6 +107,8 @@ def test_scheduler_restart_fails_in_flight_then_same_peers_serve(server: Launche
     assert after["scheduler"] != pids["scheduler"]
     assert {s: p for s, p in after.items() if s != "scheduler"} == {s: p for s, p in pids.items() if s != "scheduler"}
     assert "scheduler restarted: dropping cached batches and registering again" in server.log
+    # the tokenizer dropped the dead scheduler's requests (their clients had failed them)
+    assert re.search(r"scheduler restarted: dropped [1-9]\d* requests of the previous one", server.log), server.log
     print(f"scheduler restart: serving again {recovered_s:.1f} s after the in-flight requests failed")
 
 

@@ -1,4 +1,5 @@
-"""kill -9 of a worker or a tokenizer with a second one up: every stream completes unchanged."""
+"""kill -9 of a worker or a tokenizer with a second one up, and a tokenizer frozen past the
+heartbeat window and resumed: every stream completes unchanged."""
 
 from __future__ import annotations
 
@@ -45,14 +46,21 @@ def undisturbed_texts(server: LaunchedServer) -> list[str]:
         return list(pool.map(lambda prompt: stream_text(server, prompt, []), PROMPTS))
 
 
-def texts_killing(server: LaunchedServer, service: str) -> list[str]:
-    """The same streams, with kill -9 of the first `service` child once 3 tokens per stream have arrived."""
+def texts_killing(server: LaunchedServer, service: str, freeze_s: float | None = None) -> list[str]:
+    """The same streams, with kill -9 of the first `service` child once 3 tokens per stream have
+    arrived (or, with `freeze_s`, SIGSTOP for that long, then SIGCONT)."""
     started: list = []
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
         futures = [pool.submit(stream_text, server, prompt, started) for prompt in PROMPTS]
         while len(started) < 3 * len(PROMPTS):
             time.sleep(0.05)
-        os.kill(child_pids(server, service)[0], signal.SIGKILL)
+        pid = child_pids(server, service)[0]
+        if freeze_s is None:
+            os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(freeze_s)
+            os.kill(pid, signal.SIGCONT)
         return [future.result() for future in futures]
 
 
@@ -64,19 +72,26 @@ def test_kill_worker_streams_resume_on_the_other(tmp_path) -> None:
         expected = undisturbed_texts(server)
         texts = texts_killing(server, "worker")
         assert texts == expected
-        assert re.search(r"lost \(missed heartbeats\): [1-9]\d* requests go back", server.log), server.log
+        # the killed worker's connection closed: it is lost at once, not after its heartbeats
+        assert re.search(r"lost \(disconnected\): [1-9]\d* requests go back", server.log), server.log
     finally:
         assert server.stop() == 0, server.log
 
 
 @pytest.mark.slow
-def test_kill_tokenizer_streams_are_adopted(tmp_path) -> None:
-    """All 8 streams complete after kill -9 of a tokenizer, each equal to its undisturbed text."""
-    server = LaunchedServer(str(tmp_path / "run"), "--num-tokenizers", "2")
+def test_frozen_then_killed_tokenizer_streams_are_adopted(tmp_path) -> None:
+    """All 8 streams complete, each equal to its undisturbed text, after a tokenizer is frozen
+    past the heartbeat window and resumed (its late answers to jobs handed over are dropped),
+    and again after kill -9 of a tokenizer."""
+    server = LaunchedServer(str(tmp_path / "run"), "--num-tokenizers", "2", "--heartbeat-interval-ms", "200",
+                            "--heartbeat-misses", "5")
     try:
         expected = undisturbed_texts(server)
-        texts = texts_killing(server, "tokenizer")
-        assert texts == expected
-        assert re.search(r"[1-9]\d* requests to adopt", server.log), server.log
+        # 1.5 s: past the 1 s window, and short of the streams' end, so its late answers arrive mid-stream
+        assert texts_killing(server, "tokenizer", freeze_s=1.5) == expected
+        assert re.search(r"lost \(missed heartbeats\): .*[1-9]\d* requests to adopt", server.log), server.log
+        assert texts_killing(server, "tokenizer") == expected
+        assert re.search(r"lost \(disconnected\): .*[1-9]\d* requests to adopt", server.log), server.log
     finally:
         assert server.stop() == 0, server.log
+

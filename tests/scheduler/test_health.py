@@ -89,9 +89,34 @@ def test_busy_worker_without_progress_is_stuck() -> None:
     h.submit("r1")
     h.step()
     quiet(h, WORKER_A, 10.0)
+    h.hub.batcher.workers[WORKER_A].in_flight[0].sent_at -= 10.0
     (reply,) = health(h)
-    assert not reply.healthy and "no worker has made progress for 10 s" in reply.reason
+    assert not reply.healthy and "no worker has answered its command for 10 s" in reply.reason
     assert h.take("workers") == []
+
+
+def test_stuck_reason_counts_from_the_unanswered_command() -> None:
+    """A worker idle for 40 s that then stops answering (a frozen process) is said to be stuck
+    for as long as its command waited, not for the 40 s it had nothing to do."""
+    h = Harness(health_window_s=30.0, canary_timeout_s=3.0)
+    h.add_worker(WORKER_A)
+    h.take("workers")
+    quiet(h, WORKER_A, 40.0)
+    health(h)  # a canary goes out; the frozen worker will not answer it
+    sent_at = h.hub.health_monitor.canary.sent_at
+    h.hub.tick(sent_at + 3.5)
+    h.take("frontend")
+    reason = h.hub.assess_health(sent_at + 4.0).reason
+    assert reason.startswith("no worker has answered its command for 4 s") and "40" not in reason, reason
+
+
+def test_lost_worker_is_named_in_the_reason() -> None:
+    """With the only worker lost, 503 says which and why (here: its connection closed)."""
+    h = Harness()
+    h.add_worker(WORKER_A)
+    h.hub.on_worker_disconnected(WORKER_A)
+    (reply,) = health(h)
+    assert reply.reason == "no worker is ready; worker worker-a was lost 0 s ago (disconnected)"
 
 
 def test_canary_worker_lost_answers_unhealthy() -> None:

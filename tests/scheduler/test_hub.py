@@ -174,10 +174,13 @@ def test_stop_sequence_hit_from_tokenizer() -> None:
     h.submit("r1")
     (_, prefill), = h.step()
     rid = prefill.batch.requests[0].request_id
-    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch(
-        [m.ClientOutput(CLIENT, b"opaque")], [m.RequestKey(CLIENT, "r1")])))
-    assert h.take("frontend") == [[CLIENT, b"opaque"]]
     h.answer_step(WORKER_A, prefill, 1, [rid])
+    (_, job), = h.messages_to("detokenize")
+    (_, decode_cmd), = h.messages_to("workers")
+    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch(
+        [m.ClientOutput(CLIENT, b"opaque")], [m.RequestKey(CLIENT, "r1")], job.job_id)))
+    assert h.take("frontend") == [[CLIENT, b"opaque"]]
+    h.answer_step(WORKER_A, decode_cmd, 1, [rid])
     assert h.messages_to("detokenize") == []  # the token after the hit is dropped
     (_, filter_cmd), = h.messages_to("workers")
     assert isinstance(filter_cmd, m.Filter) and filter_cmd.request_ids == []
@@ -199,6 +202,33 @@ def test_worker_heartbeats_from_its_liveness_socket_keep_it() -> None:
     h.hub.tick(time.monotonic())
     assert WORKER_A in h.hub.batcher.workers and WORKER_B not in h.hub.batcher.workers
     assert b"stranger" not in h.hub.batcher.workers and liveness not in h.hub.batcher.workers
+
+
+def test_dropped_worker_is_told_to_hello_again_and_serves_its_requests_once() -> None:
+    """A worker silent past the window (frozen) is dropped and its request requeued; its heartbeats
+    then hear `registered=False`; after its new Hello the request is prefilled again, and the
+    frozen worker's late answer to the old prefill is dropped, not streamed."""
+    h = Harness(heartbeat_interval_ms=100, heartbeat_misses=5)
+    h.add_worker(WORKER_A)
+    h.submit("r1", max_new_tokens=5)
+    (_, old_prefill), = h.step()
+    h.hub.batcher.workers[WORKER_A].last_seen -= 10.0
+    h.hub.tick(time.monotonic())
+    assert WORKER_A not in h.hub.batcher.workers
+    liveness = WORKER_A + b"/liveness"
+    h.hub.on_worker_frame(liveness, encode(m.Heartbeat(f"nonce-of-{WORKER_A.decode()}")))
+    assert h.messages_to("workers") == [(liveness, m.Heartbeat("nonce-1", False))]
+    h.add_worker(WORKER_A)  # its Hello, the warmup
+    (_, new_prefill), = h.step()
+    assert isinstance(new_prefill, m.Prefill) and new_prefill.batch.requests == old_prefill.batch.requests
+    rid = new_prefill.batch.requests[0].request_id
+    h.answer_step(WORKER_A, old_prefill, 1, [rid])  # the frozen worker's late answer
+    assert h.take("detokenize") == []
+    h.answer_step(WORKER_A, new_prefill, 2, [rid])
+    (_, job), = h.messages_to("detokenize")
+    assert [step.generation.request_id for step in job.steps] == [rid]
+    h.hub.on_worker_frame(liveness, encode(m.Heartbeat(f"nonce-of-{WORKER_A.decode()}")))
+    assert (liveness, m.Heartbeat("nonce-1", True)) in h.messages_to("workers")
 
 
 def test_lost_worker_requests_resume_on_another() -> None:
@@ -295,7 +325,8 @@ def test_lost_tokenizer_requests_are_adopted() -> None:
     (_, prefill), = h.step()
     rid = prefill.batch.requests[0].request_id
     h.answer_step(WORKER_A, prefill, 1, [rid])  # token 1 -> tokenizer-1
-    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch([], [])))  # token 1 acknowledged
+    (_, first_job), = h.messages_to("detokenize")
+    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch([], [], first_job.job_id)))  # token 1 acknowledged
     (_, decode_cmd), = h.messages_to("workers")
     h.answer_step(WORKER_A, decode_cmd, 1, [rid])  # token 2 -> never answered
     h.take("detokenize")
@@ -308,3 +339,30 @@ def test_lost_tokenizer_requests_are_adopted() -> None:
     adopt, job = sent[0][1], sent[1][1]
     assert adopt.emitted_ids == [7] and adopt.encoded.tokenizer_id == b"tokenizer-2"
     assert [s.generation.generated_tokens for s in job.steps] == [1]
+
+
+def test_a_tokenizer_back_from_a_stall_streams_nothing_twice() -> None:
+    """A tokenizer lost for silence (frozen) that resumes: its answer to a job handed to the
+    adopter meanwhile is dropped, not streamed; it is told to forget the adopted request; the
+    adopter's answer is streamed."""
+    h = Harness(heartbeat_interval_ms=100, heartbeat_misses=2)
+    h.add_worker(WORKER_A)
+    h.submit("r1", max_new_tokens=10)
+    (_, prefill), = h.step()
+    rid = prefill.batch.requests[0].request_id
+    h.answer_step(WORKER_A, prefill, 1, [rid])
+    (_, stale_job), = h.messages_to("detokenize")  # sent to tokenizer-1, which freezes
+    h.hub.on_tokenizer_frame(b"tokenizer-2", encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
+    h.take("detokenize")
+    h.hub.tokenizers[TOKENIZER] -= 10.0
+    h.hub.tick(h.hub.tokenizers[b"tokenizer-2"] + 0.1)
+    (_, adopt), (_, resent_job) = h.messages_to("detokenize")
+    key = m.RequestKey(CLIENT, "r1")
+    stale = m.TextBatch([m.ClientOutput(CLIENT, b"token 1, stale")], [], stale_job.job_id)
+    h.hub.on_tokenizer_frame(TOKENIZER, encode(stale))  # it resumes and answers the old job
+    assert h.take("frontend") == []
+    assert h.messages_to("detokenize") == [(TOKENIZER, m.Forget([key]))]
+    fresh = m.TextBatch([m.ClientOutput(CLIENT, b"token 1")], [], resent_job.job_id)
+    h.hub.on_tokenizer_frame(b"tokenizer-2", encode(fresh))
+    assert h.take("frontend") == [[CLIENT, b"token 1"]]
+    assert h.hub.table.by_key(key).num_acknowledged == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import zmq
@@ -66,3 +67,33 @@ def test_garbage_is_answered_and_service_goes_on(scheduler) -> None:
     client.send(encode(m.Query("q", "health")))
     reply = decode(client.recv())
     assert isinstance(reply, m.HealthReply) and not reply.healthy
+
+
+def test_a_flood_of_malformed_frames_is_logged_as_a_count(tmp_path) -> None:
+    """8,000 malformed frames from a worker socket: ten lines, then one line with the count of
+    the rest (--log-rate-limit-s); the scheduler keeps answering."""
+    endpoints = Endpoints(f"ipc://{tmp_path}")
+    log = open(tmp_path / "scheduler.log", "w+")
+    process = subprocess.Popen([sys.executable, "-m", "services.scheduler", "--scheduler-url",
+                                endpoints.scheduler_url, "--log-rate-limit-s", "1"], stdout=log, stderr=subprocess.STDOUT)
+    context = zmq.Context()
+    try:
+        client = connect(context, zmq.DEALER, endpoints.connect("frontend"))
+        client.send(encode(m.Query("q0", "stats")))
+        assert isinstance(decode(client.recv()), m.StatsReply)  # up
+        peer = connect(context, zmq.DEALER, endpoints.connect("workers"))
+        for i in range(8000):
+            peer.send(b"\xc1 not msgpack %d" % i)
+        deadline = time.monotonic() + 10
+        while "suppressed" not in (text := (tmp_path / "scheduler.log").read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        client.send(encode(m.Query("q1", "stats")))
+        assert isinstance(decode(client.recv()), m.StatsReply)
+    finally:
+        context.destroy(linger=0)
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
+        log.close()
+    lines = [line for line in text.splitlines() if "bad frame from worker" in line]
+    assert len(lines) == 11, text[-3000:]
+    assert int(lines[-1].split(" more like ")[0].split()[-1]) == 8000 - 10, lines[-1]

@@ -40,9 +40,10 @@ class FakeSchedulerSide:
         socket.bind(address)
         return socket
 
-    def encode_job(self, key: RequestKey, inputs: str, **params: object) -> Encoded | Rejected:
+    def encode_job(self, key: RequestKey, inputs: str, scheduler_nonce: str = "",
+                   **params: object) -> Encoded | Rejected:
         generate = Generate(key.request_id, inputs, None, GenerateParameters(**params))
-        self.tokenize.send(encode(EncodeJob(key, generate)))
+        self.tokenize.send(encode(EncodeJob(key, generate, scheduler_nonce)))
         return self.tokenized_reply()
 
     def tokenized_reply(self) -> Encoded | Rejected:
@@ -139,8 +140,8 @@ def test_detokenize_job_gets_one_text_batch(tokenizer_process, tokenizer):
     assert (event_b.generated_text, event_b.details.finish_reason) == ("!", "stop_sequence")
     assert batch.finished == [key_b]
     side.to_tokenizer(Forget([key_a]))
-    side.to_tokenizer(DetokenizeJob([TokenStep(key_a, Generation(0, hello_id, -0.5))]))
-    assert side.from_tokenizer(TextBatch) == TextBatch(outputs=[], finished=[])
+    side.to_tokenizer(DetokenizeJob([TokenStep(key_a, Generation(0, hello_id, -0.5))], job_id=7))
+    assert side.from_tokenizer(TextBatch) == TextBatch(outputs=[], finished=[], job_id=7)  # answers job 7
 
 
 def test_malformed_frames_do_not_kill_it(tokenizer_process):
@@ -163,6 +164,24 @@ def test_new_scheduler_nonce_triggers_hello_again(tokenizer_process):
     side.to_tokenizer(Heartbeat("scheduler-1"))
     side.to_tokenizer(Heartbeat("scheduler-2"))
     assert side.from_tokenizer(Hello).boot_nonce == hello.boot_nonce
+
+
+def test_new_scheduler_drops_the_previous_ones_requests(tokenizer_process, tokenizer):
+    """A new scheduler's first heartbeat drops the requests of the one before (their tokens will
+    never come); a request the new one sent before that heartbeat is kept and served."""
+    _, side, _ = tokenizer_process
+    side.to_tokenizer(Heartbeat("generation-a"))
+    side.from_tokenizer(Hello)
+    old_key, new_key = RequestKey(b"client-old", "g1"), RequestKey(b"client-new", "g1")
+    side.encode_job(old_key, "Say hi", "generation-a", max_new_tokens=2)
+    side.encode_job(new_key, "Say hi", "generation-b", max_new_tokens=2)
+    side.to_tokenizer(Heartbeat("generation-b"))
+    side.from_tokenizer(Hello)
+    hello_id = tokenizer.encode("Hello")[0]
+    side.to_tokenizer(DetokenizeJob([TokenStep(old_key, Generation(0, hello_id, -0.5)),
+                                     TokenStep(new_key, Generation(1, hello_id, -0.5))]))
+    batch = side.from_tokenizer(TextBatch)
+    assert [output.client_id for output in batch.outputs] == [b"client-new"]
 
 
 def test_sigterm_exits_zero(tokenizer_process):

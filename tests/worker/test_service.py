@@ -38,6 +38,7 @@ class SchedulerSide:
         self.worker_id: bytes | None = None
         self.num_heartbeats = 0
         self.heartbeat_ids: set[bytes] = set()
+        self.registered: bool | None = True  # what heartbeat answers say of the worker's registration
 
     def send(self, msg: object) -> None:
         self.router.send_multipart([self.worker_id, encode(msg)])
@@ -56,7 +57,7 @@ class SchedulerSide:
             if isinstance(msg, Heartbeat):
                 self.num_heartbeats += 1
                 self.heartbeat_ids.add(identity)
-                self.router.send_multipart([identity, encode(Heartbeat(self.boot_nonce))])
+                self.router.send_multipart([identity, encode(Heartbeat(self.boot_nonce, self.registered))])
             else:
                 self.worker_id = identity  # commands go to the socket that said Hello
             if isinstance(msg, kind):
@@ -178,6 +179,19 @@ def test_new_scheduler_nonce_clears_batches_and_registers_again(worker):
     hello = side.receive(Hello)
     assert hello.worker is not None
     assert "unknown batch" in side.ask(Decode(31, [3]), CommandFailed).error
+
+
+def test_worker_the_scheduler_dropped_clears_batches_and_registers_again(worker):
+    """Heartbeat answers that say the scheduler does not know this worker (it dropped it after a
+    stall) drop every cached batch and bring a new Hello, with no restart."""
+    process, side, _, _ = worker
+    side.ask(Prefill(35, Batch(4, [request(4, [1, 2], 5, block_ids=[4])], 7)), StepResult)
+    side.registered = False
+    hello = side.receive(Hello)
+    side.registered = True
+    assert hello.worker is not None and process.poll() is None
+    assert "unknown batch" in side.ask(Decode(36, [4]), CommandFailed).error
+    assert side.ask(Prefill(37, Batch(5, [request(5, [1, 2], 2, block_ids=[5])], 4)), StepResult).batch is not None
 
 
 def test_a_new_router_is_served_after_the_old_one_closes(worker):
