@@ -31,15 +31,30 @@ def free_port() -> int:
 
 
 class LaunchedServer:
-    """`python -m services.launcher --port P FLAGS`, ready once `/health` answers 200; SIGTERM on exit."""
+    """`python -m services.launcher --port P FLAGS`, ready once `/health` answers 200; SIGTERM on exit.
+
+    Other servers with the same life (another program answering `/health`) subclass it and say
+    their command (`command`), name and what the child does before exec (`before_exec`)."""
+
+    name = "ztgi launch"
 
     def __init__(self, flags: Sequence[str], startup_timeout_s: float = 600.0, port: int | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.flags = ["--host", "127.0.0.1", "--port", str(self.port), "--no-restart", *flags]
+        self.flags = ["--host", "127.0.0.1", "--port", str(self.port), *self.own_flags(), *flags]
         self.startup_timeout_s = startup_timeout_s
-        self.log_file = tempfile.NamedTemporaryFile("w+", prefix="ztgi-launch-", suffix=".log", delete=False)
+        prefix = self.name.replace(" ", "-") + "-"
+        self.log_file = tempfile.NamedTemporaryFile("w+", prefix=prefix, suffix=".log", delete=False)
         self.process: subprocess.Popen | None = None
+
+    def own_flags(self) -> list[str]:
+        return ["--no-restart"]
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "services.launcher", *self.flags]
+
+    def before_exec(self) -> None:
+        """Runs in the child before exec (nothing for ztgi)."""
 
     def __enter__(self) -> "LaunchedServer":
         self.start()
@@ -50,21 +65,20 @@ class LaunchedServer:
 
     def start(self) -> None:
         """Starts the launcher and waits until it serves; ServerStartError otherwise."""
-        logger.info("starting ztgi launch %s (log %s)", " ".join(self.flags), self.log_file.name)
-        self.process = subprocess.Popen([sys.executable, "-m", "services.launcher", *self.flags],
-                                        stdout=self.log_file, stderr=subprocess.STDOUT,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        logger.info("starting %s (log %s)", " ".join(self.command()), self.log_file.name)
+        self.process = subprocess.Popen(self.command(), stdout=self.log_file, stderr=subprocess.STDOUT,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=self.before_exec)
         started = time.monotonic()
         while time.monotonic() - started < self.startup_timeout_s:
             if self.process.poll() is not None:
-                message = f"ztgi launch exited with code {self.process.returncode}:\n{self.log_tail()}"
+                message = f"{self.name} exited with code {self.process.returncode}:\n{self.log_tail()}"
                 self.stop()
                 raise ServerStartError(message)
             if self._healthy():
-                logger.info("ztgi serving on %s after %.1f s", self.url, time.monotonic() - started)
+                logger.info("%s serving on %s after %.1f s", self.name, self.url, time.monotonic() - started)
                 return
             time.sleep(0.25)
-        message = f"ztgi launch not healthy after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}"
+        message = f"{self.name} not healthy after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}"
         self.stop()
         raise ServerStartError(message)
 
@@ -75,7 +89,7 @@ class LaunchedServer:
             try:
                 self.process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                logger.warning("ztgi launch ignored SIGTERM for %.0f s: killing it", STOP_TIMEOUT_S)
+                logger.warning("%s ignored SIGTERM for %.0f s: killing it", self.name, STOP_TIMEOUT_S)
                 self.process.kill()
                 self.process.wait()
         self.log_file.close()
