@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from benchmarks.load_generator import RunResult
 from benchmarks.metrics import RequestRecord, Summary, summarize
@@ -24,7 +25,7 @@ class BaselineRun:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_bench(cls, system: str, run: RunResult) -> "BaselineRun":
+    def from_bench(cls, system: str, run: RunResult) -> BaselineRun:
         return cls(system, run.concurrency or 0, run.records, run.summary)
 
     def to_json(self, with_requests: bool = True) -> dict[str, Any]:

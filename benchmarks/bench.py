@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from benchmarks.config import BenchConfig
 from benchmarks.load_generator import LoadGenerator, RunResult

@@ -27,7 +27,7 @@ import contextlib
 import dataclasses
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import aiohttp
 
@@ -138,7 +138,7 @@ class Workload:
     prompts: list[Prompt]
     requests: list[OfflineRequest]
 
-    def at(self, concurrency: int, ttft_requests: int) -> "Workload":
+    def at(self, concurrency: int, ttft_requests: int) -> Workload:
         """All of it for a throughput level, the first `ttft_requests` for the TTFT level."""
         if concurrency != TTFT_CONCURRENCY:
             return self

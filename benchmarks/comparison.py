@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from benchmarks.baseline_run import BaselineRun
 

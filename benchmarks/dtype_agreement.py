@@ -15,7 +15,7 @@ import dataclasses
 import json
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import load_tokenizer
@@ -24,8 +24,8 @@ from benchmarks.workload import WorkloadError
 from common.config import ConfigError, parse_config
 from common.logs import setup_logging
 from common.messages import Generation, SamplingParameters, WorkerRequest
+from services.worker.backend import Model, load_model
 from services.worker.batch import CausalLMBatch
-from services.worker.backend import load_model
 
 logger = logging.getLogger(__name__)
 REFERENCE_DTYPE = "float32"

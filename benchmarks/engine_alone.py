@@ -22,7 +22,7 @@ import json
 import logging
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import load_tokenizer
@@ -36,8 +36,8 @@ from common.logs import setup_logging
 from common.messages import Encoded, Generation, RequestKey, SamplingParameters
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
-from services.worker.batch import CausalLMBatch
 from services.worker.backend import load_model
+from services.worker.batch import CausalLMBatch
 from services.worker.model import PaddedModel as Model
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class BatchingPolicy:
     max_waiting_tokens: int = 20
 
     @classmethod
-    def of(cls, config: EngineAloneConfig) -> "BatchingPolicy":
+    def of(cls, config: EngineAloneConfig) -> BatchingPolicy:
         return cls(**{field.name: getattr(config, field.name) for field in dataclasses.fields(cls)})
 
 

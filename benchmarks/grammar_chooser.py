@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     from common.grammar import json_grammar
     from services.worker import grammar
 
-    grammar.configure(args.model_id).tokenizer  # the vocabulary loads once per worker, before serving
+    _ = grammar.configure(args.model_id).tokenizer  # the vocabulary loads once per worker, before serving
     params = [SamplingParameters(grammar=json_grammar(SCHEMA)) if i % 2 else SamplingParameters()
               for i in range(args.rows)]
     half = NextTokenChooser(params, torch.device("cpu"))

@@ -83,6 +83,7 @@ def engine_round(model, tokenizer, concurrency: int, tokens: int, constrained: b
 
 def in_process(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     import torch
+
     from services.tokenizer.loading import load_tokenizer
     from services.worker import grammar
     from services.worker.backend import load_model
@@ -90,7 +91,7 @@ def in_process(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     model = load_model(args.model_id, dtype="float32", device="cuda" if torch.cuda.is_available() else "cpu",
                        kv_cache="padded")
     tokenizer = load_tokenizer(args.model_id)
-    grammar.configure(args.model_id, model.eos_token_ids).tokenizer
+    _ = grammar.configure(args.model_id, model.eos_token_ids).tokenizer  # loads the vocabulary
     engine_round(model, tokenizer, args.concurrency, 4, True)  # warm up both paths
     free, constrained = [], []
     for _ in range(args.rounds):

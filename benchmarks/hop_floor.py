@@ -25,7 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import aiohttp
 import uvloop

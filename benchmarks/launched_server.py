@@ -12,7 +12,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Sequence
+from collections.abc import Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class LaunchedServer:
     def before_exec(self) -> None:
         """Runs in the child before exec (nothing for ztgi)."""
 
-    def __enter__(self) -> "LaunchedServer":
+    def __enter__(self) -> LaunchedServer:
         self.start()
         return self
 

@@ -24,7 +24,7 @@ import functools
 import json
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

@@ -39,7 +39,8 @@ import os
 import shlex
 import statistics
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import aiohttp
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-from typing import Sequence
+from collections.abc import Sequence
 
 from benchmarks.launched_server import LaunchedServer, ServerStartError
 

@@ -9,7 +9,7 @@ import logging
 import math
 import random
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import aiohttp
 from tqdm import tqdm

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 PERCENTILES = (50, 90, 99)
 
@@ -71,7 +71,7 @@ class Distribution:
     p99: float | None
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> "Distribution":
+    def of(cls, values: Sequence[float]) -> Distribution:
         if not values:
             return cls(0, None, None, None, None)
         ordered = sorted(values)

@@ -8,7 +8,7 @@ Every system of a comparison runs the same list: the same prompts in the same or
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 

@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families

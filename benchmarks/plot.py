@@ -6,7 +6,8 @@ matplotlib is a dev extra, imported only here and only when a plot is asked for.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from benchmarks.load_generator import RunResult
 from benchmarks.report import LATENCIES, load_label

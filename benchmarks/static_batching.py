@@ -23,11 +23,16 @@ import json
 import logging
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria
-from transformers import StoppingCriteriaList
+from transformers import (
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import eos_token_ids, load_model, load_tokenizer

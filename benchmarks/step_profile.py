@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -28,8 +28,8 @@ from common.codec import encode
 from common.config import ConfigError, parse_config, require
 from common.logs import setup_logging
 from common.messages import SamplingParameters, StepResult, Timings, WorkerRequest
+from services.worker.backend import Model, load_model
 from services.worker.batch import CausalLMBatch
-from services.worker.backend import load_model
 from services.worker.generations import step_rows
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from typing import Any, Protocol, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -31,13 +32,31 @@ from zmq.utils.monitor import parse_monitor_message
 
 from common import handshake
 from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
-from common.curve import CurveKeys, apply as apply_curve
+from common.curve import CurveKeys
+from common.curve import apply as apply_curve
 from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
 from common.identity import new_boot_nonce, new_identity
 from common.messages import (
-    PROTOCOL_VERSION, Cancel, ChatMessage, ErrorReply, FinalDetails, Generate, GenerateParameters,
-    HealthReply, Heartbeat, Hello, InfoReply, Query, SimpleToken, StatsReply, StreamEvent, StreamEvents, Token,
-    TokenizeQuery, TokenizeReply, Tool,
+    PROTOCOL_VERSION,
+    Cancel,
+    ChatMessage,
+    ErrorReply,
+    FinalDetails,
+    Generate,
+    GenerateParameters,
+    HealthReply,
+    Heartbeat,
+    Hello,
+    InfoReply,
+    Query,
+    SimpleToken,
+    StatsReply,
+    StreamEvent,
+    StreamEvents,
+    Token,
+    TokenizeQuery,
+    TokenizeReply,
+    Tool,
 )
 
 __all__ = ["AsyncZtgiClient", "ZtgiClient", "ZtgiError", "GenerateResult", "StreamObserver"]
@@ -124,7 +143,7 @@ class AsyncZtgiClient:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def start(self) -> "AsyncZtgiClient":
+    async def start(self) -> AsyncZtgiClient:
         """Connects, says Hello and starts the receive and heartbeat tasks (idempotent)."""
         if self._closed:
             raise ZtgiError("the client is closed", "unhealthy")
@@ -167,7 +186,7 @@ class AsyncZtgiClient:
         self.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def __aenter__(self) -> "AsyncZtgiClient":
+    async def __aenter__(self) -> AsyncZtgiClient:
         return await self.start()
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -482,7 +501,7 @@ class ZtgiClient:
         self._thread.join()
         self._loop.close()
 
-    def __enter__(self) -> "ZtgiClient":
+    def __enter__(self) -> ZtgiClient:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

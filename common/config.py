@@ -11,7 +11,8 @@ import argparse
 import dataclasses
 import os
 import typing
-from typing import Any, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 ENV_PREFIX = "ZTGI_"
 
@@ -69,7 +70,7 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, prog: str | No
 
 def _base_type(tp: Any) -> Any:
     args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType")) and len(args) == 1:
+    if typing.get_origin(tp) in (typing.Union, __import__("types").UnionType) and len(args) == 1:
         return args[0]
     return tp
 

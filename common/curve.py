@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import zmq
 import zmq.auth

@@ -13,7 +13,7 @@ takes.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message

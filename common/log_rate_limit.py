@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 DEFAULT_BURST = 10
 _SUMMARY = "_ztgi_rate_limit_summary"  # set on the summary records this filter writes itself

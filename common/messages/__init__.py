@@ -10,9 +10,9 @@
 
 PROTOCOL_VERSION = 6  # 6: job ids on detokenize jobs, the scheduler nonce on encode jobs, `registered` on heartbeats; 5: cached prompt tokens (prefix caching); 4: grammar in the parameters, tools and tool calls in chats; 3: paged KV blocks and prefill chunks; 2: presence_penalty
 
-from common.messages.records import *  # noqa: E402,F401,F403
+from common.messages.client import *  # noqa: E402,F401,F403
 from common.messages.peer import *  # noqa: E402,F401,F403
+from common.messages.records import *  # noqa: E402,F401,F403
 from common.messages.scheduler import *  # noqa: E402,F401,F403
 from common.messages.tokenizer import *  # noqa: E402,F401,F403
 from common.messages.worker import *  # noqa: E402,F401,F403
-from common.messages.client import *  # noqa: E402,F401,F403

@@ -6,8 +6,14 @@ from typing import Literal
 
 from common.codec import message, record
 from common.messages.records import (
-    CachedBatch, ChatMessage, GenerateParameters, Generation, RequestKey, SamplingParameters,
-    Timings, Tool,
+    CachedBatch,
+    ChatMessage,
+    GenerateParameters,
+    Generation,
+    RequestKey,
+    SamplingParameters,
+    Timings,
+    Tool,
 )
 
 __all__ = [

@@ -7,7 +7,7 @@ TGI routes answer TGI's `{"error": ..., "error_type": ...}`; `/v1` routes answer
 from __future__ import annotations
 
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (
-    CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
 )
 
 from common.client import ZtgiError
@@ -65,7 +68,7 @@ class GatewayMetrics:
         self.scheduler = SchedulerCollector()
         registry.register(self.scheduler)
 
-    def observe(self, parameters: GenerateParameters) -> "RequestTimer":
+    def observe(self, parameters: GenerateParameters) -> RequestTimer:
         """The client's `observe` hook: a timer for one generation stream."""
         return RequestTimer(self, parameters)
 

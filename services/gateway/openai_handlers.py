@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from aiohttp import web
 

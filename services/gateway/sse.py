@@ -38,7 +38,7 @@ class EventStream:
         self.task: asyncio.Task | None = None
         self.abort_reason: dict[str, str] | None = None
 
-    async def open(self) -> "EventStream":
+    async def open(self) -> EventStream:
         self.task = asyncio.current_task()
         await self.response.prepare(self.request)
         return self

@@ -12,7 +12,6 @@ from services.gateway.config import GatewayConfig
 from services.gateway.served_model import ServedModel
 
 
-
 @dataclasses.dataclass
 class ExitStatus:
     """The gateway process's exit code, set before it stops itself (1: it could not do its job)."""

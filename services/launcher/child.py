@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from common.config import ConfigError, parse_config
 from common.logs import setup_logging

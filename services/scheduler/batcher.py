@@ -28,11 +28,25 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from common.messages import (
-    Batch, Clear, CommandDone, CommandFailed, Decode, Filter, FilterResult, Generation, Hello,
-    Prefill, SamplingParameters, SeqUpdate, StepResult, Warmup, WarmupResult, WorkerRequest,
+    Batch,
+    Clear,
+    CommandDone,
+    CommandFailed,
+    Decode,
+    Filter,
+    FilterResult,
+    Generation,
+    Hello,
+    Prefill,
+    SamplingParameters,
+    SeqUpdate,
+    StepResult,
+    Warmup,
+    WarmupResult,
+    WorkerRequest,
 )
 from services.scheduler.block_allocator import BlockAllocator
 from services.scheduler.config import SchedulerConfig
@@ -324,7 +338,7 @@ class Batcher:
             keep_ids = [rid for rid in batch.request_ids if self._runs_on(rid, slot)]
             if len(keep_ids) != len(batch.request_ids):
                 self._send(slot, CommandKind.FILTER, keep_ids, [batch.batch_id],
-                           lambda command_id: Filter(command_id, batch.batch_id, keep_ids))
+                           lambda command_id, batch_id=batch.batch_id, kept=keep_ids: Filter(command_id, batch_id, kept))
                 return True
         return False
 

@@ -8,7 +8,6 @@ from common import curve
 from common.config import require
 from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
 
-
 DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096
 
 

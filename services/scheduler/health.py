@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Iterable
+from collections.abc import Iterable
 
 from common.codec import encode
 from common.messages import HealthReply

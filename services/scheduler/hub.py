@@ -14,10 +14,34 @@ import time
 
 from common.codec import MessageError, decode, encode
 from common.messages import (
-    Adopt, Cancel, CommandDone, CommandFailed, DetokenizeJob, EncodeJob, Encoded, ErrorReply, FilterResult,
-    Forget, Generate, Generation, Heartbeat, Hello, InfoReply, PROTOCOL_VERSION, Query,
-    Rejected, RequestKey, StatsReply, StepResult, StreamEvent, StreamEvents, TextBatch, TokenStep,
-    TokenizeDone, TokenizeQuery, WarmupResult,
+    PROTOCOL_VERSION,
+    Adopt,
+    Cancel,
+    CommandDone,
+    CommandFailed,
+    DetokenizeJob,
+    Encoded,
+    EncodeJob,
+    ErrorReply,
+    FilterResult,
+    Forget,
+    Generate,
+    Generation,
+    Heartbeat,
+    Hello,
+    InfoReply,
+    Query,
+    Rejected,
+    RequestKey,
+    StatsReply,
+    StepResult,
+    StreamEvent,
+    StreamEvents,
+    TextBatch,
+    TokenizeDone,
+    TokenizeQuery,
+    TokenStep,
+    WarmupResult,
 )
 from services.scheduler.batcher import Batcher
 from services.scheduler.config import SchedulerConfig

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from common.messages import Generation, MetricFamily, MetricKind, MetricSample, Timings
 from services.scheduler.request import Request
@@ -34,7 +35,7 @@ class Histogram:
     total: float = 0.0
 
     @classmethod
-    def empty(cls, upper_bounds: tuple[float, ...]) -> "Histogram":
+    def empty(cls, upper_bounds: tuple[float, ...]) -> Histogram:
         return cls(upper_bounds, [0] * (len(upper_bounds) + 1))
 
     def observe(self, value: float) -> None:
@@ -173,7 +174,7 @@ class SchedulerMetrics:
         self.batch_inference_count.inc(method=method)
         self.batch_inference_failure.inc(method=method)
 
-    def record_chunks(self, step: "PagedStep") -> None:
+    def record_chunks(self, step: PagedStep) -> None:
         """Counts the step's prefill chunks of prompts that take more than one step."""
         for request in [*step.running, *step.admitted]:
             chunk = step.chunks.get(request.request_id)

@@ -10,7 +10,7 @@ of goes to the least busy worker.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from services.scheduler.request import Request
 from services.scheduler.worker_slot import WorkerSlot

@@ -20,8 +20,8 @@ import itertools
 class Node:
     block_id: int
     tokens: tuple[int, ...]
-    parent: "Node | None"
-    children: dict[tuple[int, ...], "Node"] = dataclasses.field(default_factory=dict)
+    parent: Node | None
+    children: dict[tuple[int, ...], Node] = dataclasses.field(default_factory=dict)
     num_refs: int = 0
     last_used: int = 0
 

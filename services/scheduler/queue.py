@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import collections
-from typing import Iterator
+from collections.abc import Iterator
 
 from services.scheduler.request import Request
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from collections.abc import Iterator
 
 from common.messages import Generation, RequestKey
 from services.scheduler.request import Request

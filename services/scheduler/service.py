@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message

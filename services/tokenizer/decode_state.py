@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from common.messages import Encoded, GenerateParameters, Token
 from services.tokenizer.stop_sequences import StopSequences

@@ -10,8 +10,20 @@ from transformers import PreTrainedTokenizerBase
 
 from common.codec import encode
 from common.messages import (
-    Adopt, ClientOutput, DetokenizeJob, Encoded, FinalDetails, FinishReason, GenerateParameters, Generation,
-    RequestKey, StreamEvent, StreamEvents, TextBatch, Token, TokenStep,
+    Adopt,
+    ClientOutput,
+    DetokenizeJob,
+    Encoded,
+    FinalDetails,
+    FinishReason,
+    GenerateParameters,
+    Generation,
+    RequestKey,
+    StreamEvent,
+    StreamEvents,
+    TextBatch,
+    Token,
+    TokenStep,
 )
 from services.tokenizer.decode_state import DecodeState
 

@@ -6,10 +6,21 @@ from transformers import PreTrainedTokenizerBase
 
 from common.grammar import GrammarChecker
 from common.messages import (
-    ChatMessage, Encoded, Generate, GenerateParameters, RequestKey, SimpleToken, TokenizeQuery, Tool,
+    ChatMessage,
+    Encoded,
+    Generate,
+    GenerateParameters,
+    RequestKey,
+    SimpleToken,
+    TokenizeQuery,
+    Tool,
 )
 from common.parameters import (
-    ParameterLimits, ValidationError, resolve_sampling, validate_lengths, validate_parameters,
+    ParameterLimits,
+    ValidationError,
+    resolve_sampling,
+    validate_lengths,
+    validate_parameters,
 )
 from services.tokenizer.chat_template import ChatTemplate
 

@@ -6,7 +6,8 @@ import logging
 import signal
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import zmq
 from transformers import PreTrainedTokenizerBase
@@ -18,8 +19,18 @@ from common.gc_freeze import freeze_startup_objects
 from common.identity import new_boot_nonce, new_identity
 from common.logs import setup_logging
 from common.messages import (
-    PROTOCOL_VERSION, Adopt, DetokenizeJob, EncodeJob, Encoded, Forget, Heartbeat, Hello, Rejected,
-    TokenizeDone, TokenizeJob, TokenizeReply,
+    PROTOCOL_VERSION,
+    Adopt,
+    DetokenizeJob,
+    Encoded,
+    EncodeJob,
+    Forget,
+    Heartbeat,
+    Hello,
+    Rejected,
+    TokenizeDone,
+    TokenizeJob,
+    TokenizeReply,
 )
 from common.model_source import ModelNotFoundError
 from common.parameters import ValidationError

@@ -8,7 +8,8 @@ cache, warmup and the benchmarks go through these protocols only.
 
 from __future__ import annotations
 
-from typing import ClassVar, Generic, Protocol, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 import torch
 
@@ -34,7 +35,7 @@ class Batch(Protocol):
 
     def apply(self, updates: Sequence[SeqUpdate]) -> None: ...
 
-    def filter(self, request_ids: Sequence[int]) -> "Batch | None": ...
+    def filter(self, request_ids: Sequence[int]) -> Batch | None: ...
 
 
 class Model(Protocol, Generic[BatchT]):

@@ -12,7 +12,8 @@ padding nobody needs any more; concatenate re-pads every batch to the longest on
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -69,7 +70,7 @@ class CausalLMBatch:
 
     @classmethod
     def from_requests(cls, requests: Sequence[WorkerRequest], batch_id: int, max_tokens: int,
-                      model: "PaddedModel") -> "CausalLMBatch":
+                      model: PaddedModel) -> CausalLMBatch:
         """A batch ready for prefill; raises ValueError naming a bad request and field."""
         validate_requests(requests, batch_id, model)
         chooser = chooser_for(requests, model.device)
@@ -124,7 +125,7 @@ class CausalLMBatch:
     # -- filter --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def filter(self, request_ids: Sequence[int]) -> "CausalLMBatch | None":
+    def filter(self, request_ids: Sequence[int]) -> CausalLMBatch | None:
         """The batch keeping only `request_ids`; None when the list is empty.
 
         Rows are reordered as moving the fewest KV rows requires (`swap_remove_order`):
@@ -145,7 +146,7 @@ class CausalLMBatch:
         kept = [self.request_id_to_index[rid] for rid in request_ids]
         return self._select(swap_remove_order(len(self), kept))
 
-    def _select(self, indices: list[int]) -> "CausalLMBatch":
+    def _select(self, indices: list[int]) -> CausalLMBatch:
         stopping = [self.stopping_criterias[i] for i in indices]
         input_lengths = [self.input_lengths[i] for i in indices]
         max_input_length = max(input_lengths)
@@ -177,7 +178,7 @@ class CausalLMBatch:
 
     @classmethod
     @torch.inference_mode()
-    def concatenate(cls, batches: Sequence["CausalLMBatch"]) -> "CausalLMBatch":
+    def concatenate(cls, batches: Sequence[CausalLMBatch]) -> CausalLMBatch:
         """One batch of all requests, under the first batch's id; the inputs are left as they were."""
         if len(batches) == 1:
             return batches[0]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import collections
-from typing import Generic, Iterator, TypeVar
+from collections.abc import Iterator
+from typing import Generic, TypeVar
 
 B = TypeVar("B")
 

@@ -9,11 +9,22 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from common.messages import (
-    Clear, CommandDone, CommandFailed, Decode, Filter, FilterResult, HealthCheck, Prefill, SeqUpdate,
-    StepResult, Timings, Warmup, WarmupResult,
+    Clear,
+    CommandDone,
+    CommandFailed,
+    Decode,
+    Filter,
+    FilterResult,
+    HealthCheck,
+    Prefill,
+    SeqUpdate,
+    StepResult,
+    Timings,
+    Warmup,
+    WarmupResult,
 )
 from services.worker.backend import Batch, Model, new_batch
 from services.worker.cache import BatchCache

@@ -19,7 +19,7 @@ import functools
 import logging
 import sys
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import llguidance
 import torch
@@ -80,7 +80,7 @@ def configure(model_id: str, eos_token_ids: Sequence[int] = ()) -> GrammarCompil
     global _compiler
     _compiler = GrammarCompiler(model_id, eos_token_ids)
     try:
-        _compiler.tokenizer
+        _ = _compiler.tokenizer  # loads the vocabulary now, not at the first constrained request
     except Exception:  # a model without a fast tokenizer: its constrained requests fail, the rest run
         logger.exception("loading the grammar vocabulary of %s failed", model_id)
     return _compiler
@@ -101,7 +101,7 @@ class GrammarState:
         self.mask_ready = False
 
     @classmethod
-    def for_grammar(cls, grammar: Grammar) -> "GrammarState":
+    def for_grammar(cls, grammar: Grammar) -> GrammarState:
         tokenizer = _compiler.tokenizer
         return cls(_compiler.matcher(grammar), tokenizer.eos_token, tokenizer.vocab_size)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Callable
+from collections.abc import Callable
 
 DEFAULT_MIN_INTERVAL_S = 10.0
 

@@ -21,7 +21,7 @@ it was: what it wrote lies beyond `length`.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
@@ -45,7 +45,7 @@ class KVCache:
         self.start = start
 
     @classmethod
-    def allocate(cls, num_layers: int, capacity: int) -> "KVCache":
+    def allocate(cls, num_layers: int, capacity: int) -> KVCache:
         """An empty cache; each layer's buffers are made at its first write, shaped like its states."""
         return cls(capacity, [None] * num_layers, [None] * num_layers)
 
@@ -98,7 +98,7 @@ class KVCache:
 
     # -- filter --------------------------------------------------------------------------------
 
-    def select(self, rows: Sequence[int], length: int) -> "KVCache":
+    def select(self, rows: Sequence[int], length: int) -> KVCache:
         """The cache of `rows` (row i of the result is row `rows[i]`), keeping their last `length`
         positions. In place when every moved row comes from beyond the kept ones (see
         `swap_remove_order`); otherwise into new buffers. `self` must not be used afterwards."""
@@ -111,7 +111,7 @@ class KVCache:
                 buffer[dest, :, start:self.length] = buffer[source, :, start:self.length]
         return KVCache(self.capacity, self.key_buffers, self.value_buffers, len(rows), self.length, start)
 
-    def _gathered(self, rows: Sequence[int], start: int) -> "KVCache":
+    def _gathered(self, rows: Sequence[int], start: int) -> KVCache:
         index = torch.tensor(rows, device=self.key_buffers[0].device)
 
         def take(buffer: torch.Tensor) -> torch.Tensor:
@@ -124,7 +124,7 @@ class KVCache:
     # -- concatenate ---------------------------------------------------------------------------
 
     @classmethod
-    def concatenate(cls, caches: Sequence["KVCache"], length: int, capacity: int) -> "KVCache":
+    def concatenate(cls, caches: Sequence[KVCache], length: int, capacity: int) -> KVCache:
         """All rows, each cache's live positions right-aligned at `length` (zeros before), with room
         for `capacity` positions. The first cache takes the others in, in place, when its buffers
         have the rows and the room (a running batch whose finished rows were filtered out);
@@ -134,12 +134,12 @@ class KVCache:
             return first._absorb(others, length)
         return cls._stacked(caches, length, capacity)
 
-    def _has_room_for(self, others: Sequence["KVCache"], length: int, capacity: int) -> bool:
+    def _has_room_for(self, others: Sequence[KVCache], length: int, capacity: int) -> bool:
         start = self.length - length
         return (start >= 0 and start + capacity <= self.key_buffers[0].shape[2]
                 and self.num_rows + sum(c.num_rows for c in others) <= self.key_buffers[0].shape[0])
 
-    def _absorb(self, others: Sequence["KVCache"], length: int) -> "KVCache":
+    def _absorb(self, others: Sequence[KVCache], length: int) -> KVCache:
         start = self.length - length
         for layer in range(len(self.key_buffers)):
             for buffers, parts in ((self.key_buffers, [c.key_buffers for c in others]),
@@ -156,7 +156,7 @@ class KVCache:
         return KVCache(self.capacity, self.key_buffers, self.value_buffers, num_rows, self.length, start)
 
     @classmethod
-    def _stacked(cls, caches: Sequence["KVCache"], length: int, capacity: int) -> "KVCache":
+    def _stacked(cls, caches: Sequence[KVCache], length: int, capacity: int) -> KVCache:
         num_rows = sum(c.num_rows for c in caches)
         width = capacity + capacity // 2  # spare room: the next newcomers may fit in place
 

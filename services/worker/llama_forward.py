@@ -11,7 +11,7 @@ records or cache objects per call. On SmolLM2-135M this step is several times ch
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -16,7 +16,7 @@ of `__call__`.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -79,7 +79,7 @@ class NextTokenChooser:
         self.typical_p = self._column("typical_p", 1.0)
 
     @classmethod
-    def from_params(cls, params: Sequence[SamplingParameters], device: torch.device) -> "NextTokenChooser":
+    def from_params(cls, params: Sequence[SamplingParameters], device: torch.device) -> NextTokenChooser:
         """Validates every request's parameters first (ValueError naming the field)."""
         for p in params:
             validate_sampling(p)
@@ -164,14 +164,14 @@ class NextTokenChooser:
         rows = torch.tensor(self.grammar_rows, device=next_ids.device)
         grammars.advance(self._constrained_states(), next_ids.index_select(0, rows).tolist())
 
-    def select(self, indices: Sequence[int]) -> "NextTokenChooser":
+    def select(self, indices: Sequence[int]) -> NextTokenChooser:
         """The chooser of the rows `indices` (in that order), generators and grammar states carried over."""
         return NextTokenChooser([self.params[i] for i in indices], self.device,
                                 [self.generators[i] for i in indices],
                                 [self.grammar_states[i] for i in indices])
 
     @classmethod
-    def concatenate(cls, choosers: Sequence["NextTokenChooser"]) -> "NextTokenChooser":
+    def concatenate(cls, choosers: Sequence[NextTokenChooser]) -> NextTokenChooser:
         return cls([p for c in choosers for p in c.params], choosers[0].device,
                    [g for c in choosers for g in c.generators],
                    [s for c in choosers for s in c.grammar_states])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -62,7 +62,7 @@ class Int8Linear:
         self.scales = scales.to(dtype).contiguous()
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor, dtype: torch.dtype) -> "Int8Linear":
+    def from_float(cls, weight: torch.Tensor, dtype: torch.dtype) -> Int8Linear:
         """Symmetric per-row rounding, with each scale first rounded to `dtype` (the kernel's), so
         the codes are the nearest to the weights under the scale the kernel really uses."""
         weight = weight.detach().float()
@@ -92,7 +92,7 @@ class GroupCodes:
     offsets: torch.Tensor
 
     @staticmethod
-    def concat(parts: Sequence["GroupCodes"]) -> "GroupCodes":
+    def concat(parts: Sequence[GroupCodes]) -> GroupCodes:
         return GroupCodes(*(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "scales", "offsets")))
 
     def dequantized(self) -> torch.Tensor:
@@ -100,7 +100,7 @@ class GroupCodes:
         groups = self.codes.view(out_features, -1, GROUP_SIZE).float()
         return (groups * self.scales[..., None] + self.offsets[..., None]).view(out_features, in_features)
 
-    def permuted_rows(self, order: torch.Tensor) -> "GroupCodes":
+    def permuted_rows(self, order: torch.Tensor) -> GroupCodes:
         return GroupCodes(self.codes[order], self.scales[order], self.offsets[order])
 
 
@@ -120,7 +120,7 @@ class Int4Linear:
         self.scales_and_zeros = torch.stack([groups.scales, zeros], dim=-1).transpose(0, 1).contiguous().to(dtype)
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor, dtype: torch.dtype) -> "Int4Linear":
+    def from_float(cls, weight: torch.Tensor, dtype: torch.dtype) -> Int4Linear:
         return cls(quantize_int4(weight, dtype), dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -215,7 +215,7 @@ def _unpermute_order(num_rows: int, num_heads: int) -> torch.Tensor:
 # -- the forward's layer factory ---------------------------------------------------------------------
 
 def factory(quantize: str, model: torch.nn.Module, gguf_file: str | None, backend: str, device: torch.device,
-            dtype: torch.dtype) -> "LinearFactory":
+            dtype: torch.dtype) -> LinearFactory:
     """The native forward's layer factory for `--quantize`; ValueError where it cannot run."""
     check_supported(quantize, device, dtype)
     if quantize != "none" and backend != "native":

@@ -3,7 +3,8 @@ ValueError that names the request and the field."""
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -28,7 +29,7 @@ def chooser_for(requests: Sequence[WorkerRequest], device: torch.device) -> Next
         raise
 
 
-def validate_requests(requests: Sequence[WorkerRequest], batch_id: int, model: "ModelLimits") -> None:
+def validate_requests(requests: Sequence[WorkerRequest], batch_id: int, model: ModelLimits) -> None:
     if not requests:
         raise ValueError(f"batch {batch_id} has no requests")
     for request in requests:
@@ -36,7 +37,7 @@ def validate_requests(requests: Sequence[WorkerRequest], batch_id: int, model: "
     require_unique([r.request_id for r in requests])
 
 
-def validate_request(request: WorkerRequest, model: "ModelLimits") -> None:
+def validate_request(request: WorkerRequest, model: ModelLimits) -> None:
     where = f"request {request.request_id}"
     if not request.input_ids:
         raise ValueError(f"{where}: `input_ids` is empty")

@@ -22,7 +22,7 @@ import os
 import signal
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import zmq

@@ -69,7 +69,7 @@ def warmup_batch(model: PaddedModel, command: Warmup, max_prefill_tokens: int | 
     return CausalLMBatch.from_requests(requests, batch_id=-1, max_tokens=max_tokens, model=model)
 
 
-def validate_warmup(model: "ModelLimits", command: Warmup) -> None:
+def validate_warmup(model: ModelLimits, command: Warmup) -> None:
     if command.max_input_tokens < 1:
         raise ValueError(f"`max_input_tokens` must be >= 1, got {command.max_input_tokens}")
     if command.max_total_tokens <= command.max_input_tokens:

@@ -10,8 +10,8 @@ delta 2.0, hash key 15485863 (a large prime), seeded by the single previous toke
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -27,7 +28,7 @@ class StandInServer:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
 
-    def __enter__(self) -> "StandInServer":
+    def __enter__(self) -> StandInServer:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
         return self

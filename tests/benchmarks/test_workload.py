@@ -9,8 +9,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from benchmarks.config import BenchConfig
-from benchmarks.workload import (MIXED_DATASET_PATH, WorkloadError, build_workload, generate_prompts,
-                                 load_dataset)
+from benchmarks.workload import MIXED_DATASET_PATH, WorkloadError, build_workload, generate_prompts, load_dataset
 from common.model_source import ModelSource
 
 

@@ -7,12 +7,22 @@ import contextlib
 import shutil
 import tempfile
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
 from common.client import AsyncZtgiClient, ZtgiClient, ZtgiError
-from common.messages import PROTOCOL_VERSION, Cancel, ChatMessage, Generate, GenerateParameters, Hello, InfoReply, StatsReply
+from common.messages import (
+    PROTOCOL_VERSION,
+    Cancel,
+    ChatMessage,
+    Generate,
+    GenerateParameters,
+    Hello,
+    InfoReply,
+    StatsReply,
+)
 from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps, token_steps
 
 FAST = {"heartbeat_interval_ms": 50, "heartbeat_misses": 4, "query_timeout_s": 1.0}

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import zmq
 
 from common import curve
-from ztgi.cli import main as cli_main
 from common.config import ConfigError
 from services.gateway.config import GatewayConfig
 from services.scheduler.config import SchedulerConfig
 from services.tokenizer.config import TokenizerConfig
 from services.worker.config import WorkerConfig
+from ztgi.cli import main as cli_main
 
 REPLY_WAIT_MS = 5000  # an answer that should come
 SILENCE_WAIT_MS = 500  # how long a refused socket is watched (loopback handshakes take ~1 ms)

@@ -4,7 +4,7 @@ over tcp://127.0.0.1 for the words, a stepped clock for the timing)."""
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import zmq

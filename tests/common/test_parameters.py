@@ -9,7 +9,11 @@ import pytest
 
 from common.messages import GenerateParameters, SamplingParameters
 from common.parameters import (
-    ParameterLimits, ValidationError, resolve_sampling, validate_lengths, validate_parameters,
+    ParameterLimits,
+    ValidationError,
+    resolve_sampling,
+    validate_lengths,
+    validate_parameters,
 )
 
 LIMITS = ParameterLimits()

@@ -16,7 +16,13 @@ import pytest
 
 from common.client import ZtgiClient
 from tests.e2e.faults import (
-    FAST_FLAGS, all_child_pids, build_small_vocab_model, child_pids, health, stream, wait_for,
+    FAST_FLAGS,
+    all_child_pids,
+    build_small_vocab_model,
+    child_pids,
+    health,
+    stream,
+    wait_for,
 )
 from tests.e2e.server import LaunchedServer
 

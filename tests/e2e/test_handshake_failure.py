@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 from common import curve
-from tests.fuzz.conftest import free_port_block
 from tests.e2e.server import free_port
+from tests.fuzz.conftest import free_port_block
 from tests.fuzz.processes import HEARTBEAT, ServiceProcess
 
 HANDSHAKE_TIMEOUT_S = 1.0

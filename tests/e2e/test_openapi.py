@@ -4,7 +4,8 @@ route's answers validate against it, and parameters only the pipeline can check 
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import requests

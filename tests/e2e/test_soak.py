@@ -14,7 +14,13 @@ import pytest
 
 from common.client import ZtgiClient
 from tests.e2e.faults import (
-    FAST_FLAGS, SERVICES, build_small_vocab_model, child_pids, rss_kb, stream, wait_for,
+    FAST_FLAGS,
+    SERVICES,
+    build_small_vocab_model,
+    child_pids,
+    rss_kb,
+    stream,
+    wait_for,
 )
 from tests.e2e.server import LaunchedServer
 

@@ -10,7 +10,8 @@ import concurrent.futures
 import json
 import re
 import time
-from typing import Any, Callable, Iterator, Literal
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 import jsonschema
 import openai

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 import socket
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

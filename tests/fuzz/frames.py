@@ -16,8 +16,10 @@ from typing import Any
 import msgpack
 from hypothesis import strategies as st
 
-from common import codec
-from common import messages  # noqa: F401  (registers every message tag)
+from common import (
+    codec,
+    messages,  # noqa: F401  (registers every message tag)
+)
 
 INT64 = st.one_of(st.integers(-3, 40), st.integers(-(2**63), 2**64 - 1))
 FLOATS = st.floats(allow_nan=True, allow_infinity=True, width=64)

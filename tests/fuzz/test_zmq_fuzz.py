@@ -22,18 +22,42 @@ from hypothesis import strategies as st
 
 from common.client import ZtgiClient
 from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
+from common.curve import CurveKeys, client_keys
+from common.curve import apply as apply_curve
 from common.endpoints import Endpoints
 from common.messages import (
-    PROTOCOL_VERSION, Adopt, CommandDone, DetokenizeJob, Forget, Heartbeat, EncodeJob, Encoded, ErrorReply, Generate, GenerateParameters, Generation,
-    HealthCheck as HealthCheckCommand, Hello, Query, Rejected, RequestKey, SamplingParameters, StatsReply,
-    TextBatch, TokenStep, Warmup, WarmupResult, WorkerInfo,
+    PROTOCOL_VERSION,
+    Adopt,
+    CommandDone,
+    DetokenizeJob,
+    Encoded,
+    EncodeJob,
+    ErrorReply,
+    Forget,
+    Generate,
+    GenerateParameters,
+    Generation,
+    Heartbeat,
+    Hello,
+    Query,
+    Rejected,
+    RequestKey,
+    SamplingParameters,
+    StatsReply,
+    TextBatch,
+    TokenStep,
+    Warmup,
+    WarmupResult,
+    WorkerInfo,
+)
+from common.messages import (
+    HealthCheck as HealthCheckCommand,
 )
 from services.scheduler.hub import CLIENT_MESSAGES, TOKENIZER_MESSAGES, WORKER_MESSAGES
 from services.tokenizer.service import SCHEDULER_MESSAGES as TOKENIZER_INBOUND
 from services.worker.service import SCHEDULER_MESSAGES as WORKER_INBOUND
-from tests.fuzz.frames import frame, multipart, tags_of, wire_message
-from common.curve import CurveKeys, apply as apply_curve, client_keys
 from tests.fuzz.conftest import Keys
+from tests.fuzz.frames import frame, multipart, tags_of, wire_message
 from tests.fuzz.processes import HEARTBEAT, LIMITS, Pipeline, ServiceProcess
 
 SCALE = int(os.environ.get("ZTGI_FUZZ_SCALE", "1"))  # more cases: ZTGI_FUZZ_SCALE=10

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -19,8 +20,18 @@ from common.codec import decode, encode
 from common.endpoints import Endpoints
 from common.identity import new_boot_nonce
 from common.messages import (
-    Cancel, FinalDetails, Generate, HealthReply, Heartbeat, Hello, InfoReply, Query, StatsReply,
-    StreamEvent, StreamEvents, Token,
+    Cancel,
+    FinalDetails,
+    Generate,
+    HealthReply,
+    Heartbeat,
+    Hello,
+    InfoReply,
+    Query,
+    StatsReply,
+    StreamEvent,
+    StreamEvents,
+    Token,
 )
 
 Steps = list[list[StreamEvent]]
@@ -87,7 +98,7 @@ class ScriptedScheduler:
         self._bound = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scripted-scheduler", daemon=True)
 
-    def start(self) -> "ScriptedScheduler":
+    def start(self) -> ScriptedScheduler:
         self._thread.start()
         assert self._bound.wait(5), "the scripted scheduler did not bind"
         return self

@@ -27,7 +27,7 @@ def test_next_decode_goes_out_behind_the_one_in_flight() -> None:
     rids, commands = running(h)
     assert [type(c) for c in commands] == [m.Decode, m.Decode]
     assert commands[0].batch_ids == commands[1].batch_ids == [1]
-    for step in range(3):
+    for _ in range(3):
         h.answer_step(WORKER_A, commands[0], 1, rids)
         [sent] = [command for _, command in h.messages_to("workers")]
         assert isinstance(sent, m.Decode) and sent.batch_ids == [1]

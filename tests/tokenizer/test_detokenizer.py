@@ -8,8 +8,15 @@ import pytest
 
 from common.codec import decode
 from common.messages import (
-    DetokenizeJob, Generate, GenerateParameters, Generation, RequestKey, StreamEvent, StreamEvents,
-    TextBatch, TokenStep,
+    DetokenizeJob,
+    Generate,
+    GenerateParameters,
+    Generation,
+    RequestKey,
+    StreamEvent,
+    StreamEvents,
+    TextBatch,
+    TokenStep,
 )
 from common.parameters import ParameterLimits
 from services.tokenizer.detokenizer import Detokenizer

@@ -14,8 +14,21 @@ import zmq
 from common.codec import decode, encode
 from common.endpoints import Endpoints
 from common.messages import (
-    PROTOCOL_VERSION, DetokenizeJob, EncodeJob, Encoded, Forget, Generate, GenerateParameters,
-    Generation, Heartbeat, Hello, RequestKey, Rejected, StreamEvents, TextBatch, TokenStep,
+    PROTOCOL_VERSION,
+    DetokenizeJob,
+    Encoded,
+    EncodeJob,
+    Forget,
+    Generate,
+    GenerateParameters,
+    Generation,
+    Heartbeat,
+    Hello,
+    Rejected,
+    RequestKey,
+    StreamEvents,
+    TextBatch,
+    TokenStep,
 )
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

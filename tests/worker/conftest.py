@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -10,7 +10,6 @@ import torch
 from services.worker.backend import load_model
 from services.worker.model import PaddedModel
 from services.worker.paged.model import PagedModel
-
 
 TEST_POOL_BLOCKS = 2048
 

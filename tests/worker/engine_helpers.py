@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 from common.messages import Generation, SamplingParameters, WorkerRequest
 from services.worker.batch import CausalLMBatch

@@ -5,8 +5,19 @@ from __future__ import annotations
 import pytest
 
 from common.messages import (
-    Batch, Clear, CommandDone, CommandFailed, Decode, Filter, FilterResult, HealthCheck, Prefill, StepResult,
-    Timings, Warmup, WarmupResult,
+    Batch,
+    Clear,
+    CommandDone,
+    CommandFailed,
+    Decode,
+    Filter,
+    FilterResult,
+    HealthCheck,
+    Prefill,
+    StepResult,
+    Timings,
+    Warmup,
+    WarmupResult,
 )
 from services.worker.engine import Engine
 from services.worker.heap import HeapTrimmer

@@ -13,8 +13,8 @@ from transformers import AutoTokenizer
 from common.grammar import json_grammar
 from common.messages import Grammar
 from services.worker import grammar as grammars
-from services.worker.engine import Engine
 from services.worker.backend import Model
+from services.worker.engine import Engine
 from tests.worker.engine_helpers import batch_of, request, run_to_end, step, token_ids
 
 SCHEMA = {"type": "object", "properties": {

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, LlamaConfig
 
-from services.worker.model import PaddedModel as Model, resolve_backend
+from services.worker.model import PaddedModel as Model
+from services.worker.model import resolve_backend
 from services.worker.packed_linear import PackedLinear
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
 

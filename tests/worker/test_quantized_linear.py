@@ -9,11 +9,19 @@ import torch.nn.functional as F
 
 from common.config import ConfigError, parse_config
 from services.launcher.config import LaunchConfig
-from services.worker.config import WorkerConfig
 from services.worker.backend import load_model
+from services.worker.config import WorkerConfig
 from services.worker.packed_linear import PackedLinear
-from services.worker.quantized_linear import (GROUP_SIZE, GgufWeights, GroupCodes, Int4Linear, Int8Linear,
-                                              LinearFactory, _unpermute_order, quantize_int4)
+from services.worker.quantized_linear import (
+    GROUP_SIZE,
+    GgufWeights,
+    GroupCodes,
+    Int4Linear,
+    Int8Linear,
+    LinearFactory,
+    _unpermute_order,
+    quantize_int4,
+)
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
 
 ACTIVATION_DTYPES = [torch.float32, torch.bfloat16]

@@ -9,7 +9,6 @@ import torch
 
 from common.messages import SamplingParameters
 from services.worker import logits_processors as processors
-from services.worker.batch import CausalLMBatch
 from services.worker.next_token_chooser import NextTokenChooser, validate_sampling
 from tests.worker.engine_helpers import alone, batch_of, request, run_to_end, step, token_ids
 

@@ -15,8 +15,21 @@ from common.codec import decode, encode
 from common.endpoints import Endpoints
 from common.identity import new_boot_nonce
 from common.messages import (
-    PROTOCOL_VERSION, Batch, Clear, CommandDone, CommandFailed, Decode, Filter, FilterResult, HealthCheck,
-    Heartbeat, Hello, Prefill, StepResult, Warmup, WarmupResult,
+    PROTOCOL_VERSION,
+    Batch,
+    Clear,
+    CommandDone,
+    CommandFailed,
+    Decode,
+    Filter,
+    FilterResult,
+    HealthCheck,
+    Heartbeat,
+    Hello,
+    Prefill,
+    StepResult,
+    Warmup,
+    WarmupResult,
 )
 from tests.worker.engine_helpers import request
 

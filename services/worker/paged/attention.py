@@ -49,7 +49,7 @@ class DecodeGroup:
     mask: torch.Tensor  # [rows, 1, 1, max blocks * block_size]: keys to attend
     context_lens: torch.Tensor | None = None  # [rows]
 
-    def windowed(self, window: int) -> "DecodeGroup":
+    def windowed(self, window: int) -> DecodeGroup:
         """The same rows attending only to their last `window` keys (query included), over just the
         blocks that hold them: each row's table starts at its window's first block, so a sliding
         layer's decode costs its window, not the whole context."""
@@ -73,7 +73,7 @@ class AttentionInputs:
     decodes: list[DecodeGroup]
     prefills: list[PrefillSpan]
 
-    def windowed(self, window: int | None) -> "AttentionInputs":
+    def windowed(self, window: int | None) -> AttentionInputs:
         """These inputs for a sliding-window layer (built once per step per window, not per layer)."""
         if window is None:
             return self

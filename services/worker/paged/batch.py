@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Sequence as Seq
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -83,7 +84,7 @@ class PagedBatch:
 
     @classmethod
     def from_requests(cls, requests: Seq[WorkerRequest], batch_id: int, max_tokens: int,
-                      model: "PagedModel") -> "PagedBatch":
+                      model: PagedModel) -> PagedBatch:
         """A batch ready for its first step; ValueError naming a bad request and field."""
         validate_requests(requests, batch_id, model)
         for request in requests:
@@ -111,7 +112,7 @@ class PagedBatch:
             sequence.block_ids.extend(update.new_block_ids)
             sequence.chunk_len = update.chunk_len
 
-    def filter(self, request_ids: Seq[int]) -> "PagedBatch | None":
+    def filter(self, request_ids: Seq[int]) -> PagedBatch | None:
         """The batch of `request_ids`, in that order; None when empty; ValueError for an unknown id."""
         if not request_ids:
             return None
@@ -127,7 +128,7 @@ class PagedBatch:
         return PagedBatch(self.batch_id, sequences, self.chooser.select(kept), _max_tokens(sequences))
 
     @classmethod
-    def concatenate(cls, batches: Seq["PagedBatch"]) -> "PagedBatch":
+    def concatenate(cls, batches: Seq[PagedBatch]) -> PagedBatch:
         """All requests under the first batch's id; no keys or values move."""
         if len(batches) == 1:
             return batches[0]

@@ -9,7 +9,8 @@ its own forward (`llama.py`), which shares the padded backend's weights.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -66,7 +67,7 @@ def unsupported_reason(config: object) -> str:
     return f"model type {model_type!r} has no native paged forward (supported: {', '.join(SUPPORTED)})"
 
 
-def paged_forward(module: torch.nn.Module, linear: "LinearFactory | None" = None) -> Callable[..., torch.Tensor]:
+def paged_forward(module: torch.nn.Module, linear: LinearFactory | None = None) -> Callable[..., torch.Tensor]:
     """The native paged forward of `module` (a transformers causal LM), its linear layers from
     `linear` (`--quantize`; Llama only for now); TypeError where none fits, ValueError for a
     quantization the family's forward does not take."""

@@ -7,7 +7,7 @@ go to the pool's slots and queries attend over block tables (`PagedAttention`).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

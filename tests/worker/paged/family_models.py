@@ -22,8 +22,7 @@ ALTERNATING = ["sliding_attention", "full_attention"]
 
 def family_config(model_type: str):
     """A 2-layer config of `model_type` with its distinctive options switched on."""
-    from transformers import (Gemma2Config, Gemma3TextConfig, MistralConfig, Phi3Config, Qwen2Config,
-                              Qwen3Config)
+    from transformers import Gemma2Config, Gemma3TextConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     match model_type:
         case "mistral":
