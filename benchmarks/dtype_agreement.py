@@ -4,7 +4,8 @@
     python -m benchmarks.dtype_agreement --dtype bfloat16 --quantize int8 --reference-dtype bfloat16
 
 Every prompt of the dataset is generated greedily (EOS ignored) in one batch, once with float
-weights in `--reference-dtype` (float32 unless set) and once in `--dtype` with `--quantize`. Reported: the share of requests whose tokens are all identical, the share of
+weights in `--reference-dtype` (float32 unless set) and once in `--dtype` with `--quantize`.
+Reported: the share of requests whose tokens are all identical, the share of
 token positions identical before each request's first divergence (over all positions), and the
 largest absolute difference of the chosen tokens' logprobs while both runs still agree.
 """

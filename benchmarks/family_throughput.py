@@ -6,7 +6,8 @@ A random-weight model of `--model-type` with SmolLM2-135M's shape (hidden 576, 9
 `--layers` layers) is saved once; each round runs the same batch (`--requests` prompts of
 `--prompt-tokens` random ids, `--new-tokens` greedy tokens each, EOS ignored) to the end through
 `--kv-cache paged` and then `--kv-cache padded --backend transformers`, on one thread, and prints
-output tokens/s of each and their ratio per round (paired, as the machine's load moves). Greedy ids of both are checked equal.
+output tokens/s of each and their ratio per round (paired, as the machine's load moves). Greedy
+ids of both are checked equal.
 """
 
 from __future__ import annotations

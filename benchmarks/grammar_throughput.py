@@ -97,8 +97,8 @@ def in_process(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     for _ in range(args.rounds):
         free.append(engine_round(model, tokenizer, args.concurrency, args.tokens, False))
         constrained.append(engine_round(model, tokenizer, args.concurrency, args.tokens, True))
-        print(json.dumps({"unconstrained_tok_s": round(free[-1], 1), "half_constrained_tok_s": round(constrained[-1], 1)}),
-              flush=True)
+        print(json.dumps({"unconstrained_tok_s": round(free[-1], 1),
+                          "half_constrained_tok_s": round(constrained[-1], 1)}), flush=True)
     return free, constrained
 
 
@@ -130,8 +130,8 @@ def served(args: argparse.Namespace) -> tuple[list[float], list[float]]:
         for _ in range(args.rounds):
             free.append(asyncio.run(one_round(server.url, args.concurrency, args.requests, args.tokens, False)))
             constrained.append(asyncio.run(one_round(server.url, args.concurrency, args.requests, args.tokens, True)))
-            print(json.dumps({"unconstrained_tok_s": round(free[-1], 1), "half_constrained_tok_s": round(constrained[-1], 1)}),
-                  flush=True)
+            print(json.dumps({"unconstrained_tok_s": round(free[-1], 1),
+                              "half_constrained_tok_s": round(constrained[-1], 1)}), flush=True)
     return free, constrained
 
 

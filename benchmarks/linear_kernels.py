@@ -6,13 +6,14 @@ For each of SmolLM2-135M's matrix shapes (fused q/k/v, attention output, fused g
 lm_head) and each row count (decode at batch 1 and 16, prefill chunks), the median time of
 `y = x @ W.T` with W as:
 
-| format | kernel |
-|---|---|
-| `float32` | oneDNN with the weight packed once (`PackedLinear`, what the worker serves today) |
-| `bfloat16` | the same, weight and activations in bfloat16 (avx512_bf16 / AMX) |
-| `int8-f32`, `int8-bf16` | `torch._weight_int8pack_mm`: int8 weight, one scale per output row, activations float32 / bfloat16 |
-| `int4-f32`, `int4-bf16` | `torch._weight_int4pack_mm_for_cpu`: 4-bit weight, a scale and an offset per 32 inputs (GGUF Q4_1's layout) |
-| `w8a8-dynamic` | fbgemm's `quantized::linear_dynamic`: int8 weight and int8 activations quantized per call (for reference only: it rounds the activations too) |
+- `float32`: oneDNN with the weight packed once (`PackedLinear`, what the worker serves today)
+- `bfloat16`: the same, weight and activations in bfloat16 (avx512_bf16 / AMX)
+- `int8-f32`, `int8-bf16`: `torch._weight_int8pack_mm`: int8 weight, one scale per output row, activations
+  float32 / bfloat16
+- `int4-f32`, `int4-bf16`: `torch._weight_int4pack_mm_for_cpu`: 4-bit weight, a scale and an offset per 32 inputs
+  (GGUF Q4_1's layout)
+- `w8a8-dynamic`: fbgemm's `quantized::linear_dynamic`: int8 weight and int8 activations quantized per call (for
+  reference only: it rounds the activations too)
 
 Prints one JSON line per (shape, rows) with each format's milliseconds, and a table.
 """

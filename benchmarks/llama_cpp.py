@@ -19,10 +19,11 @@ while the others run. Each repeat runs every level on every system back to back,
 order rotating from repeat to repeat, so a drift in the machine's speed hits all of them alike.
 The load is `ztgi bench`'s load generator, streamed and greedy: ztgi through TGI's
 `/generate_stream` (its OpenAI routes take no `ignore_eos`), llama-server through OpenAI's
-`/v1/completions`; the same prompts and `max_new_tokens`, one SSE event per token on both. At concurrency 1 only the first
-`--single-stream-requests` prompts run, each generating exactly its `max_new_tokens` (many of the
-mixed prompts end at once at EOS, which leaves no TPOT to measure); at the other levels EOS is
-respected unless `--ignore-eos`. Each request opens its own connection, for every system alike.
+`/v1/completions`; the same prompts and `max_new_tokens`, one SSE event per token on both. At
+concurrency 1 only the first `--single-stream-requests` prompts run, each generating exactly its
+`max_new_tokens` (many of the mixed prompts end at once at EOS, which leaves no TPOT to measure);
+at the other levels EOS is respected unless `--ignore-eos`. Each request opens its own
+connection, for every system alike.
 
 Reported per system and level, as medians over the repeats: output tokens/s, TTFT p50, TPOT p50,
 ITL p99, and the ratios issue 23 sets against llama-server (3x the tokens/s and at most half the
@@ -307,7 +308,8 @@ class Runner:
         connection idle for 5 s, and a pooled one reused after that fails as "Server disconnected"."""
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
         timeout = aiohttp.ClientTimeout(total=generator.config.request_timeout_s)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFFER_BYTES) as session:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                         read_bufsize=READ_BUFFER_BYTES) as session:
             return await generator.run_in(session, concurrency)
 
 

@@ -75,7 +75,8 @@ class OfflineConfig(BaselineConfig):
         require(self.engine_concurrency is None or self.engine_concurrency >= 1,
                 f"--engine-concurrency must be >= 1, got {self.engine_concurrency}")
         require(self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}")
-        require(self.num_threads is None or self.num_threads >= 1, f"--num-threads must be >= 1, got {self.num_threads}")
+        require(self.num_threads is None or self.num_threads >= 1,
+                f"--num-threads must be >= 1, got {self.num_threads}")
         require(self.static_repeats is None or self.static_repeats >= 0,
                 f"--static-repeats must be >= 0, got {self.static_repeats}")
 

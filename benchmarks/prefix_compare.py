@@ -15,7 +15,8 @@ def _run(path: str) -> dict:
 
 def main(argv: list[str]) -> int:
     on, off = _run(argv[0]), _run(argv[1])
-    rows = [("TTFT p50 (ms)", lambda s: s["ttft_s"]["p50"] * 1e3), ("TTFT p90 (ms)", lambda s: s["ttft_s"]["p90"] * 1e3),
+    rows = [("TTFT p50 (ms)", lambda s: s["ttft_s"]["p50"] * 1e3),
+            ("TTFT p90 (ms)", lambda s: s["ttft_s"]["p90"] * 1e3),
             ("E2E p50 (ms)", lambda s: s["e2e_s"]["p50"] * 1e3), ("duration (s)", lambda s: s["duration_s"]),
             ("output tok/s", lambda s: s["output_token_throughput"]), ("req/s", lambda s: s["request_throughput"])]
     print(f"{'':16}{'caching on':>12}{'caching off':>12}{'off/on':>9}")

@@ -43,7 +43,8 @@ def multi_turn(rng: random.Random, num_conversations: int = 16, num_turns: int =
 
 
 def main() -> None:
-    for name, lines in (("shared_prefix", shared_prefix(random.Random(18))), ("multi_turn", multi_turn(random.Random(18)))):
+    for name, lines in (("shared_prefix", shared_prefix(random.Random(18))),
+                        ("multi_turn", multi_turn(random.Random(18)))):
         with open(os.path.join(DATA_DIR, f"{name}.jsonl"), "w", encoding="utf-8") as file:
             file.writelines(json.dumps(line) + "\n" for line in lines)
 

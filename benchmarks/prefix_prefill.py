@@ -61,8 +61,10 @@ def main() -> None:
         cached.append(cached_s)
         same += cached_ids == whole_ids
     print(f"prompt {len(questions[0])} tokens, {cache_len} cached; {args.threads} thread(s), {args.repeats} pairs")
-    print(f"first token, whole prompt: median {statistics.median(whole) * 1e3:.0f} ms  {[round(s * 1e3) for s in whole]}")
-    print(f"first token, cached prefix: median {statistics.median(cached) * 1e3:.0f} ms  {[round(s * 1e3) for s in cached]}")
+    print(f"first token, whole prompt: median {statistics.median(whole) * 1e3:.0f} ms  "
+          f"{[round(s * 1e3) for s in whole]}")
+    print(f"first token, cached prefix: median {statistics.median(cached) * 1e3:.0f} ms  "
+          f"{[round(s * 1e3) for s in cached]}")
     print(f"ratio {statistics.median(whole) / statistics.median(cached):.1f}x; same greedy tokens in {same} of "
           f"{len(questions)} pairs")
 

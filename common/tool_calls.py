@@ -35,7 +35,8 @@ ToolMode = Literal["auto", "required"]
 
 def call_text(name: str, arguments: str) -> str:
     """One call as the model writes it (`arguments` is JSON text)."""
-    return f"{CALL_OPEN}{NAME_PREFIX}{_json_string_body(name)}{ARGUMENTS_PREFIX}{arguments}{ARGUMENTS_SUFFIX}{CALL_CLOSE}"
+    return (f"{CALL_OPEN}{NAME_PREFIX}{_json_string_body(name)}{ARGUMENTS_PREFIX}{arguments}"
+            f"{ARGUMENTS_SUFFIX}{CALL_CLOSE}")
 
 
 def tool_call_grammar(tools: list[Tool], mode: ToolMode, parallel: bool = True,

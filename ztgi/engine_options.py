@@ -32,7 +32,8 @@ class EngineOptions:
     def parse(cls, options: dict[str, Any]) -> EngineOptions:
         """TypeError for a name neither the server nor vLLM has (before any model is loaded)."""
         named = {VLLM_NAMES.get(name, name): value for name, value in options.items()}
-        unknown = sorted(name for name in options if VLLM_NAMES.get(name, name) not in SCHEDULER_OPTIONS + WORKER_OPTIONS)
+        unknown = sorted(name for name in options
+                         if VLLM_NAMES.get(name, name) not in SCHEDULER_OPTIONS + WORKER_OPTIONS)
         if unknown:
             known = ", ".join(SCHEDULER_OPTIONS + WORKER_OPTIONS + tuple(VLLM_NAMES))
             raise TypeError(f"unknown engine option {', '.join(map(repr, unknown))}; known: {known}")

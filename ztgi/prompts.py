@@ -40,7 +40,8 @@ def as_conversations(messages: Any) -> list[Prompt]:
     return [Prompt(messages=_conversation(index, conversation)) for index, conversation in enumerate(conversations)]
 
 
-def per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int) -> list[SamplingParams]:
+def per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+               num_prompts: int) -> list[SamplingParams]:
     """One SamplingParams for every prompt, or one each (vLLM's rule)."""
     if sampling_params is None:
         return [SamplingParams()] * num_prompts
@@ -87,5 +88,6 @@ def _chat_message(index: int, message: Any) -> ChatMessage:
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
         content = "".join(str(part.get("text", "")) for part in content)
     if not isinstance(content, str):
-        raise ValueError(f"conversation {index}: 'content' must be a string or a list of text parts, got {content!r:.80}")
+        raise ValueError(f"conversation {index}: 'content' must be a string or a list of text parts, "
+                         f"got {content!r:.80}")
     return ChatMessage(message["role"], content)

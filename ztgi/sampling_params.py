@@ -93,7 +93,8 @@ class SamplingParams:
 
     def _check_ranges(self) -> None:
         _require(self.n >= 1, f"n must be at least 1, got {self.n}")
-        _require(-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        _require(-2.0 <= self.presence_penalty <= 2.0,
+                 f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         _require(-2.0 <= self.frequency_penalty <= 2.0,
                  f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         _require(self.repetition_penalty > 0.0,
@@ -102,7 +103,8 @@ class SamplingParams:
         _require(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
         _require(self.top_k >= -1, f"top_k must be 0 or -1 (off), or at least 1, got {self.top_k}")
         _require(self.seed is None or 0 <= self.seed <= MAX_SEED, f"seed must be in [0, {MAX_SEED}], got {self.seed}")
-        _require(self.max_tokens is None or self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}")
+        _require(self.max_tokens is None or self.max_tokens >= 1,
+                 f"max_tokens must be at least 1, got {self.max_tokens}")
         _require(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                  f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         _require(self.prompt_logprobs in (None, 0),

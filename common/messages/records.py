@@ -7,9 +7,9 @@ from typing import Literal
 from common.codec import record
 
 __all__ = [
-    "Grammar", "GrammarType", "Tool", "ToolCall", "ChatMessage", "GenerateParameters", "SamplingParameters", "WorkerRequest", "Batch",
-    "CachedBatch", "Generation", "Timings", "RequestKey", "Token", "FinalDetails", "StreamEvent",
-    "WorkerInfo", "FinishReason", "SeqUpdate",
+    "Grammar", "GrammarType", "Tool", "ToolCall", "ChatMessage", "GenerateParameters", "SamplingParameters",
+    "WorkerRequest", "Batch", "CachedBatch", "Generation", "Timings", "RequestKey", "Token", "FinalDetails",
+    "StreamEvent", "WorkerInfo", "FinishReason", "SeqUpdate",
 ]
 
 FinishReason = Literal["length", "eos_token", "stop_sequence", "cancelled", "error"]

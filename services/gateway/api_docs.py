@@ -40,12 +40,14 @@ def openapi_document() -> dict[str, Any]:
 def docs_page() -> str:
     """The whole document as one self-contained HTML page."""
     doc = openapi_document()
-    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{_e(doc['info']['title'])} API</title>",
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+             f"<title>{_e(doc['info']['title'])} API</title>",
              f"<style>{_STYLE}</style></head><body>",
              f"<h1>{_e(doc['info']['title'])} API <small>{_e(doc['info']['version'])}</small></h1>",
              f"<p class='desc'>{_e(doc['info'].get('description', ''))}</p>",
              "<p>The machine-readable document: <a href='/api-doc/openapi.json'>/api-doc/openapi.json</a>. "
-             "<span class='lock'>&#128274;</span> marks routes that need <code>Authorization: Bearer &lt;key&gt;</code> "
+             "<span class='lock'>&#128274;</span> marks routes that need "
+             "<code>Authorization: Bearer &lt;key&gt;</code> "
              "when the server has an API key.</p><h2>Routes</h2>"]
     for path, operations in doc["paths"].items():
         parts.extend(_route_html(path, method, op) for method, op in operations.items())

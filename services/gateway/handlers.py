@@ -77,7 +77,8 @@ async def ping(request: web.Request) -> web.Response:
 
 async def _text_request(request: web.Request, stream: bool | None) -> TextRequest:
     config = request.app[CONFIG]
-    return parse_text_request(await read_json(request, config.max_payload_bytes, config.body_read_timeout_s), config.limits, stream)
+    return parse_text_request(await read_json(request, config.max_payload_bytes, config.body_read_timeout_s),
+                              config.limits, stream)
 
 
 async def _generate_json(request: web.Request, text_request: TextRequest,

@@ -28,8 +28,8 @@ DONE = "[DONE]"
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/chat/completions: one chat completion, or its chunks as SSE."""
     config = request.app[CONFIG]
-    chat = parse_chat_request(await read_json(request, config.max_payload_bytes, config.body_read_timeout_s), config.limits,
-                              config.max_client_batch_size)
+    chat = parse_chat_request(await read_json(request, config.max_payload_bytes, config.body_read_timeout_s),
+                              config.limits, config.max_client_batch_size)
     envelope = await _envelope(request, "chatcmpl")
     client = request.app[CLIENT]
     if chat.stream:
@@ -44,8 +44,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/completions: `n` choices per prompt (prompt-major), or their chunks as SSE."""
     config = request.app[CONFIG]
-    completion = parse_completion_request(await read_json(request, config.max_payload_bytes, config.body_read_timeout_s), config.limits,
-                                          config.max_client_batch_size)
+    completion = parse_completion_request(
+        await read_json(request, config.max_payload_bytes, config.body_read_timeout_s), config.limits,
+        config.max_client_batch_size)
     envelope = await _envelope(request, "cmpl")
     client = request.app[CLIENT]
     if completion.stream:

@@ -2,8 +2,9 @@
 
 As in TGI: temperature 0 means greedy, any other (or none) samples; completions default to
 100 new tokens; `suffix` is refused. `response_format` and `tools` become a grammar
-(`structured_output`); assistant `tool_calls` and `tool` turns are carried back to the template. `top_p: 1.0` (OpenAI's "off") is
-treated as unset, and so is any `top_p` with temperature 0 (as vLLM: TGI would sample then).
+(`structured_output`); assistant `tool_calls` and `tool` turns are carried back to the template.
+`top_p: 1.0` (OpenAI's "off") is treated as unset, and so is any `top_p` with temperature 0 (as
+vLLM: TGI would sample then).
 `n` choices are `n` requests (choice `j` of a seeded request uses `seed + j`); choices of all
 prompts together are bounded by `max_client_batch_size`.
 """
@@ -186,7 +187,8 @@ def _tool_calls(raw: Any, where: str) -> list[ToolCall] | None:
         if (not isinstance(function, dict) or not isinstance(call.get("id"), str)
                 or not isinstance(function.get("name"), str) or not isinstance(function.get("arguments"), str)):
             raise ValidationError("messages", f"`{where}.tool_calls[{index}]` must be {{\"id\": string, \"type\": "
-                                              f"\"function\", \"function\": {{\"name\": string, \"arguments\": string}}}}")
+                                              f"\"function\", \"function\": {{\"name\": string, "
+                                              f"\"arguments\": string}}}}")
         calls.append(ToolCall(call["id"], function["name"], function["arguments"]))
     return calls or None
 

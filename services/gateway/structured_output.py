@@ -97,7 +97,8 @@ def parse_tool_use(body: dict[str, Any], response_format: Grammar | None) -> Too
         return None
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
-        raise ValidationError("parallel_tool_calls", f"`parallel_tool_calls` must be a boolean, got {json_type(parallel)}")
+        raise ValidationError("parallel_tool_calls",
+                              f"`parallel_tool_calls` must be a boolean, got {json_type(parallel)}")
     callable_tools = [t for t in tools if t.name == choice] if choice not in ("auto", "required") else tools
     strict_names = frozenset(tool.name for tool, strict in parsed if strict)
     if response_format is not None and response_format.type != "json":
@@ -150,7 +151,8 @@ def _schema_value(value: Any, field: str) -> Any:
         except json.JSONDecodeError as exc:
             raise ValidationError(field.split(".")[0], f"`{field}` is not JSON: {exc}") from None
     if not isinstance(value, (dict, bool)):
-        raise ValidationError(field.split(".")[0], f"`{field}` must be a JSON Schema (an object), got {json_type(value)}")
+        raise ValidationError(field.split(".")[0],
+                              f"`{field}` must be a JSON Schema (an object), got {json_type(value)}")
     return value
 
 

@@ -338,7 +338,8 @@ class Batcher:
             keep_ids = [rid for rid in batch.request_ids if self._runs_on(rid, slot)]
             if len(keep_ids) != len(batch.request_ids):
                 self._send(slot, CommandKind.FILTER, keep_ids, [batch.batch_id],
-                           lambda command_id, batch_id=batch.batch_id, kept=keep_ids: Filter(command_id, batch_id, kept))
+                           lambda command_id, batch_id=batch.batch_id, kept=keep_ids:
+                           Filter(command_id, batch_id, kept))
                 return True
         return False
 

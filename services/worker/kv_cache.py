@@ -150,7 +150,8 @@ class KVCache:
                 for cache, part in zip(others, parts):
                     live, rows = cache.num_positions, slice(row, row + cache.num_rows)
                     buffer[rows, :, start:self.length - live].zero_()
-                    buffer[rows, :, self.length - live:self.length] = part[layer][:cache.num_rows, :, cache.start:cache.length]
+                    buffer[rows, :, self.length - live:self.length] = part[layer][:cache.num_rows, :,
+                                                                                  cache.start:cache.length]
                     row += cache.num_rows
         num_rows = self.num_rows + sum(c.num_rows for c in others)
         return KVCache(self.capacity, self.key_buffers, self.value_buffers, num_rows, self.length, start)

@@ -58,7 +58,8 @@ class PaddedModel:
             module = loaded.module
             linear = quantized_linear.factory(loaded.quantize, module, loaded.gguf_file, self.backend, self.device,
                                               self.dtype)
-            self.forward_pass = LlamaForward(module, linear) if self.backend == "native" else TransformersForward(module)
+            self.forward_pass = (LlamaForward(module, linear) if self.backend == "native"
+                                 else TransformersForward(module))
         logger.info("padded KV cache, %s forward, %s weights", self.backend, linear.describe())
 
     def info(self) -> WorkerInfo:

@@ -116,7 +116,8 @@ def test_comparison_takes_medians_over_repeats_and_checks_the_claims() -> None:
 
 
 def test_comparison_claims_paged_over_padded_when_padded_ran() -> None:
-    """With a `padded` system (compare --padded) each throughput level gets ztgi/padded >= 1.3; without, no such claim."""
+    """With a `padded` system (compare --padded) each throughput level gets ztgi/padded >= 1.3; without, no such
+    claim."""
     def run(system: str, tokens: int, duration_s: float) -> BaselineRun:
         record = RequestRecord(0, tokens)
         record.set_timings(0.0, [0.1 + i * 0.01 for i in range(tokens)], duration_s)

@@ -86,7 +86,8 @@ def test_bad_key_files_are_config_errors(tmp_path, key_dir: str) -> None:
     with pytest.raises(ConfigError, match="needs --curve-secret-key-file"):
         SchedulerConfig(curve_client_keys_dir=f"{key_dir}/clients")
     with pytest.raises(ConfigError, match="holds no public key"):
-        SchedulerConfig(curve_secret_key_file=f"{key_dir}/server/server.key_secret", curve_client_keys_dir=str(tmp_path))
+        SchedulerConfig(curve_secret_key_file=f"{key_dir}/server/server.key_secret",
+                        curve_client_keys_dir=str(tmp_path))
 
 
 def test_every_service_config_reads_curve_flags(key_dir: str) -> None:

@@ -74,7 +74,8 @@ def test_tgi_routes_answer_as_documented(server: LaunchedServer, document: dict[
 
 def test_openai_routes_answer_as_documented(server: LaunchedServer, document: dict[str, Any]) -> None:
     """/v1/chat/completions and /v1/completions (whole and streamed) and /v1/models."""
-    check(document, "/v1/chat/completions", "post", server.post("/v1/chat/completions", {**CHAT, "n": 2, "logprobs": True}))
+    check(document, "/v1/chat/completions", "post",
+          server.post("/v1/chat/completions", {**CHAT, "n": 2, "logprobs": True}))
     check(document, "/v1/completions", "post",
           server.post("/v1/completions", {"prompt": ["a", "b"], "max_tokens": 3, "logprobs": 2}))
     check(document, "/v1/models", "get", server.get("/v1/models"))

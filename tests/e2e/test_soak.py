@@ -39,7 +39,8 @@ WORDS = ["The capital of France is", "Once upon a time", "The sun is", "a b c d 
 def random_request(rng: random.Random) -> dict:
     """A prompt of 4 to ~100 tokens, 1 to 150 new tokens, greedy or seeded sampling, maybe a disconnect."""
     max_new_tokens = rng.choice([1, 5, 20, 60, 150])  # longer ones only stretch the tail past the deadline
-    sampling = {"do_sample": True, "seed": rng.randrange(2**31), "temperature": 0.8, "top_k": 50} if rng.random() < 0.5 else {}
+    sampling = ({"do_sample": True, "seed": rng.randrange(2**31), "temperature": 0.8, "top_k": 50}
+                if rng.random() < 0.5 else {})
     close_after = rng.randrange(1, max_new_tokens) if max_new_tokens > 2 and rng.random() < DISCONNECT_RATE else None
     return {"prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 20))),
             "max_new_tokens": max_new_tokens, "close_after": close_after, "parameters": sampling}

@@ -54,7 +54,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "required": ["from", "to"], "additionalProperties": False},
 }
 REGEXES = [r"(yes|no)", r"[0-9]{3}-[0-9]{2}", r"[A-Z][a-z]{1,8} [A-Z][a-z]{1,8}"]
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                      "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
     "required": ["city", "unit"], "additionalProperties": False}}}
@@ -266,10 +267,12 @@ def test_inference_client_and_text_generation_grammar(server: LaunchedServer) ->
         "name": "f", "strict": True, "parameters": {"type": "object", "properties": {"a": {"type": "strin"}}}}}]},
      "/v1/chat/completions", "strin"),
 ])
-def test_a_grammar_that_cannot_compile_is_a_fast_422(server: LaunchedServer, body: dict, path: str, problem: str) -> None:
+def test_a_grammar_that_cannot_compile_is_a_fast_422(server: LaunchedServer, body: dict, path: str,
+                                                     problem: str) -> None:
     """Invalid schemas and regexes are refused before queueing, naming the problem; the server goes on serving."""
     started = time.monotonic()
     response = server.post(path, body, timeout=600)
     assert response.status_code == 422 and problem in response.text, response.text
     assert time.monotonic() - started < 5
-    assert server.post("/generate", {"inputs": "Hi", "parameters": {"max_new_tokens": 2}}, timeout=600).status_code == 200
+    assert server.post("/generate", {"inputs": "Hi", "parameters": {"max_new_tokens": 2}},
+                       timeout=600).status_code == 200

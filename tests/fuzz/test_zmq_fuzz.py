@@ -202,7 +202,8 @@ def test_oversized_frame_is_dropped_by_libzmq(pipeline: tuple[Pipeline, ZtgiClie
 
 
 def test_curve_lets_in_only_the_right_keys(pipeline: tuple[Pipeline, ZtgiClient], keys: Keys) -> None:
-    """Over tcp:// with CURVE, a socket without the key, with a wrong server key or an unknown client key gets nothing."""
+    """Over tcp:// with CURVE, a socket without the key, with a wrong server key or an unknown client key gets
+    nothing."""
     pipe, client = pipeline
     address = Endpoints(pipe.scheduler_url).connect("frontend")
     stranger = client_keys(keys.server_public, keys.stranger_secret)

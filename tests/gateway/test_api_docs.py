@@ -63,10 +63,13 @@ def test_tgi_answers_match_the_document(gateway: GatewayProcess, scheduler: Scri
     """JSON answers, stream events and errors of the TGI routes validate against our document."""
     details = {"max_new_tokens": 2, "details": True, "decoder_input_details": True, "top_n_tokens": 2, "seed": 1}
     for path in ("/", "/invocations"):
-        validate_response(document, path, "post", 200, post(gateway, path, {"inputs": "Hi", "parameters": details}).json())
-    validate_response(document, "/generate", "post", 200, post(gateway, "/generate", {"inputs": "Hi", "parameters": details}).json())
+        validate_response(document, path, "post", 200,
+                          post(gateway, path, {"inputs": "Hi", "parameters": details}).json())
+    validate_response(document, "/generate", "post", 200,
+                      post(gateway, "/generate", {"inputs": "Hi", "parameters": details}).json())
     sampled = {"max_new_tokens": 2, "details": True, "best_of": 2, "do_sample": True}
-    validate_response(document, "/generate", "post", 200, post(gateway, "/generate", {"inputs": "Hi", "parameters": sampled}).json())
+    validate_response(document, "/generate", "post", 200,
+                      post(gateway, "/generate", {"inputs": "Hi", "parameters": sampled}).json())
     for path, body in (("/generate_stream", {"inputs": "Hi", "parameters": {"top_n_tokens": 1}}),
                        ("/", {"inputs": "Hi", "stream": True})):
         for event in read_events(post(gateway, path, body, stream=True)):
@@ -88,7 +91,8 @@ def test_openai_answers_match_the_document(gateway: GatewayProcess, scheduler: S
     validate_response(document, "/v1/chat/completions", "post", 200, chat)
     stream = post(gateway, "/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_usage": True}},
                   stream=True)
-    chunks = [json.loads(line[5:]) for line in stream.iter_lines() if line.startswith(b"data:") and b"[DONE]" not in line]
+    chunks = [json.loads(line[5:]) for line in stream.iter_lines()
+              if line.startswith(b"data:") and b"[DONE]" not in line]
     for chunk in chunks:
         validate_response(document, "/v1/chat/completions", "post", 200, chunk, "text/event-stream")
     completion = post(gateway, "/v1/completions", {"prompt": ["a", "b"], "max_tokens": 2, "logprobs": 1}).json()

@@ -29,7 +29,8 @@ def test_chat_completion(client: openai.OpenAI, scheduler: ScriptedScheduler) ->
     completion = client.chat.completions.create(model="any", messages=CHAT, max_tokens=3, temperature=0)
     choice = completion.choices[0]
     assert (choice.message.role, choice.message.content, choice.finish_reason) == ("assistant", " a b c", "length")
-    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == (2, 3, 5)
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens,
+            completion.usage.total_tokens) == (2, 3, 5)
     assert completion.model == "test/tiny" and completion.object == "chat.completion"
     sent = scheduler.messages(Generate)[-1]
     assert sent.inputs is None

@@ -109,20 +109,23 @@ def test_tool_turns_are_carried_back(client: openai.OpenAI, two_calls: ScriptedS
     """An assistant turn's tool_calls (content null) and a tool turn's tool_call_id reach the tokenizer."""
     messages = [*QUESTION,
                 {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
     client.chat.completions.create(model="any", messages=messages, tools=[WEATHER], max_tokens=4)
     sent = two_calls.messages(Generate)[-1].messages
     assert sent[1] == ChatMessage("assistant", "", [ToolCall("call_1", "get_weather", '{"city": "Paris"}')])
     assert sent[2] == ChatMessage("tool", "18 C", None, "call_1")
     with pytest.raises(openai.UnprocessableEntityError):
-        client.chat.completions.create(model="any", messages=[*QUESTION, {"role": "tool", "content": "x"}], max_tokens=4)
+        client.chat.completions.create(model="any", messages=[*QUESTION, {"role": "tool", "content": "x"}],
+                                       max_tokens=4)
 
 
 def test_response_format_becomes_a_json_grammar(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
     """json_object is any object; json_schema is the schema, exact when strict and lenient otherwise."""
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    client.chat.completions.create(model="any", messages=QUESTION, max_tokens=4, response_format={"type": "json_object"})
+    client.chat.completions.create(model="any", messages=QUESTION, max_tokens=4,
+                                   response_format={"type": "json_object"})
     assert json.loads(scheduler.messages(Generate)[-1].parameters.grammar.value) == {"type": "object"}
     client.chat.completions.create(model="any", messages=QUESTION, max_tokens=4, response_format={
         "type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}})
@@ -138,7 +141,8 @@ def test_tool_call_answers_match_the_document(gateway: GatewayProcess, two_calls
     body = {"messages": QUESTION, "tools": [WEATHER, ADD], "max_tokens": 64}
     whole = requests.post(gateway.url + "/v1/chat/completions", json=body, timeout=5)
     validate_response(document, "/v1/chat/completions", "post", 200, whole.json())
-    streamed = requests.post(gateway.url + "/v1/chat/completions", json={**body, "stream": True}, stream=True, timeout=5)
+    streamed = requests.post(gateway.url + "/v1/chat/completions", json={**body, "stream": True}, stream=True,
+                             timeout=5)
     events = [json.loads(line[5:]) for line in streamed.iter_lines()
               if line.startswith(b"data:") and line != b"data: [DONE]"]
     assert any("tool_calls" in event["choices"][0]["delta"] for event in events)

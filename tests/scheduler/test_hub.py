@@ -335,7 +335,8 @@ def test_lost_tokenizer_requests_are_adopted() -> None:
     h.hub.tokenizers[TOKENIZER] -= 10.0
     h.hub.tick(h.hub.tokenizers[b"tokenizer-2"] + 0.1)
     sent = h.messages_to("detokenize")
-    assert [(t, type(msg).__name__) for t, msg in sent] == [(b"tokenizer-2", "Adopt"), (b"tokenizer-2", "DetokenizeJob")]
+    assert [(t, type(msg).__name__) for t, msg in sent] == [(b"tokenizer-2", "Adopt"),
+                                                            (b"tokenizer-2", "DetokenizeJob")]
     adopt, job = sent[0][1], sent[1][1]
     assert adopt.emitted_ids == [7] and adopt.encoded.tokenizer_id == b"tokenizer-2"
     assert [s.generation.generated_tokens for s in job.steps] == [1]

@@ -137,7 +137,8 @@ def test_churn_with_cancellations_preemptions_and_evictions_answers_as_uncached(
     for i in range(60):
         rid = f"r{i}"
         shared = rng.random() < 0.7
-        prompts[rid] = (rng.choice(prefixes) if shared else []) + [rng.randrange(3, 90) for _ in range(rng.randrange(1, 12))]
+        prompts[rid] = ((rng.choice(prefixes) if shared else [])
+                        + [rng.randrange(3, 90) for _ in range(rng.randrange(1, 12))])
         max_new[rid] = rng.randrange(1, 30)
         harness.submit(rid, prompts[rid], max_new[rid])
         for _ in range(rng.randrange(0, 4)):

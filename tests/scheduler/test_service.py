@@ -75,7 +75,8 @@ def test_a_flood_of_malformed_frames_is_logged_as_a_count(tmp_path) -> None:
     endpoints = Endpoints(f"ipc://{tmp_path}")
     log = open(tmp_path / "scheduler.log", "w+")
     process = subprocess.Popen([sys.executable, "-m", "services.scheduler", "--scheduler-url",
-                                endpoints.scheduler_url, "--log-rate-limit-s", "1"], stdout=log, stderr=subprocess.STDOUT)
+                                endpoints.scheduler_url, "--log-rate-limit-s", "1"],
+                               stdout=log, stderr=subprocess.STDOUT)
     context = zmq.Context()
     try:
         client = connect(context, zmq.DEALER, endpoints.connect("frontend"))

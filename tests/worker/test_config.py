@@ -30,7 +30,8 @@ def test_flags_override_environment(monkeypatch):
 
 @pytest.mark.parametrize("field, value, flag", [
     ("dtype", "float64", "--dtype"), ("device", "tpu", "--device"), ("memory_budget_mb", 0, "--memory-budget-mb"),
-    ("heartbeat_interval_ms", 0, "--heartbeat-interval-ms"), ("cpu_warmup_prefill_tokens", 0, "--cpu-warmup"), ("worker_index", -1, "--worker-index"),
+    ("heartbeat_interval_ms", 0, "--heartbeat-interval-ms"), ("cpu_warmup_prefill_tokens", 0, "--cpu-warmup"),
+    ("worker_index", -1, "--worker-index"),
     ("scheduler_url", "http://x", "scheduler URL"), ("cpu_nice", 20, "--cpu-nice"), ("cpu_nice", -1, "--cpu-nice"),
     ("backend", "onnx", "--backend"),
 ])

@@ -39,7 +39,8 @@ def test_eos_length_and_ignore_eos(smollm2_each_layout, chat_prompt):
 def test_finished_request_never_generates_again(tiny_each_layout):
     """A request that finished stays in the batch until Filter, but a later step gives it no Generation;
     the step that finishes the last request returns no batch."""
-    batch = batch_of(tiny_each_layout, [request(1, [1, 2, 3], 2, ignore_eos=True), request(2, [4, 5], 5, ignore_eos=True)])
+    batch = batch_of(tiny_each_layout, [request(1, [1, 2, 3], 2, ignore_eos=True),
+                                        request(2, [4, 5], 5, ignore_eos=True)])
     seen: dict = {}
     batch = step(tiny_each_layout, step(tiny_each_layout, batch, seen), seen)
     assert seen[1][-1].finish_reason == "length" and batch.request_ids == [1, 2]

@@ -214,4 +214,5 @@ def test_paged_model_builds_quantized_layers_and_matches_padded(tiny_model_dir):
     assert isinstance(paged.forward_pass.weights.layers[0].gate_up, Int4Linear)
     paged.allocate_pool(64)
     requests = [request(1, [1, 504, 3458, 282], 5, ignore_eos=True), request(2, [9690, 17], 3, ignore_eos=True)]
-    assert token_ids(run_to_end(paged, batch_of(paged, requests))) == token_ids(run_to_end(padded, batch_of(padded, requests)))
+    assert (token_ids(run_to_end(paged, batch_of(paged, requests)))
+            == token_ids(run_to_end(padded, batch_of(padded, requests))))

@@ -97,7 +97,8 @@ def worker(tiny_model_dir, tmp_path_factory):
     process = subprocess.Popen(
         [sys.executable, "-m", "services.worker", "--scheduler-url", scheduler_url, "--model-id", tiny_model_dir,
          "--dtype", "float32",  # the pool arithmetic below is float32's (auto may be bfloat16)
-         "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--memory-budget-mb", "32", "--cpu-warmup-prefill-tokens", "none"],
+         "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--memory-budget-mb", "32",
+         "--cpu-warmup-prefill-tokens", "none"],
         cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         hello = side.receive(Hello, START_TIMEOUT_S)
@@ -159,7 +160,8 @@ def test_command_sequence(worker):
     _, side, _, _ = worker
     first = side.ask(Prefill(10, Batch(1, [request(1, [1, 2, 3], 5, ignore_eos=True, block_ids=[0])], 8)), StepResult)
     assert [g.request_id for g in first.generations] == [1] and first.batch.request_ids == [1]
-    side.ask(Prefill(11, Batch(2, [request(2, [4, 5], 5, ignore_eos=True, do_sample=True, seed=7, block_ids=[1])], 7)), StepResult)
+    side.ask(Prefill(11, Batch(2, [request(2, [4, 5], 5, ignore_eos=True, do_sample=True, seed=7, block_ids=[1])], 7)),
+             StepResult)
     decoded = side.ask(Decode(12, [1, 2]), StepResult)
     assert decoded.batch.batch_id == 1 and decoded.batch.request_ids == [1, 2]
     assert [g.generated_tokens for g in decoded.generations] == [2, 2] and decoded.generations[1].seed == 7

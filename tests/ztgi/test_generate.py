@@ -89,7 +89,8 @@ def test_chat_applies_the_template(llm, reference) -> None:
     outputs = llm.chat(conversations, GREEDY, use_tqdm=False)
     assert len(outputs) == 2
     for output, conversation in zip(outputs, conversations):
-        flat = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]}
+        flat = [{"role": m["role"],
+                 "content": m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]}
                 for m in conversation]
         text = tokenizer.apply_chat_template(flat, tokenize=False, add_generation_prompt=True)
         assert output.prompt == text

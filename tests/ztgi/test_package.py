@@ -17,7 +17,8 @@ def test_exports() -> None:
     from ztgi.llm import LLM as llm_class
 
     assert (Client, AsyncClient) == (ZtgiClient, AsyncZtgiClient)
-    assert LLM is llm_class and SamplingParams.__name__ == "SamplingParams" and RequestOutput.__name__ == "RequestOutput"
+    assert (LLM is llm_class and SamplingParams.__name__ == "SamplingParams"
+            and RequestOutput.__name__ == "RequestOutput")
     assert ztgi.__version__ and set(ztgi.__all__) <= set(dir(ztgi))
     assert all(getattr(ztgi, name) is not None for name in ztgi.__all__)
     with pytest.raises(AttributeError, match="nothing_here"):
