@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast clean
+.PHONY: install run test test-fast lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,10 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/ztgi launch $(ARGS)
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
