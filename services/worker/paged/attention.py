@@ -48,6 +48,7 @@ class DecodeGroup:
     block_table: torch.Tensor  # [rows, max blocks] (padded with block 0)
     mask: torch.Tensor  # [rows, 1, 1, max blocks * block_size]: keys to attend
     context_lens: torch.Tensor | None = None  # [rows]
+    num_keys: int | None = None  # the longest row's context: keys past it are cut, not masked (None: all)
 
     def windowed(self, window: int) -> DecodeGroup:
         """The same rows attending only to their last `window` keys (query included), over just the
@@ -62,7 +63,7 @@ class DecodeGroup:
         positions = first * block_size + torch.arange(width * block_size, device=device)
         keep = (positions < lengths) & (positions >= lengths - window)
         return dataclasses.replace(self, block_table=self.block_table.gather(1, columns),
-                                   mask=keep[:, None, None, :])
+                                   mask=keep[:, None, None, :], num_keys=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,7 @@ def _group(block_tables: list[list[int]], context_lens: list[int], start: int, b
     lengths = torch.tensor(context_lens, dtype=torch.int64)
     mask = torch.arange(width * block_size)[None, :] < lengths[:, None]
     return DecodeGroup(start, start + len(block_tables), to_device(table, device),
-                       to_device(mask[:, None, None, :], device), to_device(lengths, device))
+                       to_device(mask[:, None, None, :], device), to_device(lengths, device), max(context_lens))
 
 
 class PagedAttention:
@@ -137,7 +138,10 @@ class PagedAttention:
         shape = (rows, width * pool.block_size, self.num_kv_heads, self.head_dim)
         keys = self._gather("keys", pool.keys[layer], table).view(shape).transpose(1, 2)
         values = self._gather("values", pool.values[layer], table).view(shape).transpose(1, 2)
-        return self._attend(q.unsqueeze(2), keys, values, group.mask).squeeze(2)
+        mask = group.mask
+        if group.num_keys is not None:  # the attention kernel then sums over the same keys as a contiguous cache
+            keys, values, mask = keys[:, :, :group.num_keys], values[:, :, :group.num_keys], mask[..., :group.num_keys]
+        return self._attend(q.unsqueeze(2), keys, values, mask).squeeze(2)
 
     def _prefill(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: KVPool,
                  span: PrefillSpan) -> torch.Tensor:
