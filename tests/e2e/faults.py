@@ -17,9 +17,10 @@ from tests.conftest import TOKENIZER_FILES
 from tests.e2e.server import LaunchedServer
 
 SERVICES = ("scheduler", "worker", "tokenizer", "gateway")
-# every limit fits the small model's 2048 positions; liveness is fast so faults show within seconds
+# every limit fits the small model's 2048 positions; liveness is fast so faults show within seconds;
+# float32, where a stream's tokens do not depend on what shares its batch (bfloat16's rounding does)
 FAST_FLAGS = ("--max-input-tokens", "512", "--max-total-tokens", "2048", "--max-batch-prefill-tokens", "2048",
-              "--heartbeat-interval-ms", "200", "--heartbeat-misses", "5")
+              "--heartbeat-interval-ms", "200", "--heartbeat-misses", "5", "--dtype", "float32")
 
 
 def build_small_vocab_model(directory: str, tokenizer_dir: str, vocab_size: int = 8192) -> str:

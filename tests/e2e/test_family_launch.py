@@ -32,6 +32,7 @@ def test_launched_gemma2_greedy_equals_transformers(gemma2_dir: str, tmp_path_fa
     expected = reference.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=NUM_TOKENS,
                                   do_sample=False, pad_token_id=2)[0, len(ids):].tolist()
     server = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--model-id", gemma2_dir, "--kv-cache", "paged",
+                            "--dtype", "float32",
                             "--max-input-tokens", "256", "--max-total-tokens", "512",
                             "--max-batch-prefill-tokens", "512")
     try:
