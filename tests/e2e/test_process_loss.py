@@ -67,7 +67,10 @@ def texts_killing(server: LaunchedServer, service: str, freeze_s: float | None =
 @pytest.mark.slow
 def test_kill_worker_streams_resume_on_the_other(tmp_path) -> None:
     """All 8 streams complete after kill -9 of a worker, each equal to its undisturbed greedy text."""
-    server = LaunchedServer(str(tmp_path / "run"), "--num-workers", "2", "--max-batch-prefill-tokens", "4096")
+    # float32: a resumed stream re-prefills its prompt + tokens so far, and only in float32 is that
+    # bit-for-bit the computation that produced them (bfloat16 rounds by the step's shapes)
+    server = LaunchedServer(str(tmp_path / "run"), "--num-workers", "2", "--max-batch-prefill-tokens", "4096",
+                            "--dtype", "float32")
     try:
         expected = undisturbed_texts(server)
         texts = texts_killing(server, "worker")
@@ -83,7 +86,8 @@ def test_frozen_then_killed_tokenizer_streams_are_adopted(tmp_path) -> None:
     """All 8 streams complete, each equal to its undisturbed text, after a tokenizer is frozen
     past the heartbeat window and resumed (its late answers to jobs handed over are dropped),
     and again after kill -9 of a tokenizer."""
-    server = LaunchedServer(str(tmp_path / "run"), "--num-tokenizers", "2", "--heartbeat-interval-ms", "200",
+    server = LaunchedServer(str(tmp_path / "run"), "--num-tokenizers", "2", "--dtype", "float32",
+                            "--heartbeat-interval-ms", "200",
                             "--heartbeat-misses", "5")
     try:
         expected = undisturbed_texts(server)
