@@ -107,9 +107,16 @@ def tool_json(tool: Tool) -> dict[str, Any]:
 
 
 def _schema(schema: Any, strict: bool) -> str:
-    """A schema for Lark's `%json`, generated compactly; a schema's own `lenient` choice is kept."""
+    """A schema for Lark's `%json`, generated compactly; a schema's own `lenient` choice is kept.
+
+    A tool's arguments object takes no properties beyond the declared ones unless its schema says
+    otherwise: JSON Schema's default admits any extra key, and a small model then fills the call
+    with invented keys until `max_tokens` cuts it, leaving no call at all (outlines, behind TGI's
+    tool calls, never generates undeclared keys either)."""
     if not isinstance(schema, dict):
         return json.dumps(schema)
+    if schema.get("type") == "object" and "properties" in schema:
+        schema = {"additionalProperties": False, **schema}
     options = {"lenient": not strict, **schema.get("x-guidance", {}), **JSON_OPTIONS}
     return json.dumps({**schema, "x-guidance": options}, ensure_ascii=False)
 
