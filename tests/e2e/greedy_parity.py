@@ -29,6 +29,14 @@ class GreedyStream:
         self.texts.append(event["token"]["text"])
         self.top2.append([(top["id"], top["logprob"]) for top in event.get("top_tokens") or []])
 
+    @classmethod
+    def from_details(cls, details: dict) -> GreedyStream:
+        """A `/generate` answer's `details` (asked with `top_n_tokens: 2`) as a stream."""
+        stream = cls()
+        for token, top in zip(details["tokens"], details.get("top_tokens") or [[]] * len(details["tokens"])):
+            stream.add({"token": token, "top_tokens": top})
+        return stream
+
     @property
     def text(self) -> str:
         return "".join(self.texts)
