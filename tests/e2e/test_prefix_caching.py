@@ -8,7 +8,7 @@ import concurrent.futures
 import openai
 import pytest
 
-from tests.e2e.greedy_parity import GreedyStream, assert_same_greedy
+from benchmarks.greedy_parity import GreedyStream, assert_same_greedy
 from tests.e2e.server import LaunchedServer
 
 DOCUMENT = " ".join(f"Fact {i}: the {w} is kept in room {i * 7 % 31}." for i, w in

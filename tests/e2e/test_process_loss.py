@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from tests.e2e.greedy_parity import GreedyStream, assert_same_greedy
+from benchmarks.greedy_parity import GreedyStream, assert_same_greedy
 from tests.e2e.server import LaunchedServer
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The best way to learn is",

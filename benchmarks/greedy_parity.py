@@ -42,15 +42,30 @@ class GreedyStream:
         return "".join(self.texts)
 
 
-def assert_same_greedy(reference: GreedyStream, got: GreedyStream, tolerance: float = NEAR_TIE) -> None:
-    """Equal streams, or equal up to a near-tie of the reference where `got` took the runner-up."""
+def greedy_difference(reference: GreedyStream, got: GreedyStream, tolerance: float = NEAR_TIE) -> str | None:
+    """None when the streams are equal, or equal up to a near-tie of the reference where `got`
+    took the runner-up; otherwise what differs."""
     if got.ids == reference.ids:
-        return
+        return None
     at = next((i for i, (a, b) in enumerate(zip(reference.ids, got.ids)) if a != b), None)
-    assert at is not None, f"one stream is a prefix of the other: {reference.text!r} vs {got.text!r}"
+    if at is None:
+        return f"one stream is a prefix of the other: {reference.text!r} vs {got.text!r}"
     top = reference.top2[at]
-    assert len(top) == 2, f"no top-2 candidates at position {at}: stream with top_n_tokens 2"
+    if len(top) != 2:
+        return f"no top-2 candidates at position {at}: stream with top_n_tokens 2"
     (best, best_logprob), (second, second_logprob) = top
     where = f"position {at}: {reference.text!r} vs {got.text!r}"
-    assert got.ids[at] == second and best == reference.ids[at], f"not the runner-up at {where}"
-    assert best_logprob - second_logprob <= tolerance, f"gap {best_logprob - second_logprob:.2e} at {where}"
+    if got.ids[at] != second or best != reference.ids[at]:
+        return f"not the runner-up at {where}"
+    if best_logprob - second_logprob > tolerance:
+        return f"gap {best_logprob - second_logprob:.2e} at {where}"
+    return None
+
+
+def parts_at_near_tie(reference: GreedyStream, got: GreedyStream, tolerance: float = NEAR_TIE) -> bool:
+    return got.ids != reference.ids and greedy_difference(reference, got, tolerance) is None
+
+
+def assert_same_greedy(reference: GreedyStream, got: GreedyStream, tolerance: float = NEAR_TIE) -> None:
+    difference = greedy_difference(reference, got, tolerance)
+    assert difference is None, difference
