@@ -79,6 +79,12 @@ class PagedModel:
             raise RuntimeError("the KV pool is not allocated: the worker was not warmed up")
         if self.speculator is not None:
             self.speculator.propose(batch)
+        return self.step(batch, started)
+
+    def step(self, batch: PagedBatch, started: int) -> tuple[list[Generation], PagedBatch | None, Timings]:
+        """`generate_token` once the drafts are set (none without speculation); `started` (ns) is
+        when the step began."""
+        assert self.pool is not None
         inputs = build_step_inputs(batch, self.pool)
         if inputs is None:
             return [], batch, Timings()

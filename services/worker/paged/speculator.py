@@ -14,8 +14,12 @@ proposer, so the target distribution is kept. The generator is then set to where
 after the emitted tokens alone, so a seeded request gives the same tokens with or without
 speculation, whatever shares its batch. Grammar-constrained requests do not speculate.
 
-Back-off: proposals cost compute in the verifying forward, so they are made only while the step
-is small (few decoding sequences) and for sequences whose recent proposals were accepted.
+Back-off: proposals cost compute in the verifying forward, and pay only while a step's cost is
+its weights' read rather than its tokens' arithmetic. So a step proposes nothing when more than
+MAX_SPECULATING_ROWS sequences decode (the batch already fills the forward), proposes at most
+MAX_PROPOSED_TOKENS tokens in all, to the sequences whose recent proposals were accepted most
+first, and a sequence whose proposals were mostly rejected lately proposes one token at a time
+until they are accepted again.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from services.worker.generations import step_rows
 from services.worker.paged.batch import PagedBatch, Sequence, histories
 
 MAX_SPECULATING_ROWS = 16  # above this many decoding sequences a step is compute-bound: no proposals
+MAX_PROPOSED_TOKENS = 32  # proposals of one step, in all
 MIN_ACCEPTANCE = 0.2  # a sequence whose recent proposals were accepted less than this proposes one token
 
 
@@ -61,8 +66,9 @@ class Speculator:
             sequence.draft = []
         if len(decoding) > MAX_SPECULATING_ROWS:
             return
-        for sequence in decoding:
-            sequence.draft = sequence.lookup.propose(sequence.tokens, self._draft_len(sequence))
+        for sequence in sorted(decoding, key=lambda s: -s.acceptance):
+            count = min(self._draft_len(sequence), MAX_PROPOSED_TOKENS - self.counts.num_proposed)
+            sequence.draft = sequence.lookup.propose(sequence.tokens, count)
             self.counts.num_proposed += len(sequence.draft)
 
     def _draft_len(self, sequence: Sequence) -> int:

@@ -122,3 +122,61 @@ def test_grammar_requests_do_not_speculate(speculating_model, chat_ids) -> None:
     _, _, num_proposed, _ = run(speculating_model, [request(1, chat_ids("Repeat twice:\n" + CODE), 30,
                                                             grammar=grammar)])
     assert num_proposed == 0
+
+
+def test_rejection_sampling_keeps_the_target_distribution(tiny_paged_model) -> None:
+    """1200 seeded requests verify a proposed token x after their first one: x is accepted with
+    probability p(x), and the token chosen at that position follows p (x or, on rejection, p without
+    x renormalised), within 4 standard deviations; an accepted x brings the next position's token too."""
+    import time
+
+    import torch
+
+    from services.worker.paged.model import PagedModel
+
+    model = PagedModel(tiny_paged_model.loaded, tiny_paged_model.block_size, speculate=4)
+    model.allocate_pool(4096)
+    prompt, sampling = [5, 6, 7, 8, 9, 10], dict(do_sample=True, temperature=1.0, top_k=3)
+    batch = batch_of(model, [request(seed + 1, prompt, 3, ignore_eos=True, seed=seed, **sampling)
+                             for seed in range(1200)])
+    model.generate_token(batch)  # the prefill: each request samples its first token
+    targets = {}  # first token -> (the processed distribution after it, the proposal: its second best)
+    for first in {s.tokens[-1] for s in batch.sequences}:
+        logits = tiny_paged_model.loaded.module(torch.tensor([prompt + [first]])).logits[0, -1]
+        probs = torch.softmax(batch.chooser.select([0]).process(logits[None], None, None), -1)[0]
+        targets[first] = (probs, int(probs.topk(2).indices[1]))
+    for sequence in batch.sequences:
+        sequence.draft = [targets[sequence.tokens[-1]][1]]
+    generations, _, _ = model.step(batch, time.perf_counter_ns())
+    by_request: dict = {}
+    for generation in generations:
+        by_request.setdefault(generation.request_id, []).append(generation.token_id)
+    for first, (probs, proposal) in targets.items():
+        rows = [by_request[s.request_id] for s in batch.sequences if s.tokens[len(prompt)] == first]
+        num = len(rows)
+        assert num >= 100 and 0.05 < probs[proposal] < 0.95  # enough draws, and a proposal both accepted and not
+        for token in probs.nonzero().flatten().tolist():
+            p = probs[token].item()
+            seen = sum(row[0] == token for row in rows)
+            assert abs(seen - p * num) <= 4 * (num * p * (1 - p)) ** 0.5 + 1, (first, token, seen, p, num)
+        assert all(len(row) == (2 if row[0] == proposal else 1) for row in rows)
+
+
+def test_large_batches_propose_nothing(tiny_paged_model) -> None:
+    """Back-off: a step with more decoding sequences than MAX_SPECULATING_ROWS proposes nothing, a
+    small one proposes for every sequence whose suffix occurred before, within MAX_PROPOSED_TOKENS."""
+    from services.worker.paged.model import PagedModel
+    from services.worker.paged.speculator import MAX_PROPOSED_TOKENS, MAX_SPECULATING_ROWS
+
+    model = PagedModel(tiny_paged_model.loaded, tiny_paged_model.block_size, speculate=4)
+    model.allocate_pool(1024)
+    prompt = [5, 6, 7, 8] * 3
+    for size, proposes in ((MAX_SPECULATING_ROWS + 1, False), (MAX_SPECULATING_ROWS, True)):
+        batch = batch_of(model, [request(i + 1, prompt, 8, ignore_eos=True) for i in range(size)])
+        model.generate_token(batch)  # the prefill
+        for sequence in batch.sequences:
+            sequence.tokens[-1] = 8  # a token met before in every sequence: what followed it is proposed
+        model.speculator.propose(batch)
+        drafts = [sequence.draft for sequence in batch.sequences]
+        assert all(drafts) == proposes and any(drafts) == proposes
+        assert sum(map(len, drafts)) <= MAX_PROPOSED_TOKENS
