@@ -180,3 +180,16 @@ def test_large_batches_propose_nothing(tiny_paged_model) -> None:
         drafts = [sequence.draft for sequence in batch.sequences]
         assert all(drafts) == proposes and any(drafts) == proposes
         assert sum(map(len, drafts)) <= MAX_PROPOSED_TOKENS
+
+
+def test_speculate_is_checked(tiny_model_dir) -> None:
+    """--speculate out of range, or on the padded KV cache, is refused with a message naming it."""
+    from common.config import ConfigError
+    from services.scheduler.config import SchedulerConfig
+    from services.worker.config import WorkerConfig
+
+    for config in (WorkerConfig, SchedulerConfig):
+        with pytest.raises(ConfigError, match="--speculate"):
+            config(speculate=17)
+    with pytest.raises(ValueError, match="--speculate 2 needs the paged KV cache"):
+        load_model(tiny_model_dir, dtype="float32", device="cpu", kv_cache="padded", speculate=2)
