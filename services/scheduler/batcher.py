@@ -25,6 +25,7 @@ Decode of a batch that ended meanwhile gets an empty answer from the worker.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import time
@@ -228,22 +229,34 @@ class Batcher:
         self.on_generations(slot, result.generations)
 
     def _on_paged_step(self, slot: WorkerSlot, in_flight: InFlight, result: StepResult) -> None:
-        """The worker keeps one batch; each request of the step has computed its tokens' KV."""
+        """The worker keeps one batch; each request of the step has computed its tokens' KV: its
+        chunk, or for a decoding request its last token and the proposed tokens it accepted (one
+        fewer than the tokens it got)."""
         slot.batches = [result.batch] if result.batch is not None else []
+        num_tokens = collections.Counter(generation.request_id for generation in result.generations)
+        decoded = []
         for request_id, num_new in in_flight.num_new.items():
             request = self.table.get(request_id)
             if request is not None and request.worker_id == slot.identity:
+                if not request.is_prefilling:
+                    num_new = max(num_tokens[request_id], 1)
+                    decoded.append(num_new)
                 request.num_computed += num_new
-                self._index_full_blocks(slot.allocator, request)
+                self._index_full_blocks(slot.allocator, request, len(request.tokens))
                 if slot.kv_window is not None:
                     free_blocks_behind_window(request, slot.allocator, slot.kv_window)
+        if self.config.speculate:
+            self.metrics.record_tokens_per_step(decoded)
 
     @staticmethod
-    def _index_full_blocks(allocator: BlockAllocator, request: Request) -> None:
-        """Blocks the step filled become cached, for the requests after this one (prefix caching)."""
-        num_full = request.num_computed // allocator.block_size
+    def _index_full_blocks(allocator: BlockAllocator, request: Request, num_known: int) -> None:
+        """Blocks the step filled become cached, for the requests after this one (prefix caching);
+        only blocks of tokens the scheduler knows already (`num_known`: a step's accepted run is
+        recorded after this)."""
+        num_computed = min(request.num_computed, num_known)
+        num_full = num_computed // allocator.block_size
         if allocator.cache is not None and num_full > request.num_indexed_blocks:
-            allocator.index(request.tokens, request.block_ids, request.num_computed)
+            allocator.index(request.tokens, request.block_ids, num_computed)
             request.num_indexed_blocks = num_full
 
     def _on_canary(self, slot: WorkerSlot, answer: object) -> None:
