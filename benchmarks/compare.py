@@ -46,7 +46,7 @@ from benchmarks.workload import Prompt, WorkloadError
 from common.config import ConfigError, parse_config, require
 from common.gc_freeze import freeze_startup_objects
 from common.logs import setup_logging
-from services.worker.backend import load_model as load_engine_model
+from services.worker.backend import load_padded_model
 
 logger = logging.getLogger(__name__)
 
@@ -182,8 +182,8 @@ def run_comparison(config: CompareConfig, workload: Workload, tokenizer) -> list
     """Loads both in-process baselines, starts ztgi, and runs every level `repeats` times."""
     static = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
                             config.static_batch_size, config.ignore_eos)
-    engine = EngineAlone(load_engine_model(config.model_id, config.dtype, config.device, config.backend, "padded",
-                                             quantize=config.quantize), config.policy,
+    engine = EngineAlone(load_padded_model(config.model_id, config.dtype, config.device, config.backend,
+                                           quantize=config.quantize), config.policy,
                          config.ignore_eos)
     max_level = max(config.levels)
     static.warmup(workload.requests)

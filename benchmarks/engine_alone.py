@@ -36,7 +36,7 @@ from common.logs import setup_logging
 from common.messages import Encoded, Generation, RequestKey, SamplingParameters
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
-from services.worker.backend import load_model
+from services.worker.backend import load_padded_model
 from services.worker.batch import CausalLMBatch
 from services.worker.model import PaddedModel as Model
 
@@ -224,8 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("%s", exc)
         return 2
     requests = encode_prompts(load_tokenizer(config.model_id), prompts)
-    engine = EngineAlone(load_model(config.model_id, config.dtype, config.device, config.backend, "padded",
-                                    quantize=config.quantize), BatchingPolicy.of(config),
+    engine = EngineAlone(load_padded_model(config.model_id, config.dtype, config.device, config.backend,
+                                           quantize=config.quantize), BatchingPolicy.of(config),
                          config.ignore_eos)
     engine.warmup(requests[:config.concurrency])
     freeze_startup_objects()  # as the worker does after its warmup: the model stays out of later collections

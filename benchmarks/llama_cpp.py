@@ -184,9 +184,11 @@ class Table:
 
     def ratio(self, system: str, concurrency: int, name: str) -> float | None:
         mine, theirs = self.median(system, concurrency), self.median(LLAMA, concurrency)
-        if mine is None or theirs is None or mine[name] is None or not theirs[name]:
+        numerator = None if mine is None else mine[name]
+        denominator = None if theirs is None else theirs[name]
+        if numerator is None or not denominator:
             return None
-        return mine[name] / theirs[name]
+        return numerator / denominator
 
     def claims(self) -> list[dict[str, Any]]:
         claims = []

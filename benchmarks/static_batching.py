@@ -28,7 +28,6 @@ from collections.abc import Sequence
 import torch
 from transformers import (
     GenerationConfig,
-    PreTrainedModel,
     PreTrainedTokenizerBase,
     StoppingCriteria,
     StoppingCriteriaList,
@@ -42,6 +41,7 @@ from benchmarks.offline_workload import OfflineRequest, encode_prompts, load_pro
 from benchmarks.workload import WorkloadError
 from common.config import ConfigError, parse_config, require
 from common.logs import setup_logging
+from services.worker.transformers_module import TransformersModule
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class StepClock(StoppingCriteria):
     def __init__(self) -> None:
         self.times: list[float] = []
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor | None, **kwargs) -> torch.BoolTensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs) -> torch.Tensor:
         if input_ids.is_cuda:
             torch.cuda.synchronize(input_ids.device)
         self.times.append(time.perf_counter())
@@ -73,7 +73,7 @@ class StepClock(StoppingCriteria):
 class StaticBatching:
     """Runs a workload through `model.generate`, `batch_size` requests at a time."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,
+    def __init__(self, model: TransformersModule, tokenizer: PreTrainedTokenizerBase, batch_size: int,
                  ignore_eos: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer

@@ -166,6 +166,7 @@ class LocalEngine:
 
     def _execute(self, command: object) -> object:
         """One verb, one engine call, as the worker's engine loop runs it."""
+        answer: object
         match command:
             case Warmup():
                 answer = self.engine.warmup(command)

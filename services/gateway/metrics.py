@@ -158,15 +158,15 @@ def render_family(family: MetricFamily) -> Metric:
     """A scheduler `MetricFamily` as the matching prometheus_client family."""
     label_names = sorted({name for sample in family.samples for name in sample.labels})
     if family.kind == "histogram":
-        rendered: Metric = HistogramMetricFamily(family.name, family.help, labels=label_names)
+        histogram = HistogramMetricFamily(family.name, family.help, labels=label_names)
         bounds = [*(repr(float(bound)) for bound in family.upper_bounds), "+Inf"]
         for sample in family.samples:
             cumulative, buckets = 0, []
             for bound, count in zip(bounds, sample.bucket_counts):
                 cumulative += count
                 buckets.append((bound, cumulative))
-            rendered.add_metric(_label_values(sample.labels, label_names), buckets, sample.value)
-        return rendered
+            histogram.add_metric(_label_values(sample.labels, label_names), buckets, sample.value)
+        return histogram
     kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
     rendered = kind(family.name, family.help, labels=label_names)
     for sample in family.samples:

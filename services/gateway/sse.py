@@ -35,11 +35,13 @@ class EventStream:
     def __init__(self, request: web.Request, headers: dict[str, str] | None = None) -> None:
         self.request = request
         self.response = _HeadersWithFirstEvent(headers={**SSE_HEADERS, **(headers or {})})
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task  # the task serving the stream, from open()
         self.abort_reason: dict[str, str] | None = None
 
     async def open(self) -> EventStream:
-        self.task = asyncio.current_task()
+        task = asyncio.current_task()
+        assert task is not None, "a stream is served by a task"
+        self.task = task
         await self.response.prepare(self.request)
         return self
 

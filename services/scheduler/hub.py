@@ -229,11 +229,11 @@ class Hub:
         for output in batch.outputs:
             self.outbox.to_client(output.client_id, output.payload)
         for key in batch.finished:
-            request = self.table.by_key(key)
-            if request is not None:
-                self._drop(request)
+            stopped = self.table.by_key(key)
+            if stopped is not None:
+                self._drop(stopped)
                 self.counters.num_requests_finished += 1
-                self.metrics.record_finished(request, None, time.monotonic())
+                self.metrics.record_finished(stopped, None, time.monotonic())
 
     # -- workers -------------------------------------------------------------------------------
 

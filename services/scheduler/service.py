@@ -89,7 +89,7 @@ class SchedulerService:
             self.hub.schedule()
             self._flush()
             if self.drain_deadline is not None:
-                self._check_drain(now)
+                self._check_drain(now, self.drain_deadline)
 
     def drain(self) -> None:
         """SIGTERM: admit nothing new, let running requests finish within drain_timeout_s."""
@@ -98,8 +98,8 @@ class SchedulerService:
             self.drain_deadline = time.monotonic() + self.config.drain_timeout_s
             logger.info("draining %d requests (at most %.0f s)", len(self.hub.table), self.config.drain_timeout_s)
 
-    def _check_drain(self, now: float) -> None:
-        if len(self.hub.table) and now < self.drain_deadline:
+    def _check_drain(self, now: float, deadline: float) -> None:
+        if len(self.hub.table) and now < deadline:
             return
         if len(self.hub.table):
             logger.warning("drain timeout: cancelling %d requests", len(self.hub.table))
@@ -162,7 +162,7 @@ class SchedulerService:
     @staticmethod
     def _disconnected(monitor: zmq.Socket, connections: PeerConnections) -> list[bytes]:
         """The identities whose connection closed, from the monitor's pending events."""
-        identities = []
+        identities: list[bytes] = []
         while True:
             try:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)

@@ -144,9 +144,9 @@ class CausalLMBatch:
         if self.past is None:
             raise ValueError(f"batch {self.batch_id} was never prefilled: nothing to filter")
         kept = [self.request_id_to_index[rid] for rid in request_ids]
-        return self._select(swap_remove_order(len(self), kept))
+        return self._select(swap_remove_order(len(self), kept), self.past)
 
-    def _select(self, indices: list[int]) -> CausalLMBatch:
+    def _select(self, indices: list[int], past: KVCache) -> CausalLMBatch:
         stopping = [self.stopping_criterias[i] for i in indices]
         input_lengths = [self.input_lengths[i] for i in indices]
         max_input_length = max(input_lengths)
@@ -164,7 +164,7 @@ class CausalLMBatch:
             position_ids=self.position_ids[rows],
             attention_mask=self.attention_mask[rows, start:end],
             token_ids=self.token_ids[rows, start:end],
-            past=self.past.select(indices, max_input_length - 1),
+            past=past.select(indices, max_input_length - 1),
             input_lengths=input_lengths,
             stopping_criterias=stopping,
             chooser=self.chooser.select(indices),
@@ -182,7 +182,8 @@ class CausalLMBatch:
         """One batch of all requests, under the first batch's id; the inputs are left as they were."""
         if len(batches) == 1:
             return batches[0]
-        if any(b.past is None for b in batches):
+        pasts = [b.past for b in batches if b.past is not None]
+        if len(pasts) < len(batches):
             raise ValueError("only prefilled batches can be concatenated")
         require_unique([rid for b in batches for rid in b.request_ids])
         max_input_length = max(b.max_input_length for b in batches)
@@ -198,7 +199,7 @@ class CausalLMBatch:
                                         max_input_length, padding_right_offset),
             token_ids=_pad_columns([b.live_columns(b.token_ids) for b in batches],
                                    max_input_length, padding_right_offset),
-            past=KVCache.concatenate([b.past for b in batches], max_input_length - 1,
+            past=KVCache.concatenate(pasts, max_input_length - 1,
                                      max_input_length + padding_right_offset),
             input_lengths=[n for b in batches for n in b.input_lengths],
             stopping_criterias=[s for b in batches for s in b.stopping_criterias],

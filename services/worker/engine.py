@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from common.messages import (
     Clear,
@@ -32,6 +33,8 @@ from services.worker.heap import HeapTrimmer
 
 logger = logging.getLogger(__name__)
 
+
+R = TypeVar("R")
 
 class CommandError(Exception):
     """A command failed; `request_ids` are the requests it takes down."""
@@ -178,13 +181,14 @@ class Engine:
             raise CommandError("no batch ids given")
         if len(set(batch_ids)) != len(batch_ids):
             raise CommandError(f"batch ids {list(batch_ids)} repeat")
-        missing = [batch_id for batch_id in batch_ids if batch_id not in self.cache]
+        found = {batch_id: batch for batch_id in batch_ids if (batch := self.cache.get(batch_id)) is not None}
+        missing = [batch_id for batch_id in batch_ids if batch_id not in found]
         if missing:
             raise CommandError(f"unknown batch ids {missing} (cached: {sorted(self.cache)})")
-        return [self.cache.get(batch_id) for batch_id in batch_ids]
+        return [found[batch_id] for batch_id in batch_ids]
 
-    def _guarded(self, command_id: int, run: Callable[[], object],
-                 request_ids: Sequence[int] = ()) -> object:
+    def _guarded(self, command_id: int, run: Callable[[], R],
+                 request_ids: Sequence[int] = ()) -> R | CommandFailed:
         """Runs a command; any exception becomes CommandFailed naming the requests it takes down."""
         try:
             return run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import ClassVar
 
 import torch
 
@@ -39,8 +40,8 @@ class PaddedModel:
     `transformers` module's (`TransformersForward`); `backend` picks ("auto": the first that fits).
     """
 
-    kv_cache = "padded"
-    batch_type = CausalLMBatch
+    kv_cache: ClassVar[str] = "padded"
+    batch_type: ClassVar[type[CausalLMBatch]] = CausalLMBatch
 
     def __init__(self, loaded: LoadedModel, backend: str = "auto") -> None:
         self.loaded = loaded

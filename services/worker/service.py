@@ -23,6 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import zmq
@@ -87,7 +88,7 @@ class EngineLoop:
                 self._on_control(self.control.recv())
             elif self.commands in ready:
                 self.serve(self.commands.recv_multipart())
-                if not self.commands.get(zmq.EVENTS) & zmq.POLLIN:
+                if not cast(int, self.commands.get(zmq.EVENTS)) & zmq.POLLIN:  # an int option
                     self.engine.tidy()
 
     def serve(self, frames: list[bytes]) -> None:
@@ -122,7 +123,7 @@ class EngineLoop:
                     return self.engine.health_check(command)
         except Exception as exc:  # the engine answers its own failures; this is the last resort
             logger.exception("command %s failed", type(command).__name__)
-            return CommandFailed(command.command_id, f"{type(exc).__name__}: {exc}", [])
+            return CommandFailed(getattr(command, "command_id", -1), f"{type(exc).__name__}: {exc}", [])
         raise AssertionError(f"not a command: {command!r}")
 
     def _warmup(self, command: Warmup) -> object:
@@ -234,7 +235,7 @@ class WorkerService:
         try:
             if len(frames) != 1:
                 raise MessageError(f"expected a one-frame message, got {len(frames)} frames")
-            heartbeat = decode(frames[0], (Heartbeat,))
+            heartbeat = decode(frames[0], Heartbeat)
         except MessageError as exc:
             logger.warning("bad frame on the liveness socket: %s", exc)
             return
@@ -297,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.set_num_threads(config.num_threads)
         model = load_model(config.model_id, config.dtype, config.device, config.backend, config.kv_cache,
                            config.block_size, config.quantize)
-        grammar.configure(config.model_id, model.eos_token_ids)
+        grammar.configure(config.model_id, sorted(model.eos_token_ids))
     except (ModelNotFoundError, ValueError, TypeError) as exc:
         logger.error("cannot load %s: %s", config.model_id, exc)
         return 1

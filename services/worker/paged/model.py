@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import ClassVar
 
 import torch
 
@@ -24,8 +25,8 @@ class PagedModel:
     """A model of a natively served family (`families.py`) served from a block pool; `warmup`
     sizes and allocates the pool."""
 
-    kv_cache = "paged"
-    batch_type = PagedBatch
+    kv_cache: ClassVar[str] = "paged"
+    batch_type: ClassVar[type[PagedBatch]] = PagedBatch
 
     def __init__(self, loaded: LoadedModel, block_size: int = 16) -> None:
         if block_size < 1:
@@ -112,9 +113,9 @@ class PagedModel:
         """Each prompt token's logprob given the ones before it, chunk by chunk (raw logits)."""
         for entry in inputs.entries:
             first = inputs.logprob_logits.get(entry.index)
-            if first is None:
-                continue
             sequence = batch.sequences[entry.index]
+            if first is None or sequence.prefill_logprobs is None:  # asked for: both or neither
+                continue
             targets = sequence.tokens[entry.start + 1:min(entry.start + entry.count + 1, sequence.prompt_len)]
             chunk = torch.log_softmax(logits[first:first + len(targets)].float(), dim=-1)
             ids = torch.tensor(targets, device=logits.device)[:, None]
