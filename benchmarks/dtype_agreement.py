@@ -20,10 +20,8 @@ from collections.abc import Sequence
 
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import load_tokenizer
-from benchmarks.offline_workload import encode_prompts, load_prompts
-from benchmarks.workload import WorkloadError
-from common.config import ConfigError, parse_config
-from common.logs import setup_logging
+from benchmarks.baseline_setup import parse_workload
+from benchmarks.offline_workload import encode_prompts
 from common.messages import Generation, SamplingParameters, WorkerRequest
 from services.worker.backend import load_padded_model
 from services.worker.batch import CausalLMBatch
@@ -75,14 +73,10 @@ def agreement(reference: list[list[Generation]], other: list[list[Generation]]) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        config = parse_config(DtypeAgreementConfig, argv, prog="python -m benchmarks.dtype_agreement")
-        setup_logging("dtype_agreement", config.log_level)
-        prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
-    except (ConfigError, WorkloadError) as exc:
-        setup_logging("dtype_agreement")
-        logger.error("%s", exc)
+    setup = parse_workload(DtypeAgreementConfig, argv, "dtype_agreement")
+    if setup is None:
         return 2
+    config, prompts = setup
     requests = encode_prompts(load_tokenizer(config.model_id), prompts)
     input_ids, max_new_tokens = [r.input_ids for r in requests], [r.max_new_tokens for r in requests]
     reference = generate(load_padded_model(config.model_id, config.reference_dtype, config.device),

@@ -31,13 +31,13 @@ import torch
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import load_model, load_tokenizer
 from benchmarks.baseline_run import BaselineRun, write_results
+from benchmarks.baseline_setup import parse_workload
 from benchmarks.engine_alone import EngineAlone
 from benchmarks.metrics import RequestRecord, summarize
-from benchmarks.offline_workload import encode_prompts, load_prompts
+from benchmarks.offline_workload import encode_prompts
 from benchmarks.static_batching import StaticBatching
-from benchmarks.workload import Prompt, WorkloadError
-from common.config import ConfigError, parse_config, require
-from common.logs import setup_logging
+from benchmarks.workload import Prompt
+from common.config import require
 from services.worker.backend import load_padded_model
 
 logger = logging.getLogger(__name__)
@@ -200,14 +200,10 @@ def render_text(runs: Sequence[BaselineRun]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Prints the table; exit 2 for a bad flag or dataset."""
-    try:
-        config = parse_config(OfflineConfig, argv, prog="python -m benchmarks.offline")
-        setup_logging("offline", config.log_level)
-        prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
-    except (ConfigError, WorkloadError) as exc:
-        setup_logging("offline")
-        logger.error("%s", exc)
+    setup = parse_workload(OfflineConfig, argv, "offline")
+    if setup is None:
         return 2
+    config, prompts = setup
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     runs = run_all(config, prompts)

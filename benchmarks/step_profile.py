@@ -21,12 +21,11 @@ import torch
 
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import load_tokenizer
+from benchmarks.baseline_setup import parse_workload
 from benchmarks.config import parse_sweep
-from benchmarks.offline_workload import encode_prompts, load_prompts
-from benchmarks.workload import WorkloadError
+from benchmarks.offline_workload import encode_prompts
 from common.codec import encode
-from common.config import ConfigError, parse_config, require
-from common.logs import setup_logging
+from common.config import require
 from common.messages import SamplingParameters, StepResult, Timings, WorkerRequest
 from services.worker.backend import load_padded_model
 from services.worker.batch import CausalLMBatch
@@ -68,7 +67,7 @@ def profile_steps(model: PaddedModel, input_ids: Sequence[list[int]], batch_size
     with torch.inference_mode():
         for _ in range(steps):
             times = [time.perf_counter()]
-            logits, past = model.forward(batch)
+            logits, step_cache = model.forward(batch)
             times.append(time.perf_counter())
             next_ids, logprobs = batch.chooser(logits[:, -1, :], *model._history(batch))
             times.append(time.perf_counter())
@@ -76,7 +75,7 @@ def profile_steps(model: PaddedModel, input_ids: Sequence[list[int]], batch_size
             times.append(time.perf_counter())
             generations = model._generations(batch, rows, {})
             times.append(time.perf_counter())
-            batch.advance(next_ids, past)
+            batch.advance(next_ids, step_cache)
             times.append(time.perf_counter())
             encode(StepResult(1, generations, batch.to_cached(), Timings()))
             times.append(time.perf_counter())
@@ -96,14 +95,10 @@ def render(batch_size: int, result: dict[str, float]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        config = parse_config(StepProfileConfig, argv, prog="python -m benchmarks.step_profile")
-        setup_logging("step_profile", config.log_level)
-        prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
-    except (ConfigError, WorkloadError) as exc:
-        setup_logging("step_profile")
-        logger.error("%s", exc)
+    setup = parse_workload(StepProfileConfig, argv, "step_profile")
+    if setup is None:
         return 2
+    config, prompts = setup
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     input_ids = [r.input_ids for r in encode_prompts(load_tokenizer(config.model_id), prompts)]

@@ -19,8 +19,7 @@ SSE_HEADERS = {
 class _HeadersWithFirstEvent(web.StreamResponse):
     """A StreamResponse whose headers leave in one write with the first event. aiohttp's
     StreamResponse sends them at `prepare`, a write of their own that wakes the HTTP client for
-    nothing on the first token's path (0.2 ms of it on machine C); `web.Response` buffers its
-    headers this way."""
+    nothing on the first token's path; `web.Response` buffers its headers this way."""
 
     _send_headers_immediately = False
 

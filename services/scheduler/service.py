@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import signal
 import time
 from collections.abc import Sequence
 
@@ -15,8 +14,8 @@ from zmq.utils.monitor import recv_monitor_message
 from common import curve
 from common.codec import MAX_MESSAGE_BYTES
 from common.config import parse_config
-from common.gc_freeze import freeze_startup_objects
 from common.identity import new_boot_nonce
+from common.lifecycle import on_stop_signals, serve
 from common.logs import setup_logging
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.hub import Hub
@@ -217,16 +216,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(SchedulerConfig, argv, prog="ztgi scheduler")
     setup_logging("scheduler", config.log_level, config.log_rate_limit_s)
     service = SchedulerService(config)
-
-    def stop(signum: int, _frame: object) -> None:
-        logger.info("signal %d: stopping", signum)
-        service.drain()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    freeze_startup_objects()
-    try:
-        service.run()
-    finally:
-        service.close()
+    on_stop_signals(service.drain)
+    serve(service)
     return 0

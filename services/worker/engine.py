@@ -28,8 +28,8 @@ from common.messages import (
     WarmupResult,
 )
 from services.worker.backend import Batch, Model, new_batch
-from services.worker.cache import BatchCache
-from services.worker.heap import HeapTrimmer
+from services.worker.batch_cache import BatchCache
+from services.worker.heap_trimmer import HeapTrimmer
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class Engine:
     def health_check(self, command: HealthCheck) -> CommandDone:
         return CommandDone(command.command_id)
 
-    def tidy(self) -> None:
+    def release_freed_memory(self) -> None:
         """Housekeeping that no answer waits for: run after a command's answer has been sent."""
         self.heap.release()
 

@@ -7,7 +7,7 @@ with a scale and an offset per group of 32 inputs (GGUF Q4_1's layout, exactly) 
 matrix whose rounding moves the argmax directly, and at a decode step of 16 rows oneDNN's bfloat16
 product beats both quantized kernels on it (BENCHMARKS.md). The activations stay in the model's
 dtype; only the weights are rounded. torch's two kernels are vectorized for bfloat16 activations
-and fall back to scalar loops for float32 (30-100x slower, measured); `--dtype auto` is bfloat16
+and fall back to scalar loops for float32 (far slower: BENCHMARKS.md); `--dtype auto` is bfloat16
 wherever the CPU has bfloat16 instructions (`dtype_choice`).
 
 From a GGUF file whose blocks are Q4_0 or Q4_1, `--quantize int4` takes the 4-bit codes and the
