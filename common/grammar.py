@@ -49,7 +49,7 @@ def json_grammar(schema: Any, lenient: bool = False) -> Grammar:
 
 
 def lltokenizer(hf_tokenizer: Any, eos_token_ids: list[int] | None = None) -> llguidance.LLTokenizer:
-    """The vocabulary as llguidance sees it (about 0.3 s for 49k tokens: build it once)."""
+    """The vocabulary as llguidance sees it (slow to build for a large vocabulary: build it once)."""
     return llguidance.hf.from_tokenizer(hf_tokenizer, eos_token=eos_token_ids or None)
 
 
