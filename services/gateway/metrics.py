@@ -7,7 +7,7 @@ process). The gateway records what it sees of every generation stream through th
 with `SchedulerCollector`: the scheduler's counters, gauges and histograms of record.
 
 Names are TGI's where TGI has the metric; prometheus_client writes counters with the
-`_total` suffix (`tgi_request_count_total`). The full list is in docs/architecture.md.
+`_total` suffix (`tgi_request_count_total`). The full list is in docs/metrics.md.
 """
 
 from __future__ import annotations
