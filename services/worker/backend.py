@@ -9,7 +9,7 @@ cache, warmup and the benchmarks go through these protocols only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
 
@@ -17,6 +17,10 @@ from common.messages import CachedBatch, Generation, SeqUpdate, Timings, Warmup,
 from services.worker.config import KV_CACHES
 from services.worker.loading import load
 from services.worker.paged import families
+
+if TYPE_CHECKING:
+    from services.worker.model import PaddedModel
+    from services.worker.paged.model import PagedModel
 
 BatchT = TypeVar("BatchT", bound="Batch")
 
@@ -38,17 +42,28 @@ class Batch(Protocol):
     def filter(self, request_ids: Sequence[int]) -> Batch | None: ...
 
 
+class BatchType(Protocol[BatchT]):
+    """A batch class: builds a batch from requests and joins batches (classmethods)."""
+
+    def from_requests(self, requests: Sequence[WorkerRequest], batch_id: int, max_tokens: int,
+                      model: Any) -> BatchT: ...
+
+    def concatenate(self, batches: Sequence[BatchT]) -> BatchT: ...
+
+
 class Model(Protocol, Generic[BatchT]):
     """Weights on a device, and one step of generation over its own kind of batch."""
 
     kv_cache: ClassVar[str]
-    batch_type: ClassVar[type]  # from_requests(requests, batch_id, max_tokens, model), concatenate(batches)
     name: str
     device: torch.device
     dtype: torch.dtype
     vocab_size: int
     max_position_embeddings: int
     eos_token_ids: frozenset[int]
+
+    @property
+    def batch_type(self) -> BatchType[Any]: ...
 
     def info(self) -> WorkerInfo: ...
 
@@ -90,3 +105,23 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
         raise ValueError(f"--speculate {speculate} needs the paged KV cache, and this model runs on the padded one "
                          "(--kv-cache padded, or a model the paged forward cannot serve): use --speculate 0")
     return PaddedModel(loaded, backend)
+
+
+def load_padded_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
+                      quantize: str = "none") -> PaddedModel:
+    """`load_model` with `kv_cache="padded"`, typed as what it is (benchmarks use the layout's own calls)."""
+    from services.worker.model import PaddedModel
+
+    model = load_model(model_id, dtype, device, backend, "padded", quantize=quantize)
+    assert isinstance(model, PaddedModel)
+    return model
+
+
+def load_paged_model(model_id: str, dtype: str = "auto", device: str = "auto", block_size: int = 16,
+                     quantize: str = "none") -> PagedModel:
+    """`load_model` with `kv_cache="paged"`, typed as what it is (benchmarks use the layout's own calls)."""
+    from services.worker.paged.model import PagedModel
+
+    model = load_model(model_id, dtype, device, kv_cache="paged", block_size=block_size, quantize=quantize)
+    assert isinstance(model, PagedModel)
+    return model
