@@ -16,6 +16,8 @@ weights passed as inputs, so every layer reuses one graph per shape. The variant
 - `compiled-plain`: dynamic, plain weights and `F.linear`, so inductor chooses the matrix products
 - `autotune-plain`: static, plain weights, `mode="max-autotune"` (inductor's C++ GEMM templates
   among its candidates)
+- `eager-float32-decode`: eager with `--float32-decode-attention` (bfloat16 decode rows attend in
+  float32; the same as `eager` in float32)
 
 The step shapes: decode batches (one token per request over `--context` cached tokens each) and one
 prefill chunk. Each variant first runs every shape twice (compiles; the time is printed, with
@@ -42,7 +44,7 @@ from services.worker.llama_forward import rms_norm, rotate
 from services.worker.paged.batch import PagedBatch
 from services.worker.paged.step_inputs import StepInputs, build_step_inputs
 
-VARIANTS = ("eager", "compiled", "compiled-static", "compiled-plain", "autotune-plain")
+VARIANTS = ("eager", "compiled", "compiled-static", "compiled-plain", "autotune-plain", "eager-float32-decode")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +124,8 @@ def variant_forward(model, variant: str) -> Callable[..., torch.Tensor]:
     forward = model.forward_pass
     if variant == "eager":
         return forward
+    if variant == "eager-float32-decode":
+        return _with_float32_decode(forward)
     packed = not variant.endswith("-plain")
     parts = DenseParts(forward, packed)
     options = dict(dynamic=variant in ("compiled", "compiled-plain"),
@@ -136,6 +140,16 @@ def variant_forward(model, variant: str) -> Callable[..., torch.Tensor]:
             q, k, v = pre(x, layer.attention_norm, qkv, cos, sin)
             x = post(x, forward.attention(index, q, k, v, pool, inputs), output, layer.mlp_norm, gate_up, down)
         return w.lm_head(rms_norm(x.index_select(0, logit_rows), w.norm, w.eps))
+    return run
+
+
+def _with_float32_decode(forward) -> Callable[..., torch.Tensor]:
+    def run(*args):
+        forward.attention.float32_decode = True
+        try:
+            return forward(*args)
+        finally:
+            forward.attention.float32_decode = False
     return run
 
 

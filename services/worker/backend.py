@@ -8,6 +8,7 @@ cache, warmup and the benchmarks go through these protocols only.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import ClassVar, Generic, Protocol, TypeVar
 
@@ -17,6 +18,8 @@ from common.messages import CachedBatch, Generation, SeqUpdate, Timings, Warmup,
 from services.worker.config import KV_CACHES
 from services.worker.loading import load
 from services.worker.paged import families
+
+logger = logging.getLogger(__name__)
 
 BatchT = TypeVar("BatchT", bound="Batch")
 
@@ -77,12 +80,15 @@ def resolve_kv_cache(kv_cache: str, backend: str, config: object) -> str:
 
 
 def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
-               kv_cache: str = "auto", block_size: int = 16, quantize: str = "none") -> Model:
+               kv_cache: str = "auto", block_size: int = 16, quantize: str = "none",
+               float32_decode_attention: bool = False) -> Model:
     """The model behind the layout `kv_cache` picks; ValueError/TypeError/ModelNotFoundError."""
     from services.worker.model import PaddedModel
     from services.worker.paged.model import PagedModel
 
     loaded = load(model_id, dtype, device, quantize)
     if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
-        return PagedModel(loaded, block_size)
+        return PagedModel(loaded, block_size, float32_decode_attention)
+    if float32_decode_attention:
+        logger.warning("--float32-decode-attention applies to the paged KV cache only; ignored")
     return PaddedModel(loaded, backend)

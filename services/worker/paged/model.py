@@ -27,7 +27,7 @@ class PagedModel:
     kv_cache = "paged"
     batch_type = PagedBatch
 
-    def __init__(self, loaded: LoadedModel, block_size: int = 16) -> None:
+    def __init__(self, loaded: LoadedModel, block_size: int = 16, float32_decode_attention: bool = False) -> None:
         if block_size < 1:
             raise ValueError(f"--block-size must be >= 1, got {block_size}")
         self.loaded = loaded
@@ -43,6 +43,7 @@ class PagedModel:
             linear = quantized_linear.factory(loaded.quantize, loaded.module, loaded.gguf_file, "native",
                                               self.device, self.dtype)
             self.forward_pass = paged_forward(loaded.module, linear)
+        self.forward_pass.attention.float32_decode = float32_decode_attention
         logger.info("paged KV cache, %s weights", linear.describe())
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
