@@ -31,6 +31,7 @@ class LaunchConfig:
     block_size: int = 16  # paged KV cache: tokens per block
     float32_decode_attention: bool = False  # paged, CPU, bfloat16: the worker's decode attention in float32
     step_target_ms: int = 500  # paged: the step length warmup sizes the default token budget for
+    speculate: int = 0  # paged: tokens proposed per request per step by prompt lookup, verified in one forward
     memory_budget_mb: int | None = None  # the worker's KV budget on CPU (none: the worker's default)
     max_concurrent_requests: int = 128
     max_input_tokens: int = 4095
@@ -81,8 +82,8 @@ class LaunchConfig:
     def shared_environment(self, scheduler_url: str) -> dict[str, str]:
         """ZTGI_* variables for every child: the settings more than one service reads."""
         names = ("model_id", "dtype", "device", "backend", "kv_cache", "quantize", "block_size", "step_target_ms",
-                 "float32_decode_attention",
-                 "memory_budget_mb", "max_concurrent_requests", "max_input_tokens",
+                 "speculate", "float32_decode_attention", "memory_budget_mb", "max_concurrent_requests",
+                 "max_input_tokens",
                  "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
                  "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode",
                  "prefix_caching", "max_stop_sequences", "max_top_n_tokens", "max_best_of", "heartbeat_interval_ms",
