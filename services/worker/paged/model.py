@@ -46,7 +46,8 @@ class PagedModel:
                                               self.device, self.dtype)
             self.forward_pass = paged_forward(loaded.module, linear)
         self.forward_pass.attention.float32_decode = float32_decode_attention
-        logger.info("paged KV cache, %s weights", linear.describe())
+        logger.info("paged KV cache, %s weights%s", linear.describe(),
+                    ", decode attention in float32" if float32_decode_attention else "")
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
         self.speculator = Speculator(speculate, block_size) if speculate else None
