@@ -29,7 +29,8 @@ class PagedModel:
     kv_cache: ClassVar[str] = "paged"
     batch_type: ClassVar[type[PagedBatch]] = PagedBatch
 
-    def __init__(self, loaded: LoadedModel, block_size: int = 16, speculate: int = 0) -> None:
+    def __init__(self, loaded: LoadedModel, block_size: int = 16, speculate: int = 0,
+                 float32_decode_attention: bool = False) -> None:
         if block_size < 1:
             raise ValueError(f"--block-size must be >= 1, got {block_size}")
         self.loaded = loaded
@@ -45,7 +46,9 @@ class PagedModel:
             linear = quantized_linear.factory(loaded.quantize, loaded.module, loaded.gguf_file, "native",
                                               self.device, self.dtype)
             self.forward_pass = paged_forward(loaded.module, linear)
-        logger.info("paged KV cache, %s weights", linear.describe())
+        self.forward_pass.attention.float32_decode = float32_decode_attention
+        logger.info("paged KV cache, %s weights%s", linear.describe(),
+                    ", decode attention in float32" if float32_decode_attention else "")
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
         self.speculator = Speculator(speculate, block_size) if speculate else None
