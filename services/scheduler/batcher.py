@@ -58,6 +58,7 @@ from services.scheduler.placement import Placement
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_table import RequestTable
+from services.scheduler.sliding_window import free_blocks_behind_window
 from services.scheduler.worker_slot import CommandKind, InFlight, WorkerSlot
 
 logger = logging.getLogger(__name__)
@@ -129,8 +130,8 @@ class Batcher:
         the next step, which the Filter that removes it from the worker's batch precedes."""
         slot = self.workers.get(request.worker_id) if request.worker_id is not None else None
         if slot is not None and slot.allocator is not None and request.block_ids:
-            slot.allocator.free(request.block_ids)
-        request.block_ids = []
+            slot.allocator.free(request.block_ids[request.num_dropped_blocks:])
+        request.block_ids, request.num_dropped_blocks = [], 0
 
     def kv_cache_shortfall(self, request: Request) -> str | None:
         """Why the request can never run (it needs more KV than any paged worker's pool holds)."""
@@ -204,8 +205,10 @@ class Batcher:
     def _on_warmup(self, slot: WorkerSlot, result: WarmupResult) -> None:
         slot.max_batch_total_tokens = result.max_batch_total_tokens
         if result.num_blocks > 0:
-            slot.allocator = BlockAllocator(result.num_blocks, result.block_size, self.config.prefix_caching)
-            slot.max_step_tokens = result.max_step_tokens
+            # a prefix's blocks behind a sliding window are freed while the request runs: nothing to share
+            prefix_caching = self.config.prefix_caching and result.kv_window is None
+            slot.allocator = BlockAllocator(result.num_blocks, result.block_size, prefix_caching)
+            slot.max_step_tokens, slot.kv_window = result.max_step_tokens, result.kv_window
         slot.ready = True
         logger.info("worker %s ready: max_batch_total_tokens=%d", slot.identity.decode(errors="replace"),
                     result.max_batch_total_tokens)
@@ -240,6 +243,8 @@ class Batcher:
                     decoded.append(num_new)
                 request.num_computed += num_new
                 self._index_full_blocks(slot.allocator, request, len(request.tokens))
+                if slot.kv_window is not None:
+                    free_blocks_behind_window(request, slot.allocator, slot.kv_window)
         if self.config.speculate:
             self.metrics.record_tokens_per_step(decoded)
 

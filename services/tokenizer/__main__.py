@@ -1,5 +1,9 @@
 import sys
 
-from services.tokenizer.service import main
+from common.early_stop import exit_on_stop_signals
+
+exit_on_stop_signals()
+
+from services.tokenizer.service import main  # noqa: E402 (after the stop hook: this import is the slow part)
 
 sys.exit(main())

@@ -1,5 +1,5 @@
 """Prefix caching end to end with SmolLM2: prompts sharing a document answer exactly as with
-`--no-prefix-caching`, and report the prompt tokens they took from the cache."""
+`--no-prefix-caching` (up to float near-ties), and report the prompt tokens they took from the cache."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import concurrent.futures
 import openai
 import pytest
 
+from benchmarks.greedy_parity import GreedyStream, assert_same_greedy
 from tests.e2e.server import LaunchedServer
 
 DOCUMENT = " ".join(f"Fact {i}: the {w} is kept in room {i * 7 % 31}." for i, w in
@@ -21,7 +22,7 @@ def _answers(server: LaunchedServer) -> list[dict]:
     """The first question alone (it fills the cache), then the rest at once."""
     def ask(question: str) -> dict:
         body = {"inputs": f"{DOCUMENT}\nQuestion: {question}\nAnswer:",
-                "parameters": {"max_new_tokens": MAX_NEW, "details": True}}
+                "parameters": {"max_new_tokens": MAX_NEW, "details": True, "top_n_tokens": 2}}
         response = server.post("/generate", body)
         assert response.status_code == 200, response.text
         return response.json()
@@ -33,7 +34,7 @@ def _answers(server: LaunchedServer) -> list[dict]:
 
 @pytest.mark.slow
 def test_shared_prefix_answers_equal_uncached_ones_and_report_cached_tokens(tmp_path) -> None:
-    """Greedy texts with the cache on equal those with it off; the later questions took most of
+    """Greedy texts with the cache on equal those with it off (up to a float near-tie); the later questions took most of
     the document from the cache (details and OpenAI usage say how much); off, nothing is cached."""
     # float32: a prefill over cached blocks has other shapes than a whole one, and bfloat16's
     # rounding follows the shapes; the claim here is that caching changes nothing else
@@ -52,7 +53,8 @@ def test_shared_prefix_answers_equal_uncached_ones_and_report_cached_tokens(tmp_
         uncached = _answers(uncached_server)
     finally:
         assert uncached_server.stop() == 0, uncached_server.log
-    assert [a["generated_text"] for a in cached] == [a["generated_text"] for a in uncached]
+    for with_cache, without in zip(cached, uncached):
+        assert_same_greedy(*(GreedyStream.from_details(answer["details"]) for answer in (without, with_cache)))
     assert cached[0]["details"]["cached_tokens"] == 0
     assert all(a["details"]["cached_tokens"] >= 200 for a in cached[1:]), [a["details"] for a in cached]
     assert all(a["details"]["cached_tokens"] == 0 for a in uncached)

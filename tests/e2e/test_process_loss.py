@@ -1,5 +1,5 @@
 """kill -9 of a worker or a tokenizer with a second one up, and a tokenizer frozen past the
-heartbeat window and resumed: every stream completes unchanged."""
+heartbeat window and resumed: every stream completes unchanged (up to a float near-tie)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import time
 import pytest
 import requests
 
+from benchmarks.greedy_parity import GreedyStream, assert_same_greedy
 from tests.e2e.server import LaunchedServer
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The best way to learn is",
@@ -26,32 +27,32 @@ def child_pids(server: LaunchedServer, service: str) -> list[int]:
     return [int(pid) for pid in out.split()]
 
 
-def stream_text(server: LaunchedServer, prompt: str, started: list) -> str:
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": 60, "ignore_eos": True}}
+def stream(server: LaunchedServer, prompt: str, started: list) -> GreedyStream:
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": 60, "ignore_eos": True, "top_n_tokens": 2}}
     with requests.post(server.url + "/generate_stream", json=body, stream=True, timeout=120) as response:
-        texts = []
+        streamed = GreedyStream()
         for line in response.iter_lines(decode_unicode=True):
             if line and line.startswith("data:"):
                 event = json.loads(line[5:])
                 assert "error" not in event, event
-                texts.append(event["token"]["text"])
+                streamed.add(event)
                 started.append(1)
-        return "".join(texts)
+        return streamed
 
 
-def undisturbed_texts(server: LaunchedServer) -> list[str]:
+def undisturbed(server: LaunchedServer) -> list[GreedyStream]:
     """Every prompt's greedy text, streamed all at once with nothing killed (batching leaves greedy
     text unchanged, which tests/e2e/test_pipeline.py pins)."""
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        return list(pool.map(lambda prompt: stream_text(server, prompt, []), PROMPTS))
+        return list(pool.map(lambda prompt: stream(server, prompt, []), PROMPTS))
 
 
-def texts_killing(server: LaunchedServer, service: str, freeze_s: float | None = None) -> list[str]:
+def streams_killing(server: LaunchedServer, service: str, freeze_s: float | None = None) -> list[GreedyStream]:
     """The same streams, with kill -9 of the first `service` child once 3 tokens per stream have
     arrived (or, with `freeze_s`, SIGSTOP for that long, then SIGCONT)."""
     started: list = []
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        futures = [pool.submit(stream_text, server, prompt, started) for prompt in PROMPTS]
+        futures = [pool.submit(stream, server, prompt, started) for prompt in PROMPTS]
         while len(started) < 3 * len(PROMPTS):
             time.sleep(0.05)
         pid = child_pids(server, service)[0]
@@ -66,15 +67,16 @@ def texts_killing(server: LaunchedServer, service: str, freeze_s: float | None =
 
 @pytest.mark.slow
 def test_kill_worker_streams_resume_on_the_other(tmp_path) -> None:
-    """All 8 streams complete after kill -9 of a worker, each equal to its undisturbed greedy text."""
-    # float32: a resumed stream re-prefills its prompt + tokens so far, and only in float32 is that
-    # bit-for-bit the computation that produced them (bfloat16 rounds by the step's shapes)
+    """All 8 streams complete after kill -9 of a worker, each equal to its undisturbed greedy text
+    (up to a float near-tie: tests/e2e/greedy_parity.py)."""
+    # float32: a resumed stream re-prefills its prompt + tokens so far in a chunk, whose logits differ
+    # from the decode steps' in the last bits (bfloat16's rounding would part texts far more often)
     server = LaunchedServer(str(tmp_path / "run"), "--num-workers", "2", "--max-batch-prefill-tokens", "4096",
                             "--dtype", "float32")
     try:
-        expected = undisturbed_texts(server)
-        texts = texts_killing(server, "worker")
-        assert texts == expected
+        expected = undisturbed(server)
+        for reference, resumed in zip(expected, streams_killing(server, "worker")):
+            assert_same_greedy(reference, resumed)
         # the killed worker's connection closed: it is lost at once, not after its heartbeats
         assert re.search(r"lost \(disconnected\): [1-9]\d* requests go back", server.log), server.log
     finally:
@@ -90,11 +92,13 @@ def test_frozen_then_killed_tokenizer_streams_are_adopted(tmp_path) -> None:
                             "--heartbeat-interval-ms", "200",
                             "--heartbeat-misses", "5")
     try:
-        expected = undisturbed_texts(server)
+        expected = undisturbed(server)
         # 1.5 s: past the 1 s window, and short of the streams' end, so its late answers arrive mid-stream
-        assert texts_killing(server, "tokenizer", freeze_s=1.5) == expected
+        for reference, adopted in zip(expected, streams_killing(server, "tokenizer", freeze_s=1.5)):
+            assert_same_greedy(reference, adopted)
         assert re.search(r"lost \(missed heartbeats\): .*[1-9]\d* requests to adopt", server.log), server.log
-        assert texts_killing(server, "tokenizer") == expected
+        for reference, adopted in zip(expected, streams_killing(server, "tokenizer")):
+            assert_same_greedy(reference, adopted)
         assert re.search(r"lost \(disconnected\): .*[1-9]\d* requests to adopt", server.log), server.log
     finally:
         assert server.stop() == 0, server.log

@@ -13,7 +13,7 @@ from services.worker import quantized_linear
 from services.worker.generations import step_rows, top_of_row
 from services.worker.loading import LoadedModel
 from services.worker.paged.batch import PagedBatch
-from services.worker.paged.families import paged_forward
+from services.worker.paged.families import layer_windows, paged_forward
 from services.worker.paged.kv_pool import KVPool, KVShape
 from services.worker.paged.speculator import Speculator
 from services.worker.paged.step_inputs import StepInputs, build_step_inputs
@@ -51,6 +51,13 @@ class PagedModel:
 
     def info(self) -> WorkerInfo:
         return self.loaded.info()
+
+    @property
+    def kv_window(self) -> int | None:
+        """The sliding window when every layer has one (the scheduler then frees the blocks behind
+        it); None when any layer attends to the whole context."""
+        windows = layer_windows(self.loaded.module.config)
+        return None if None in windows else max(windows)
 
     @property
     def num_blocks(self) -> int:
