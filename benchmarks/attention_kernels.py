@@ -13,6 +13,7 @@ time per layer call of each candidate and its ratio to `padded`, one intra-op th
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -152,6 +153,10 @@ def _median_ms(fn: Callable[[dict], torch.Tensor], x: dict, repeats: int) -> flo
     return statistics.median(times)
 
 
+def _labelled(name: str, message: str) -> str:
+    return f"{name}: {message}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32, 64])
@@ -167,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
             x = _inputs(batch_size, args.context)
             reference = padded(x)
             for name, fn in CANDIDATES.items():
-                torch.testing.assert_close(fn(x), reference, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+                torch.testing.assert_close(fn(x), reference, atol=1e-4, rtol=1e-4,
+                                           msg=functools.partial(_labelled, name))
             medians = {name: _median_ms(fn, x, args.repeats) for name, fn in CANDIDATES.items()}
             cells = " ".join(f"{ms:>15.3f} ({ms / medians['padded']:4.2f}x)" for ms in medians.values())
             print(f"{batch_size:>5} {cells}")

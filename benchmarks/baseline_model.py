@@ -44,8 +44,9 @@ def load_model(model_id: str, dtype: str, device: str) -> PreTrainedModel:
     """`AutoModelForCausalLM.from_pretrained(resolve_model(model_id).path, dtype=...)`, in eval mode."""
     target = resolve_device(device)
     started = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(model_id).path, dtype=resolve_dtype(dtype, target))
-    model = model.to(target).eval()
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(model_id).path, dtype=resolve_dtype(dtype, target),
+                                                 device_map=str(target))
+    model.eval()
     logger.info("loaded %s on %s (%s) in %.1f s", model_id, target, str(model.dtype).removeprefix("torch."),
                 time.perf_counter() - started)
     return model

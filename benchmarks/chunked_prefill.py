@@ -87,7 +87,9 @@ def _longest_gap(arrivals: list[float], start: float, end: float) -> float:
 def long_prompt(num_tokens: int) -> str:
     tokenizer = load_tokenizer(DEFAULT_MODEL_ID)
     ids = tokenizer(LONG_TEXT * (num_tokens // 20 + 1), add_special_tokens=False)["input_ids"][:num_tokens]
-    return tokenizer.decode(ids)
+    text = tokenizer.decode(ids)
+    assert isinstance(text, str), "one sequence decodes to one string"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

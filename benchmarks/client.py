@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 
@@ -39,7 +38,7 @@ async def send_request(session: aiohttp.ClientSession, url: str, backend: HttpBa
             else:
                 record.error = await _read_stream(response.content, backend, timeline)
                 await response.read()  # drain what follows the final event: the connection is reused
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     if record.error is not None:
         record.error = record.error[:MAX_ERROR_CHARS]

@@ -34,19 +34,19 @@ import aiohttp
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import load_model, load_tokenizer
 from benchmarks.baseline_run import BaselineRun, joined, write_results
+from benchmarks.baseline_setup import parse_workload
 from benchmarks.bench import run_event_loop
 from benchmarks.comparison import TTFT_CONCURRENCY, Comparison
 from benchmarks.config import BenchConfig, parse_sweep
 from benchmarks.engine_alone import BatchingPolicy, EngineAlone
 from benchmarks.launched_server import LaunchedServer, ServerStartError
 from benchmarks.load_generator import LoadGenerator, RunResult, http_session
-from benchmarks.offline_workload import OfflineRequest, encode_prompts, load_prompts
+from benchmarks.offline_workload import OfflineRequest, encode_prompts
 from benchmarks.static_batching import StaticBatching
-from benchmarks.workload import Prompt, WorkloadError
-from common.config import ConfigError, parse_config, require
+from benchmarks.workload import Prompt
+from common.config import ConfigError, require
 from common.gc_freeze import freeze_startup_objects
-from common.logs import setup_logging
-from services.worker.backend import load_model as load_engine_model
+from services.worker.backend import load_padded_model
 
 logger = logging.getLogger(__name__)
 
@@ -182,8 +182,8 @@ def run_comparison(config: CompareConfig, workload: Workload, tokenizer) -> list
     """Loads both in-process baselines, starts ztgi, and runs every level `repeats` times."""
     static = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
                             config.static_batch_size, config.ignore_eos)
-    engine = EngineAlone(load_engine_model(config.model_id, config.dtype, config.device, config.backend, "padded",
-                                             quantize=config.quantize), config.policy,
+    engine = EngineAlone(load_padded_model(config.model_id, config.dtype, config.device, config.backend,
+                                           quantize=config.quantize), config.policy,
                          config.ignore_eos)
     max_level = max(config.levels)
     static.warmup(workload.requests)
@@ -254,14 +254,10 @@ async def _in_turns(workload: Workload, engine: EngineAlone, ztgi: ZtgiOverHttp,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit 0 when every run completed, 1 when ztgi failed (to start, or requests), 2 for a bad flag."""
-    try:
-        config = parse_config(CompareConfig, argv, prog="python -m benchmarks.compare")
-        setup_logging("compare", config.log_level)
-        prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
-    except (ConfigError, WorkloadError) as exc:
-        setup_logging("compare")
-        logger.error("%s", exc)
+    setup = parse_workload(CompareConfig, argv, "compare")
+    if setup is None:
         return 2
+    config, prompts = setup
     tokenizer = load_tokenizer(config.model_id)
     workload = Workload(prompts, encode_prompts(tokenizer, prompts))
     try:

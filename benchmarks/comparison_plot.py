@@ -27,16 +27,23 @@ def write_plot(path: str, comparison: Comparison) -> None:
     pyplot.close(figure)
 
 
+def _scaled(figures: dict[str, float | None] | None, name: str, scale: float) -> float | None:
+    """One figure of a level's medians, scaled; None when the level or the figure is missing."""
+    value = None if figures is None else figures[name]
+    return None if value is None else value * scale
+
+
 def _panel(axis: Any, comparison: Comparison, figure_name: str, scale: float, title: str) -> None:
     levels = comparison.levels()
     for system, label in CURVES:
-        points = [(level, comparison.median(system, level)[figure_name]) for s, level in levels if s == system]
-        points = [(level, value * scale) for level, value in points if value is not None]
+        scaled = ((level, _scaled(comparison.median(system, level), figure_name, scale))
+                  for s, level in levels if s == system)
+        points = [(level, value) for level, value in scaled if value is not None]
         if points:
             axis.plot(*zip(*points), marker="o", label=label)
-    static = comparison.median("static", comparison.static_batch_size)
-    if static is not None and static[figure_name] is not None:
-        axis.axhline(static[figure_name] * scale, linestyle="--", color="gray",
+    static = _scaled(comparison.median("static", comparison.static_batch_size), figure_name, scale)
+    if static is not None:
+        axis.axhline(static, linestyle="--", color="gray",
                      label=f"static batching (batch {comparison.static_batch_size})")
     axis.set_xscale("log", base=2)
     ticks = sorted({level for _, level in levels})

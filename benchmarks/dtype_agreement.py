@@ -20,13 +20,12 @@ from collections.abc import Sequence
 
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import load_tokenizer
-from benchmarks.offline_workload import encode_prompts, load_prompts
-from benchmarks.workload import WorkloadError
-from common.config import ConfigError, parse_config
-from common.logs import setup_logging
+from benchmarks.baseline_setup import parse_workload
+from benchmarks.offline_workload import encode_prompts
 from common.messages import Generation, SamplingParameters, WorkerRequest
-from services.worker.backend import Model, load_model
+from services.worker.backend import load_padded_model
 from services.worker.batch import CausalLMBatch
+from services.worker.model import PaddedModel
 
 logger = logging.getLogger(__name__)
 REFERENCE_DTYPE = "float32"
@@ -42,11 +41,12 @@ class DtypeAgreementConfig(BaselineConfig):
         "help": "the dtype of the reference run (always float weights)"})
 
 
-def generate(model: Model, input_ids: Sequence[list[int]], max_new_tokens: Sequence[int]) -> list[list[Generation]]:
+def generate(model: PaddedModel, input_ids: Sequence[list[int]],
+             max_new_tokens: Sequence[int]) -> list[list[Generation]]:
     """Each prompt's greedy generations, all prompts in one batch."""
     requests = [WorkerRequest(i, list(ids), SamplingParameters(), n, True)
                 for i, (ids, n) in enumerate(zip(input_ids, max_new_tokens))]
-    batch = CausalLMBatch.from_requests(requests, 1, 2**62, model)
+    batch: CausalLMBatch | None = CausalLMBatch.from_requests(requests, 1, 2**62, model)
     result: list[list[Generation]] = [[] for _ in requests]
     while batch is not None:
         generations, batch, _ = model.generate_token(batch)
@@ -73,20 +73,16 @@ def agreement(reference: list[list[Generation]], other: list[list[Generation]]) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        config = parse_config(DtypeAgreementConfig, argv, prog="python -m benchmarks.dtype_agreement")
-        setup_logging("dtype_agreement", config.log_level)
-        prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
-    except (ConfigError, WorkloadError) as exc:
-        setup_logging("dtype_agreement")
-        logger.error("%s", exc)
+    setup = parse_workload(DtypeAgreementConfig, argv, "dtype_agreement")
+    if setup is None:
         return 2
+    config, prompts = setup
     requests = encode_prompts(load_tokenizer(config.model_id), prompts)
     input_ids, max_new_tokens = [r.input_ids for r in requests], [r.max_new_tokens for r in requests]
-    reference = generate(load_model(config.model_id, config.reference_dtype, config.device, kv_cache="padded"),
+    reference = generate(load_padded_model(config.model_id, config.reference_dtype, config.device),
                          input_ids, max_new_tokens)
-    other = generate(load_model(config.model_id, config.dtype, config.device, kv_cache="padded",
-                                quantize=config.quantize), input_ids, max_new_tokens)
+    other = generate(load_padded_model(config.model_id, config.dtype, config.device, quantize=config.quantize),
+                     input_ids, max_new_tokens)
     result = {"dtype": config.dtype, "quantize": config.quantize, "reference": config.reference_dtype,
               **agreement(reference, other)}
     sys.stdout.write(json.dumps(result, indent=1) + "\n")

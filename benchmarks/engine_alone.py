@@ -27,16 +27,15 @@ from collections.abc import Sequence
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import load_tokenizer
 from benchmarks.baseline_run import BaselineRun, results_json, write_results
+from benchmarks.baseline_setup import parse_workload
 from benchmarks.metrics import RequestRecord, summarize
-from benchmarks.offline_workload import OfflineRequest, encode_prompts, load_prompts
-from benchmarks.workload import WorkloadError
-from common.config import ConfigError, parse_config, require
+from benchmarks.offline_workload import OfflineRequest, encode_prompts
+from common.config import require
 from common.gc_freeze import freeze_startup_objects
-from common.logs import setup_logging
 from common.messages import Encoded, Generation, RequestKey, SamplingParameters
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
-from services.worker.backend import load_model
+from services.worker.backend import load_padded_model
 from services.worker.batch import CausalLMBatch
 from services.worker.model import PaddedModel as Model
 
@@ -215,17 +214,13 @@ class _ClosedLoop:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Prints the summary as JSON; exit 2 for a bad flag or dataset."""
-    try:
-        config = parse_config(EngineAloneConfig, argv, prog="python -m benchmarks.engine_alone")
-        setup_logging("engine_alone", config.log_level)
-        prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
-    except (ConfigError, WorkloadError) as exc:
-        setup_logging("engine_alone")
-        logger.error("%s", exc)
+    setup = parse_workload(EngineAloneConfig, argv, "engine_alone")
+    if setup is None:
         return 2
+    config, prompts = setup
     requests = encode_prompts(load_tokenizer(config.model_id), prompts)
-    engine = EngineAlone(load_model(config.model_id, config.dtype, config.device, config.backend, "padded",
-                                    quantize=config.quantize), BatchingPolicy.of(config),
+    engine = EngineAlone(load_padded_model(config.model_id, config.dtype, config.device, config.backend,
+                                           quantize=config.quantize), BatchingPolicy.of(config),
                          config.ignore_eos)
     engine.warmup(requests[:config.concurrency])
     freeze_startup_objects()  # as the worker does after its warmup: the model stays out of later collections

@@ -20,7 +20,7 @@ import time
 import torch
 
 from common.messages import SamplingParameters, WorkerRequest
-from services.worker.backend import load_model
+from services.worker.backend import load_padded_model, load_paged_model
 
 
 def _save(model_type: str, layers: int, directory: str) -> None:
@@ -65,9 +65,9 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as directory:
         _save(args.model_type, args.layers, directory)
-        paged = load_model(directory, dtype="float32", device="cpu", kv_cache="paged", block_size=16)
+        paged = load_paged_model(directory, dtype="float32", device="cpu", block_size=16)
         paged.allocate_pool(args.requests * -(-(args.prompt_tokens + args.new_tokens) // 16))
-        padded = load_model(directory, dtype="float32", device="cpu", kv_cache="padded", backend="transformers")
+        padded = load_padded_model(directory, dtype="float32", device="cpu", backend="transformers")
         requests = _requests(args, 16)
         output_tokens = args.requests * args.new_tokens
         rates: dict[str, list[float]] = {"paged native": [], "padded transformers": []}

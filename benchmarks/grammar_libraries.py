@@ -15,12 +15,14 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from services.tokenizer.loading import load_tokenizer
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 # (name, schema, a valid document, an invalid document)
 SCHEMAS: list[tuple[str, dict[str, Any], Any, Any]] = [
@@ -80,6 +82,7 @@ class Library:
     """One constrained-decoding library behind four calls."""
 
     name = ""
+    setup_s = 0.0  # building the library's view of the vocabulary
 
     def __init__(self, tokenizer: Any) -> None:
         self.vocab_size = len(tokenizer)
@@ -88,8 +91,11 @@ class Library:
     def compile(self, schema: str) -> Any: ...
     def matcher(self, compiled: Any) -> Any: ...
     def mask(self, matcher: Any, bitmask: torch.Tensor) -> None: ...
-    def consume(self, matcher: Any, token: int) -> bool: ...
-    def accepting(self, matcher: Any) -> bool: ...
+    def consume(self, matcher: Any, token: int) -> bool:
+        raise NotImplementedError
+
+    def accepting(self, matcher: Any) -> bool:
+        raise NotImplementedError
 
 
 class LLGuidance(Library):
@@ -105,7 +111,7 @@ class LLGuidance(Library):
         self.setup_s = time.perf_counter() - started
 
     def compile(self, schema: str) -> Any:
-        options = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+        options: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
         grammar = self.lib.LLMatcher.grammar_from_json_schema(schema, overrides=options)
         matcher = self.lib.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
@@ -229,7 +235,10 @@ def walk(library: Library, compiled: Any, tokens: list[int], mask_times: list[fl
 
 
 def measure(library: Library, tokenizer: Any, repeats: int) -> dict[str, Any]:
-    supported, failures, compile_times, mask_times = [], {}, [], []
+    supported: list[str] = []
+    failures: dict[str, str] = {}
+    compile_times: list[float] = []
+    mask_times: list[float] = []
     for name, schema, valid, invalid in SCHEMAS:
         try:
             started = time.perf_counter()
@@ -261,7 +270,7 @@ def measure(library: Library, tokenizer: Any, repeats: int) -> dict[str, Any]:
     }
 
 
-LIBRARIES: list[Callable[[Any], Library]] = [LLGuidance, XGrammar, OutlinesCore]
+LIBRARIES: list[type[Library]] = [LLGuidance, XGrammar, OutlinesCore]
 
 
 def main(argv: list[str] | None = None) -> None:

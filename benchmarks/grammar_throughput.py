@@ -19,6 +19,7 @@ import asyncio
 import json
 import statistics
 import time
+from typing import Any
 
 import aiohttp
 
@@ -38,7 +39,7 @@ PROMPT = "Describe a city as JSON, with its name, its population and three landm
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, tokens: int, schema: dict | None) -> int:
-    parameters = {"max_new_tokens": tokens, "ignore_eos": True, "details": True}
+    parameters: dict[str, Any] = {"max_new_tokens": tokens, "ignore_eos": True, "details": True}
     if schema is not None:
         parameters["grammar"] = {"type": "json", "value": schema}
     async with session.post(url + "/generate", json={"inputs": PROMPT, "parameters": parameters}) as response:
@@ -91,7 +92,7 @@ def in_process(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     model = load_model(args.model_id, dtype="float32", device="cuda" if torch.cuda.is_available() else "cpu",
                        kv_cache="padded")
     tokenizer = load_tokenizer(args.model_id)
-    _ = grammar.configure(args.model_id, model.eos_token_ids).tokenizer  # loads the vocabulary
+    _ = grammar.configure(args.model_id, sorted(model.eos_token_ids)).tokenizer  # loads the vocabulary
     engine_round(model, tokenizer, args.concurrency, 4, True)  # warm up both paths
     free, constrained = [], []
     for _ in range(args.rounds):

@@ -60,9 +60,11 @@ async def measure(url: str, prompts: list[Prompt], concurrency: int, interval_s:
     generated = counter(after, "ztgi_generated_tokens") - counter(before, "ztgi_generated_tokens")
     if done:
         summary = load.result().summary
-        figures = {"output_tok_s": summary.output_token_throughput, "duration_s": summary.duration_s,
+        figures: dict[str, float | int | bool | None] = {
+                   "output_tok_s": summary.output_token_throughput, "duration_s": summary.duration_s,
                    "num_output_tokens": summary.num_output_tokens, "num_failures": summary.num_failures}
     else:
+        assert window_s is not None, "only a window cuts a run short"
         figures = {"output_tok_s": generated / window_s, "duration_s": window_s, "num_output_tokens": generated,
                    "num_failures": 0, "finished": counter(after, "ztgi_requests_finished")
                    - counter(before, "ztgi_requests_finished"), "cut_at_window": True}

@@ -25,7 +25,8 @@ import functools
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -84,7 +85,7 @@ def batch_seconds(fn: Callable[[], object], min_time_s: float) -> tuple[int, flo
     return count, elapsed / count
 
 
-def fastest_ms(fns: dict[str, Callable[[], object]], repeats: int, min_time_s: float) -> dict[str, float]:
+def fastest_ms(fns: Mapping[str, Callable[[], object]], repeats: int, min_time_s: float) -> dict[str, float]:
     """Each function's fastest batch, in ms per call; the functions take turns batch by batch, so a
     machine shared with other work slows them alike, and the minimum keeps the quiet moments."""
     sizes = {name: batch_seconds(fn, min_time_s)[0] for name, fn in fns.items()}
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     formats = config.formats.split(",")
     rows_list = [int(r) for r in config.rows.split(",")]
     generator = torch.Generator().manual_seed(0)
-    table = []
+    table: list[dict[str, Any]] = []
     for shape in config.shapes.split(","):
         out_features, in_features = SHAPES[shape]
         weight = torch.randn(out_features, in_features, generator=generator) * in_features ** -0.5

@@ -46,15 +46,14 @@ from typing import Any
 import aiohttp
 
 from benchmarks.baseline_run import write_results
+from benchmarks.baseline_setup import parse_workload
 from benchmarks.bench import run_event_loop
 from benchmarks.config import BenchConfig, parse_sweep
 from benchmarks.launched_server import LaunchedServer, ServerStartError
 from benchmarks.llama_server import LlamaServer, server_flags
 from benchmarks.load_generator import READ_BUFFER_BYTES, LoadGenerator, RunResult
-from benchmarks.offline_workload import load_prompts
-from benchmarks.workload import Prompt, WorkloadError
-from common.config import ConfigError, parse_config, require
-from common.logs import setup_logging
+from benchmarks.workload import Prompt
+from common.config import ConfigError, require
 from common.model_source import DEFAULT_MODEL_ID, EMBEDDED_NAME, embedded_gguf_path
 
 logger = logging.getLogger(__name__)
@@ -184,9 +183,11 @@ class Table:
 
     def ratio(self, system: str, concurrency: int, name: str) -> float | None:
         mine, theirs = self.median(system, concurrency), self.median(LLAMA, concurrency)
-        if mine is None or theirs is None or mine[name] is None or not theirs[name]:
+        numerator = None if mine is None else mine[name]
+        denominator = None if theirs is None else theirs[name]
+        if numerator is None or not denominator:
             return None
-        return mine[name] / theirs[name]
+        return numerator / denominator
 
     def claims(self) -> list[dict[str, Any]]:
         claims = []
@@ -333,14 +334,10 @@ def run_comparison(config: LlamaCppConfig, prompts: list[Prompt]) -> tuple[list[
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit 0 when every run completed, 1 when a server failed to start or requests failed, 2 for a bad flag."""
-    try:
-        config = parse_config(LlamaCppConfig, argv, prog="python -m benchmarks.llama_cpp")
-        setup_logging("llama_cpp", config.log_level)
-        prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
-    except (ConfigError, WorkloadError) as exc:
-        setup_logging("llama_cpp")
-        logger.error("%s", exc)
+    setup = parse_workload(LlamaCppConfig, argv, "llama_cpp")
+    if setup is None:
         return 2
+    config, prompts = setup
     try:
         runs, about = run_comparison(config, prompts)
     except ServerStartError as exc:

@@ -101,13 +101,15 @@ class LoadGenerator:
 
     def _arrival_times(self) -> Iterator[float]:
         """Seconds since the start at which each request may go: 0 for all, or Poisson."""
-        if self.config.request_rate is None:
+        rate = self.config.request_rate
+        if rate is None:
             yield from itertools.repeat(0.0)
+            return
         rng = random.Random(self.config.seed)
         arrival_s = 0.0
         while True:
             yield arrival_s
-            arrival_s += rng.expovariate(self.config.request_rate)
+            arrival_s += rng.expovariate(rate)
 
     def _record(self, request_id: int, start_s: float) -> RequestRecord:
         prompt = self.prompts[request_id % len(self.prompts)]

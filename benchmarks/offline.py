@@ -24,20 +24,21 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import load_model, load_tokenizer
 from benchmarks.baseline_run import BaselineRun, write_results
+from benchmarks.baseline_setup import parse_workload
 from benchmarks.engine_alone import EngineAlone
 from benchmarks.metrics import RequestRecord, summarize
-from benchmarks.offline_workload import encode_prompts, load_prompts
+from benchmarks.offline_workload import encode_prompts
 from benchmarks.static_batching import StaticBatching
-from benchmarks.workload import Prompt, WorkloadError
-from common.config import ConfigError, parse_config, require
-from common.logs import setup_logging
-from services.worker.backend import load_model as load_engine_model
+from benchmarks.workload import Prompt
+from common.config import require
+from services.worker.backend import load_padded_model
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def run_all(config: OfflineConfig, prompts: list[Prompt]) -> list[BaselineRun]:
     requests = encode_prompts(tokenizer, prompts)
     static = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
                             config.static_batch_size, config.ignore_eos)
-    engine = EngineAlone(load_engine_model(config.model_id, config.dtype, config.device, config.backend, "padded"),
+    engine = EngineAlone(load_padded_model(config.model_id, config.dtype, config.device, config.backend),
                          ignore_eos=config.ignore_eos)
     concurrency = config.engine_concurrency or len(requests)
     static.warmup(requests)
@@ -155,7 +156,7 @@ def throughputs(runs: Sequence[BaselineRun], system: str) -> list[float]:
             if run.system == system]
 
 
-def ratios(runs: Sequence[BaselineRun], system: str, bound: float) -> dict[str, object]:
+def ratios(runs: Sequence[BaselineRun], system: str, bound: float) -> dict[str, Any]:
     """offline / `system`: the ratio of the medians, each repeat's own ratio, and whether >= bound."""
     offline, other = throughputs(runs, "offline"), throughputs(runs, system)
     if not offline or not other:
@@ -184,10 +185,10 @@ def render_text(runs: Sequence[BaselineRun]) -> str:
         lines.append(f"| {system} | {median_run.concurrency} | {statistics.median(values):.1f} | "
                      f"{' / '.join(f'{v:.1f}' for v in values)} | {s.request_throughput:.2f} | {s.duration_s:.1f} | "
                      f"{s.num_output_tokens} |")
-    cpu = {system: cpu_per_token_ms(runs, system) for system in ("engine", "offline")}
-    if all(cpu.values()):
-        lines.append(f"CPU per output token (median): engine {cpu['engine']:.2f} ms, offline {cpu['offline']:.2f} ms "
-                     f"({cpu['offline'] / cpu['engine']:.3f}x)")
+    engine_cpu, offline_cpu = cpu_per_token_ms(runs, "engine"), cpu_per_token_ms(runs, "offline")
+    if engine_cpu and offline_cpu:
+        lines.append(f"CPU per output token (median): engine {engine_cpu:.2f} ms, offline {offline_cpu:.2f} ms "
+                     f"({offline_cpu / engine_cpu:.3f}x)")
     for system, bound in (("engine", MIN_ENGINE_FRACTION), ("static", MIN_STATIC_SPEEDUP)):
         claim = ratios(runs, system, bound)
         if claim:
@@ -199,14 +200,10 @@ def render_text(runs: Sequence[BaselineRun]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Prints the table; exit 2 for a bad flag or dataset."""
-    try:
-        config = parse_config(OfflineConfig, argv, prog="python -m benchmarks.offline")
-        setup_logging("offline", config.log_level)
-        prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
-    except (ConfigError, WorkloadError) as exc:
-        setup_logging("offline")
-        logger.error("%s", exc)
+    setup = parse_workload(OfflineConfig, argv, "offline")
+    if setup is None:
         return 2
+    config, prompts = setup
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     runs = run_all(config, prompts)

@@ -15,7 +15,6 @@ pipeline's processes share the cores with the worker's compute threads.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -171,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         report = run_event_loop(measure(config, generator))
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         logger.error("could not read %s/metrics: %s", config.url, exc)
         return 1
     sys.stdout.write(report)

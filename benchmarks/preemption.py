@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report, indent=2))
     if args.output:
         with open(args.output, "w") as file:
-            texts = {f"{name}_texts": [stream and stream.text for stream in run["texts"]]
-                     for name, run in (("large", large), ("small", small))}
-            json.dump({**report, **texts}, file, indent=2)
+            streamed = {f"{name}_texts": [stream and stream.text for stream in run["texts"]]
+                        for name, run in (("large", large), ("small", small))}
+            json.dump({**report, **streamed}, file, indent=2)
     return 0 if report["claim_met"] else 1
 
 

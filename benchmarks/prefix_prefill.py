@@ -15,7 +15,7 @@ import torch
 from benchmarks.workload import BUILT_IN_DATASETS
 from common.messages import SamplingParameters, WorkerRequest
 from services.tokenizer.loading import load_tokenizer
-from services.worker.backend import load_model
+from services.worker.backend import load_paged_model
 from services.worker.paged.batch import PagedBatch
 
 
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = load_model("smollm2", dtype="float32", device="cpu", kv_cache="paged")
+    model = load_paged_model("smollm2", dtype="float32", device="cpu")
     model.allocate_pool(256)
     document, *questions = _prompts(load_tokenizer("smollm2"), args.repeats + 1)
     shared = next(i for i, (a, b) in enumerate(zip(document, questions[0])) if a != b)

@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import requests
 
@@ -58,8 +59,8 @@ def one_stream(url: str, text: str, max_new_tokens: int) -> tuple[str, int, floa
 def concurrent_run(url: str, prompts: list[Prompt], concurrency: int) -> tuple[int, float]:
     """Every prompt through /generate, `concurrency` at a time: output tokens and wall time."""
     def send(prompt: Prompt) -> int:
-        body = {"inputs": prompt.text, "parameters": {"max_new_tokens": prompt.max_new_tokens, "ignore_eos": True,
-                                                       "details": True}}
+        parameters = {"max_new_tokens": prompt.max_new_tokens, "ignore_eos": True, "details": True}
+        body: dict[str, Any] = {"inputs": prompt.text, "parameters": parameters}
         response = requests.post(url + "/generate", json=body, timeout=1200)
         response.raise_for_status()
         return response.json()["details"]["generated_tokens"]
@@ -102,13 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"tok/s  x{rates['on'] / rates['off']:.2f}  identical texts: {len(texts) == 1}", flush=True)
         if args.concurrency:
             prompts = load_dataset(MIXED_DATASET_PATH)[:args.max_requests]
-            rates = {"off": [], "on": []}
+            throughputs: dict[str, list[float]] = {"off": [], "on": []}
             for repeat in range(args.repeats):
                 for system in (("off", "on") if repeat % 2 == 0 else ("on", "off")):
                     tokens, seconds = concurrent_run(servers[system], prompts, args.concurrency)
-                    rates[system].append(tokens / seconds)
-            off_rate, on_rate = statistics.median(rates["off"]), statistics.median(rates["on"])
-            results["concurrent"] = {"concurrency": args.concurrency, "requests": len(prompts), "runs": rates,
+                    throughputs[system].append(tokens / seconds)
+            off_rate, on_rate = statistics.median(throughputs["off"]), statistics.median(throughputs["on"])
+            results["concurrent"] = {"concurrency": args.concurrency, "requests": len(prompts), "runs": throughputs,
                                      "off_tokens_per_s": off_rate, "on_tokens_per_s": on_rate,
                                      "ratio": on_rate / off_rate}
             print(f"mixed x{args.concurrency}: off {off_rate:6.1f} tok/s  on {on_rate:6.1f} tok/s  "

@@ -28,7 +28,6 @@ from collections.abc import Sequence
 import torch
 from transformers import (
     GenerationConfig,
-    PreTrainedModel,
     PreTrainedTokenizerBase,
     StoppingCriteria,
     StoppingCriteriaList,
@@ -37,11 +36,11 @@ from transformers import (
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import eos_token_ids, load_model, load_tokenizer
 from benchmarks.baseline_run import BaselineRun, results_json, write_results
+from benchmarks.baseline_setup import parse_workload
 from benchmarks.metrics import RequestRecord, summarize
-from benchmarks.offline_workload import OfflineRequest, encode_prompts, load_prompts
-from benchmarks.workload import WorkloadError
-from common.config import ConfigError, parse_config, require
-from common.logs import setup_logging
+from benchmarks.offline_workload import OfflineRequest, encode_prompts
+from common.config import require
+from services.worker.transformers_module import TransformersModule
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ class StepClock(StoppingCriteria):
     def __init__(self) -> None:
         self.times: list[float] = []
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor | None, **kwargs) -> torch.BoolTensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs) -> torch.Tensor:
         if input_ids.is_cuda:
             torch.cuda.synchronize(input_ids.device)
         self.times.append(time.perf_counter())
@@ -73,7 +72,7 @@ class StepClock(StoppingCriteria):
 class StaticBatching:
     """Runs a workload through `model.generate`, `batch_size` requests at a time."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,
+    def __init__(self, model: TransformersModule, tokenizer: PreTrainedTokenizerBase, batch_size: int,
                  ignore_eos: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -138,14 +137,10 @@ def useful_token_count(new_ids: Sequence[int], max_new_tokens: int, eos_token_id
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Prints the summary as JSON; exit 2 for a bad flag or dataset."""
-    try:
-        config = parse_config(StaticBatchingConfig, argv, prog="python -m benchmarks.static_batching")
-        setup_logging("static_batching", config.log_level)
-        prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
-    except (ConfigError, WorkloadError) as exc:
-        setup_logging("static_batching")
-        logger.error("%s", exc)
+    setup = parse_workload(StaticBatchingConfig, argv, "static_batching")
+    if setup is None:
         return 2
+    config, prompts = setup
     tokenizer = load_tokenizer(config.model_id)
     requests = encode_prompts(tokenizer, prompts)
     baseline = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,

@@ -21,16 +21,16 @@ import torch
 
 from benchmarks.baseline_config import BaselineConfig
 from benchmarks.baseline_model import load_tokenizer
+from benchmarks.baseline_setup import parse_workload
 from benchmarks.config import parse_sweep
-from benchmarks.offline_workload import encode_prompts, load_prompts
-from benchmarks.workload import WorkloadError
+from benchmarks.offline_workload import encode_prompts
 from common.codec import encode
-from common.config import ConfigError, parse_config, require
-from common.logs import setup_logging
+from common.config import require
 from common.messages import SamplingParameters, StepResult, Timings, WorkerRequest
-from services.worker.backend import Model, load_model
+from services.worker.backend import load_padded_model
 from services.worker.batch import CausalLMBatch
 from services.worker.generations import step_rows
+from services.worker.model import PaddedModel
 
 logger = logging.getLogger(__name__)
 
@@ -53,19 +53,21 @@ class StepProfileConfig(BaselineConfig):
         require(self.num_threads is None or self.num_threads >= 1, "--num-threads must be >= 1")
 
 
-def profile_steps(model: Model, input_ids: Sequence[list[int]], batch_size: int, steps: int,
+def profile_steps(model: PaddedModel, input_ids: Sequence[list[int]], batch_size: int, steps: int,
                   warmup_steps: int) -> dict[str, float]:
     """Mean milliseconds per decode step in each phase, and the cache length reached."""
     requests = [WorkerRequest(i, input_ids[i % len(input_ids)], SamplingParameters(), warmup_steps + steps + 2, True)
                 for i in range(batch_size)]
     batch = CausalLMBatch.from_requests(requests, 1, 2**62, model)
     for _ in range(warmup_steps + 1):
-        _, batch, _ = model.generate_token(batch)
+        _, next_batch, _ = model.generate_token(batch)
+        assert next_batch is not None, "the requests run past the warmup steps"
+        batch = next_batch
     totals = dict.fromkeys(PHASES, 0.0)
     with torch.inference_mode():
         for _ in range(steps):
             times = [time.perf_counter()]
-            logits, past = model.forward(batch)
+            logits, step_cache = model.forward(batch)
             times.append(time.perf_counter())
             next_ids, logprobs = batch.chooser(logits[:, -1, :], *model._history(batch))
             times.append(time.perf_counter())
@@ -73,7 +75,7 @@ def profile_steps(model: Model, input_ids: Sequence[list[int]], batch_size: int,
             times.append(time.perf_counter())
             generations = model._generations(batch, rows, {})
             times.append(time.perf_counter())
-            batch.advance(next_ids, past)
+            batch.advance(next_ids, step_cache)
             times.append(time.perf_counter())
             encode(StepResult(1, generations, batch.to_cached(), Timings()))
             times.append(time.perf_counter())
@@ -93,18 +95,14 @@ def render(batch_size: int, result: dict[str, float]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        config = parse_config(StepProfileConfig, argv, prog="python -m benchmarks.step_profile")
-        setup_logging("step_profile", config.log_level)
-        prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
-    except (ConfigError, WorkloadError) as exc:
-        setup_logging("step_profile")
-        logger.error("%s", exc)
+    setup = parse_workload(StepProfileConfig, argv, "step_profile")
+    if setup is None:
         return 2
+    config, prompts = setup
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     input_ids = [r.input_ids for r in encode_prompts(load_tokenizer(config.model_id), prompts)]
-    model = load_model(config.model_id, config.dtype, config.device, config.backend, "padded", quantize=config.quantize)
+    model = load_padded_model(config.model_id, config.dtype, config.device, config.backend, quantize=config.quantize)
     for batch_size in parse_sweep(config.batch_sizes):
         result = profile_steps(model, input_ids, batch_size, config.steps, config.warmup_steps)
         sys.stdout.write(render(batch_size, result))

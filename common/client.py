@@ -23,8 +23,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
+from typing import Any, Protocol, TypeVar, cast
 
 import zmq
 import zmq.asyncio
@@ -49,6 +49,7 @@ from common.messages import (
     Hello,
     InfoReply,
     Query,
+    QueryKind,
     SimpleToken,
     StatsReply,
     StreamEvent,
@@ -138,7 +139,7 @@ class AsyncZtgiClient:
         self._query_id_to_future: dict[str, asyncio.Future] = {}
         self._scheduler_nonce: str | None = None
         self._last_heard = 0.0
-        self._connected: asyncio.Event | None = None
+        self._connected = asyncio.Event()  # set by the scheduler's first word, cleared by its silence
         self._closed = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -149,21 +150,20 @@ class AsyncZtgiClient:
             raise ZtgiError("the client is closed", "unhealthy")
         if self._socket is not None:
             return self
-        self._context = zmq.asyncio.Context()
-        socket = self._context.socket(zmq.DEALER)
+        self._context = context = zmq.asyncio.Context()
+        socket = context.socket(zmq.DEALER)
         socket.setsockopt(zmq.IDENTITY, self.identity)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # libzmq drops a larger frame unread
         apply_curve(socket, self.curve_keys)
-        self._monitor = handshake.watch(socket)
+        self._monitor = monitor = handshake.watch(socket)
         socket.connect(self.address)
         self._socket = socket
-        self._connected = asyncio.Event()
         self._last_heard = time.monotonic()
         self._send(Hello(role="client", protocol_version=PROTOCOL_VERSION, boot_nonce=self.boot_nonce))
         self._tasks = [asyncio.create_task(self._receive_loop(), name="ztgi-client-receive"),
                        asyncio.create_task(self._heartbeat_loop(), name="ztgi-client-heartbeat"),
-                       asyncio.create_task(self._handshake_loop(), name="ztgi-client-handshake")]
+                       asyncio.create_task(self._handshake_loop(monitor), name="ztgi-client-handshake")]
         logger.info("client %s connecting to %s", self.identity.decode(), self.address)
         return self
 
@@ -175,7 +175,7 @@ class AsyncZtgiClient:
         self._fail_in_flight("the client was closed", "cancelled", send_cancel=True)
         for task in self._tasks:
             task.cancel()
-        if self._socket is not None:
+        if self._socket is not None and self._monitor is not None and self._context is not None:
             self._socket.disable_monitor()
             self._monitor.close(linger=0)
             self._socket.close(linger=0)
@@ -196,7 +196,8 @@ class AsyncZtgiClient:
 
     async def stream(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
                      parameters: GenerateParameters | None = None,
-                     request_id: str | None = None, tools: list[Tool] | None = None) -> AsyncIterator[StreamEvent]:
+                     request_id: str | None = None, tools: list[Tool] | None = None,
+                     ) -> AsyncGenerator[StreamEvent, None]:
         """Yields a request's events up to and including the final one.
 
         An error event raises `ZtgiError`. Leaving early (break, exception, task cancellation)
@@ -228,7 +229,7 @@ class AsyncZtgiClient:
                 if event.error is not None:
                     raise ZtgiError(event.error, event.error_type or "generation")
                 if finished and parameters.return_full_text and inputs is not None:
-                    event = dataclasses.replace(event, generated_text=inputs + event.generated_text)
+                    event = dataclasses.replace(event, generated_text=inputs + (event.generated_text or ""))
                 yield event
         finally:
             if observer is not None:
@@ -302,7 +303,7 @@ class AsyncZtgiClient:
             queue.put_nowait(StreamEvent(request_id=request_id, error=error, error_type="timeout"))
             self._send(Cancel(request_id))
 
-    async def _query(self, kind: str) -> Any:
+    async def _query(self, kind: QueryKind) -> Any:
         return await self._ask(lambda query_id: Query(query_id, kind), kind)
 
     async def _ask(self, build: Callable[[str], object], kind: str) -> Any:
@@ -335,8 +336,13 @@ class AsyncZtgiClient:
 
     def _send(self, msg: object) -> None:
         """Queues a frame on the socket without waiting (the DEALER queues while disconnected)."""
-        future = self._socket.send(encode(msg), zmq.NOBLOCK)
+        future = cast(asyncio.Future, self._live_socket.send(encode(msg), zmq.NOBLOCK))  # an asyncio socket's
         future.add_done_callback(lambda done: self._check_sent(done, msg))
+
+    @property
+    def _live_socket(self) -> zmq.asyncio.Socket:
+        assert self._socket is not None, "the client is used before start()"
+        return self._socket
 
     @staticmethod
     def _check_sent(future: asyncio.Future, msg: object) -> None:
@@ -349,7 +355,7 @@ class AsyncZtgiClient:
     async def _receive_loop(self) -> None:
         """Decodes every frame from the scheduler and routes it; bad frames are logged."""
         while True:
-            frames = await self._socket.recv_multipart()
+            frames = await self._live_socket.recv_multipart()
             self._last_heard = time.monotonic()
             self._connected.set()
             if len(frames) != 1:
@@ -394,10 +400,10 @@ class AsyncZtgiClient:
             self._send(Hello(role="client", protocol_version=PROTOCOL_VERSION, boot_nonce=self.boot_nonce))
         self._scheduler_nonce = nonce
 
-    async def _handshake_loop(self) -> None:
+    async def _handshake_loop(self, monitor: zmq.asyncio.Socket) -> None:
         """Reads the socket monitor's handshake events; a failure is logged once, in words."""
         while True:
-            event = parse_monitor_message(await self._monitor.recv_multipart())
+            event = parse_monitor_message(await monitor.recv_multipart())
             failure = self.handshake.on_event(event["event"], event["value"])
             if failure is not None:
                 logger.error("cannot connect to the scheduler at %s: %s", self.scheduler_url, failure)
@@ -448,7 +454,7 @@ class ZtgiClient:
     async def _open(scheduler_url: str, options: dict[str, Any]) -> AsyncZtgiClient:
         return await AsyncZtgiClient(scheduler_url, **options).start()
 
-    def _call(self, coroutine: Coroutine[Any, Any, T] | Awaitable[T]) -> T:
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         try:
             return future.result()

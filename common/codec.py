@@ -17,7 +17,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, dataclass_transform
 
 import msgpack
 
@@ -30,6 +30,7 @@ class MessageError(ValueError):
 
 
 T = TypeVar("T")
+U = TypeVar("U")
 Checker = Callable[[Any], Any]
 
 _TAG_TO_CLASS: dict[str, type] = {}
@@ -38,6 +39,7 @@ _RECORD_CHECKERS: dict[type, list[tuple[str, Checker]]] = {}
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
+@dataclass_transform(frozen_default=True)
 def record(cls: type[T]) -> type[T]:
     """Declares a nested record: a frozen dataclass that travels as an array of its fields."""
     cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
@@ -45,6 +47,7 @@ def record(cls: type[T]) -> type[T]:
     return cls
 
 
+@dataclass_transform(frozen_default=True)
 def message(tag: str) -> Callable[[type[T]], type[T]]:
     """Declares a top-level message type under `tag`."""
 
@@ -67,8 +70,22 @@ def encode(msg: Any) -> bytes:
     return msgpack.packb([tag, *_fields_to_wire(msg)], use_bin_type=True)
 
 
-def decode(data: bytes, expected: type[T] | tuple[type, ...] | None = None) -> T:
-    """Decodes bytes into a checked message; raises MessageError for anything malformed."""
+@typing.overload
+def decode(data: bytes, expected: type[T]) -> T: ...
+
+
+@typing.overload
+def decode(data: bytes, expected: tuple[type[T], type[U]]) -> T | U: ...
+
+
+@typing.overload
+def decode(data: bytes, expected: tuple[type, ...] | None = None) -> object: ...
+
+
+def decode(data: bytes, expected: type | tuple[type, ...] | None = None) -> object:
+    """Decodes bytes into a checked message; raises MessageError for anything malformed.
+
+    With one `expected` class the result has its type; with several, match on it."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise MessageError(f"expected a bytes frame, got {type(data).__name__}")
     if len(data) > MAX_MESSAGE_BYTES:

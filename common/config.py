@@ -12,11 +12,14 @@ import dataclasses
 import os
 import typing
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 ENV_PREFIX = "ZTGI_"
 
-C = TypeVar("C")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+C = TypeVar("C", bound="DataclassInstance")
 
 
 class ConfigError(ValueError):

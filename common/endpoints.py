@@ -70,6 +70,7 @@ class Endpoints:
             return f"ipc://{os.path.join(self.run_dir, name)}.sock"
         parts = urlsplit(self.scheduler_url)
         host = (self.bind_host or parts.hostname) if bind else parts.hostname
+        assert host is not None and parts.port is not None, "checked in __post_init__"
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         return f"tcp://{host}:{parts.port + index}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
@@ -23,7 +23,10 @@ import llguidance.hf
 from common.messages import Grammar
 from common.parameters import ValidationError
 
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 LIMITS = llguidance.LLParserLimits(verbose_errors=False)  # errors name the problem, not the parser state
 MAX_CACHED_GRAMMARS = 256
 
@@ -46,7 +49,7 @@ def json_grammar(schema: Any, lenient: bool = False) -> Grammar:
 
 
 def lltokenizer(hf_tokenizer: Any, eos_token_ids: list[int] | None = None) -> llguidance.LLTokenizer:
-    """The vocabulary as llguidance sees it (about 0.3 s for 49k tokens: build it once)."""
+    """The vocabulary as llguidance sees it (slow to build for a large vocabulary: build it once)."""
     return llguidance.hf.from_tokenizer(hf_tokenizer, eos_token=eos_token_ids or None)
 
 

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
+
+SocketT = TypeVar("SocketT", bound=zmq.Socket)
 
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
@@ -70,14 +73,14 @@ class HandshakeWatch:
         return self.failing_since is not None and self.clock() - self.failing_since > self.timeout_s
 
 
-def watch(socket: zmq.Socket) -> zmq.Socket:
+def watch(socket: SocketT) -> SocketT:
     """A monitor socket of `socket`'s handshake events (before it connects); poll it, then `read_events`."""
     return socket.get_monitor_socket(HANDSHAKE_EVENTS)
 
 
 def read_events(monitor: zmq.Socket, handshake: HandshakeWatch) -> list[str]:
     """Feeds every pending event to `handshake`; the failures to log."""
-    failures = []
+    failures: list[str] = []
     while True:
         try:
             event = recv_monitor_message(monitor, zmq.NOBLOCK)

@@ -154,7 +154,7 @@ class LocalEngine:
         self._run(commands)
         while not len(self.table) and self.outbox.commands:
             self._run(self.outbox.take())  # the last Filter: no batch stays cached once all is done
-        self.engine.tidy()  # the worker's housekeeping between commands
+        self.engine.release_freed_memory()  # the worker's housekeeping between commands
         return self._generations
 
     def _run(self, commands: list[object]) -> None:
@@ -166,6 +166,7 @@ class LocalEngine:
 
     def _execute(self, command: object) -> object:
         """One verb, one engine call, as the worker's engine loop runs it."""
+        answer: object
         match command:
             case Warmup():
                 answer = self.engine.warmup(command)

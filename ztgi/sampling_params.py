@@ -51,6 +51,11 @@ class SamplingParams:
         self._check_ranges()
 
     @property
+    def stop_strings(self) -> list[str]:
+        """`stop` as the list it is once constructed (it is given as a string, a list or None)."""
+        return _stop_list(self.stop)
+
+    @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPSILON
 
@@ -68,7 +73,7 @@ class SamplingParams:
             repetition_penalty=None if self.repetition_penalty == 1.0 else self.repetition_penalty,
             frequency_penalty=None if self.frequency_penalty == 0.0 else self.frequency_penalty,
             presence_penalty=None if self.presence_penalty == 0.0 else self.presence_penalty,
-            stop=list(self.stop),
+            stop=self.stop_strings,
             truncate=self.truncate_prompt_tokens,
             top_n_tokens=self.logprobs or None,
             decoder_input_details=self.prompt_logprobs is not None,

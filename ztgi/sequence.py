@@ -68,14 +68,20 @@ class Sequence:
         """The stop string the text ends on (the longest, as the gateway trims), when one ended it."""
         if self.finish_reason != "stop_sequence" or self.text is None:
             return None
-        ends = [s for s in self.params.stop if self.text.endswith(s)]
+        ends = [s for s in self.params.stop_strings if self.text.endswith(s)]
         return max(ends, key=len) if ends else None
 
 
 def _step_logprobs(token: Token, top_tokens: list[Token]) -> dict[int, Logprob]:
     """The chosen token and the step's top tokens (best first), as vLLM lists them."""
     ranks = {top.id: rank for rank, top in enumerate(top_tokens, start=1)}
-    step = {token.id: Logprob(token.logprob, ranks.get(token.id), token.text)}
+    step = {token.id: Logprob(_sampled(token.logprob), ranks.get(token.id), token.text)}
     for top in top_tokens:
-        step.setdefault(top.id, Logprob(top.logprob, ranks[top.id], top.text))
+        step.setdefault(top.id, Logprob(_sampled(top.logprob), ranks[top.id], top.text))
     return step
+
+
+def _sampled(logprob: float | None) -> float:
+    """A generated or top token's logprob: only prompt tokens may come without one."""
+    assert logprob is not None, "a generated token without a logprob"
+    return logprob

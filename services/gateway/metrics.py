@@ -7,7 +7,7 @@ process). The gateway records what it sees of every generation stream through th
 with `SchedulerCollector`: the scheduler's counters, gauges and histograms of record.
 
 Names are TGI's where TGI has the metric; prometheus_client writes counters with the
-`_total` suffix (`tgi_request_count_total`). The full list is in docs/architecture.md.
+`_total` suffix (`tgi_request_count_total`). The full list is in docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -158,15 +158,15 @@ def render_family(family: MetricFamily) -> Metric:
     """A scheduler `MetricFamily` as the matching prometheus_client family."""
     label_names = sorted({name for sample in family.samples for name in sample.labels})
     if family.kind == "histogram":
-        rendered: Metric = HistogramMetricFamily(family.name, family.help, labels=label_names)
+        histogram = HistogramMetricFamily(family.name, family.help, labels=label_names)
         bounds = [*(repr(float(bound)) for bound in family.upper_bounds), "+Inf"]
         for sample in family.samples:
             cumulative, buckets = 0, []
             for bound, count in zip(bounds, sample.bucket_counts):
                 cumulative += count
                 buckets.append((bound, cumulative))
-            rendered.add_metric(_label_values(sample.labels, label_names), buckets, sample.value)
-        return rendered
+            histogram.add_metric(_label_values(sample.labels, label_names), buckets, sample.value)
+        return histogram
     kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
     rendered = kind(family.name, family.help, labels=label_names)
     for sample in family.samples:

@@ -74,12 +74,14 @@ async def _envelope(request: web.Request, prefix: str) -> Envelope:
 
 def _completion_choices(completion: OpenAIRequest) -> list[tuple[str, GenerateParameters]]:
     """(prompt, parameters) of every choice, in choice-index order: prompt-major, as OpenAI."""
+    assert completion.prompts is not None, "a completion request has prompts"
     return [(prompt, completion.choice_parameters(j)) for prompt in completion.prompts for j in range(completion.n)]
 
 
 def _completion_logprobs(completion: OpenAIRequest) -> list[CompletionLogprobs | None]:
     """Each choice's legacy `logprobs` builder (None when not asked for); with `echo` the
     offsets start after the prompt, which begins the text."""
+    assert completion.prompts is not None, "a completion request has prompts"
     if not completion.logprobs:
         return [None] * (len(completion.prompts) * completion.n)
     num_top = completion.parameters.top_n_tokens or 0
@@ -150,7 +152,7 @@ async def _stream_completion(request: web.Request, client: AsyncZtgiClient, comp
             final.append(event.details)
         if completion.echo and index not in echoed:
             echoed.add(index)
-            prompt = completion.prompts[index // completion.n]
+            prompt = choices[index][0]
             rendered.append(render.completion_echo_chunk_json(envelope, index, prompt))
         text = _streamed_text(trimmers[index], event)
         logprobs = _event_logprobs(builders[index], event)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from common.client import GenerateResult
@@ -28,10 +29,10 @@ def finish_reason(details: FinalDetails | None) -> str | None:
     return None if details is None else _FINISH_REASONS.get(details.finish_reason, details.finish_reason)
 
 
-def usage_json(details: list[FinalDetails | None], n: int = 1) -> dict[str, Any]:
+def usage_json(all_details: Sequence[FinalDetails | None], n: int = 1) -> dict[str, Any]:
     """Token counts; a prompt with `n` choices counts its tokens once, as OpenAI does, and its
     cached tokens (taken from the prefix cache instead of computed) as their mean over its choices."""
-    details = [d for d in details if d is not None]
+    details = [d for d in all_details if d is not None]
     prompt_tokens = sum(d.input_tokens for d in details) // n
     completion_tokens = sum(d.generated_tokens for d in details)
     cached_tokens = sum(d.cached_tokens for d in details) // n

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from common.client import GenerateResult
@@ -26,7 +27,7 @@ def _logprob(token: Token) -> float | None:
 
 
 def generate_response(result: GenerateResult, parameters: GenerateParameters,
-                      best_of_sequences: list[GenerateResult] = ()) -> dict[str, Any]:
+                      best_of_sequences: Sequence[GenerateResult] = ()) -> dict[str, Any]:
     """TGI's GenerateResponse: the text, and `details` when asked for (with the other
     sequences of a `best_of` request)."""
     response: dict[str, Any] = {"generated_text": result.text}
@@ -40,6 +41,7 @@ def generate_response(result: GenerateResult, parameters: GenerateParameters,
 
 def best_of_sequence_json(result: GenerateResult, parameters: GenerateParameters) -> dict[str, Any]:
     """TGI's BestOfSequence: one of the sequences `best_of` did not choose."""
+    assert result.details is not None, "a best_of request asks for details"
     rendered = details_json(result, result.details, parameters)
     del rendered["best_of_sequences"]
     return {"generated_text": result.text, **rendered}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -29,7 +29,7 @@ T = TypeVar("T")
 Render = Callable[[T], Iterable[Any]]
 
 
-async def serve_sse(request: web.Request, items: AsyncIterator[T], render: Render[T],
+async def serve_sse(request: web.Request, items: AsyncGenerator[T, None], render: Render[T],
                     trailer: Callable[[], Iterable[Any]] = lambda: (),
                     headers: dict[str, str] | None = None) -> web.StreamResponse:
     """Writes `render(item)` for every item, then `trailer()` when the items ended well."""
@@ -61,12 +61,14 @@ async def _pump(stream: EventStream, first: T, items: AsyncIterator[T], render: 
     except asyncio.CancelledError:
         if stream.abort_reason is None:
             raise  # the HTTP client left (or a second cancel): nobody to tell
-        asyncio.current_task().uncancel()
+        task = asyncio.current_task()
+        assert task is not None, "a stream is served by a task"
+        task.uncancel()
         await stream.send(stream.abort_reason)
     await stream.close()
 
 
-async def merge(streams: list[AsyncIterator[StreamEvent]]) -> AsyncIterator[tuple[int, StreamEvent]]:
+async def merge(streams: Sequence[AsyncIterator[StreamEvent]]) -> AsyncGenerator[tuple[int, StreamEvent], None]:
     """Events of several streams as (stream index, event), as they come; the first error raises
     and closing the merge closes (cancels) every stream still open."""
     queue: asyncio.Queue[tuple[int, StreamEvent | None, ZtgiError | None]] = asyncio.Queue()
@@ -103,7 +105,7 @@ async def gather_all(awaitables: Iterable[Awaitable[T]]) -> list[T]:
         await _cancel_all(tasks)
 
 
-async def _cancel_all(tasks: list[asyncio.Future]) -> None:
+async def _cancel_all(tasks: Sequence[asyncio.Future]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -6,11 +6,12 @@ import dataclasses
 
 from common.config import require
 from common.model_source import DEFAULT_MODEL_ID
+from common.service_config import LogConfig, RequestLimits
 from services.worker.config import KV_CACHES
 
 
 @dataclasses.dataclass(frozen=True)
-class LaunchConfig:
+class LaunchConfig(LogConfig, RequestLimits):
     """Starts the scheduler, tokenizers, workers and gateways as supervised children.
 
     Settings every service shares (model, limits) reach the children as ZTGI_* environment
@@ -29,12 +30,11 @@ class LaunchConfig:
     kv_cache: str = "auto"  # the worker's KV layout: paged, padded, or auto (paged where it fits)
     quantize: str = "none"  # the worker's linear weights: none (float), int8 or int4 (CPU, native forward)
     block_size: int = 16  # paged KV cache: tokens per block
+    float32_decode_attention: bool = False  # paged, CPU, bfloat16: the worker's decode attention in float32
     step_target_ms: int = 500  # paged: the step length warmup sizes the default token budget for
     speculate: int = 0  # paged: tokens proposed per request per step by prompt lookup, verified in one forward
     memory_budget_mb: int | None = None  # the worker's KV budget on CPU (none: the worker's default)
     max_concurrent_requests: int = 128
-    max_input_tokens: int = 4095
-    max_total_tokens: int = 4096
     max_batch_prefill_tokens: int | None = None  # none: each paged worker's measured step size
     max_batch_total_tokens: int | None = None
     max_batch_size: int | None = None
@@ -42,9 +42,6 @@ class LaunchConfig:
     max_waiting_tokens: int = 20
     prefix_caching: bool = True  # paged workers reuse the KV blocks of cached prompt prefixes
     pipeline_decode: bool = False  # the scheduler sends a batch's next Decode before the last answer is back
-    max_stop_sequences: int = 4
-    max_top_n_tokens: int = 5
-    max_best_of: int = 2
     run_dir: str | None = None
     heartbeat_interval_ms: int = 1000
     heartbeat_misses: int = 5
@@ -56,13 +53,10 @@ class LaunchConfig:
     shutdown_timeout_s: float = 30.0  # how long a child may take to exit after SIGTERM before a kill
     restart: bool = True
     restart_backoff_s: float = 1.0
-    log_level: str = "INFO"
-    log_rate_limit_s: float = dataclasses.field(default=10.0, metadata={
-        "help": "a warning repeated more than 10 times within this many seconds is counted, not written "
-                "(one line then says how many were suppressed); 0: every line is written"})
 
     def __post_init__(self) -> None:
-        require(self.log_rate_limit_s >= 0, "--log-rate-limit-s must be >= 0")
+        super().__post_init__()
+        self.check_limits()
         for name in ("num_workers", "num_tokenizers", "num_gateways", "block_size", "step_target_ms"):
             require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         require(0 < self.port < 65536, f"--port {self.port} is not a TCP port")
@@ -80,13 +74,14 @@ class LaunchConfig:
 
     def shared_environment(self, scheduler_url: str) -> dict[str, str]:
         """ZTGI_* variables for every child: the settings more than one service reads."""
-        names = ("model_id", "dtype", "device", "backend", "kv_cache", "quantize", "block_size", "step_target_ms",
-                 "speculate", "memory_budget_mb", "max_concurrent_requests", "max_input_tokens",
-                 "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
-                 "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode",
-                 "prefix_caching", "max_stop_sequences", "max_top_n_tokens", "max_best_of", "heartbeat_interval_ms",
-                 "heartbeat_misses", "no_worker_timeout_s", "drain_timeout_s", "health_window_s", "log_level",
-                 "log_rate_limit_s")
+        shared_bases = (f.name for base in (LogConfig, RequestLimits) for f in dataclasses.fields(base))
+        names = (*shared_bases, "model_id", "dtype", "device", "backend", "kv_cache", "quantize", "block_size",
+                 "step_target_ms", "speculate", "float32_decode_attention",
+                 "memory_budget_mb", "max_concurrent_requests",
+                 "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",
+                 "max_waiting_tokens",
+                 "pipeline_decode", "prefix_caching", "heartbeat_interval_ms", "heartbeat_misses",
+                 "no_worker_timeout_s", "drain_timeout_s", "health_window_s")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
                if getattr(self, name) is not None}
         env["ZTGI_SCHEDULER_URL"] = scheduler_url

@@ -109,6 +109,10 @@ class Launcher:
             time.sleep(min(0.1, deadline - time.monotonic()))
         return self.stopping
 
+    def request_stop(self) -> None:
+        """A stop signal: startup and supervision end at their next check, then `shutdown` runs."""
+        self.stopping = True
+
     def shutdown(self) -> bool:
         """Stops gateways, then the scheduler, tokenizers and workers; removes the run directory.
 

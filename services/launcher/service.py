@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 
 from common.config import ConfigError, parse_config
+from common.lifecycle import on_stop_signals
 from common.logs import setup_logging
 from services.launcher.config import LaunchConfig
 from services.launcher.launcher import Launcher, StartupError
@@ -23,13 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     setup_logging("launcher", config.log_level, config.log_rate_limit_s)
     launcher = Launcher(config)
-
-    def stop(signum: int, _frame: object) -> None:
-        logger.info("signal %d: shutting down", signum)
-        launcher.stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    on_stop_signals(launcher.request_stop)
     launcher.start()
     code = 1
     try:

@@ -26,6 +26,7 @@ Decode of a batch that ended meanwhile gets an empty answer from the worker.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import logging
 import time
@@ -138,7 +139,7 @@ class Batcher:
         workers = self.ready_workers()
         if not workers or not all(slot.is_paged for slot in workers):
             return None
-        capacity = max(slot.allocator.capacity_tokens for slot in workers)
+        capacity = max(slot.allocator.capacity_tokens for slot in workers if slot.allocator is not None)
         if request.total_tokens <= capacity:
             return None
         return (f"the request needs {request.total_tokens} tokens of KV cache (inputs + max_new_tokens), more "
@@ -232,6 +233,7 @@ class Batcher:
         """The worker keeps one batch; each request of the step has computed its tokens' KV: its
         chunk, or for a decoding request its last token and the proposed tokens it accepted (one
         fewer than the tokens it got)."""
+        assert slot.allocator is not None, "a paged worker"
         slot.batches = [result.batch] if result.batch is not None else []
         num_tokens = collections.Counter(generation.request_id for generation in result.generations)
         decoded = []
@@ -264,8 +266,8 @@ class Batcher:
             slot.allocator.free(slot.canary_block_ids)
             slot.canary_block_ids = []
         if isinstance(answer, StepResult) and answer.batch is not None:  # not expected with one new token
-            self._send(slot, CommandKind.CLEAR, [], [answer.batch.batch_id],
-                       lambda command_id: Clear(command_id, answer.batch.batch_id))
+            batch_id = answer.batch.batch_id
+            self._send(slot, CommandKind.CLEAR, [], [batch_id], lambda command_id: Clear(command_id, batch_id))
         error = answer.error if isinstance(answer, CommandFailed) else None
         if error is None and not isinstance(answer, StepResult):
             error = f"unexpected answer {type(answer).__name__}"
@@ -356,8 +358,7 @@ class Batcher:
             keep_ids = [rid for rid in batch.request_ids if self._runs_on(rid, slot)]
             if len(keep_ids) != len(batch.request_ids):
                 self._send(slot, CommandKind.FILTER, keep_ids, [batch.batch_id],
-                           lambda command_id, batch_id=batch.batch_id, kept=keep_ids:
-                           Filter(command_id, batch_id, kept))
+                           functools.partial(Filter, batch_id=batch.batch_id, request_ids=keep_ids))
                 return True
         return False
 
@@ -368,8 +369,9 @@ class Batcher:
     # -- paged workers -------------------------------------------------------------------------
 
     def _advance_paged(self, slot: WorkerSlot) -> None:
-        running = [self.table.get(rid) for batch in slot.batches for rid in batch.request_ids]
-        running = [r for r in running if r is not None]
+        assert slot.allocator is not None, "a paged worker"
+        listed = (self.table.get(rid) for batch in slot.batches for rid in batch.request_ids)
+        running = [r for r in listed if r is not None]
         placement = self._placement(slot)
         may_admit = placement is not None or not (running and self._other_worker_is_empty(slot))
         budget = slot.step_token_budget(self.config.max_batch_prefill_tokens)

@@ -79,7 +79,9 @@ class BlockAllocator:
 
     def num_unheld(self, block_ids: list[int]) -> int:
         """How many of these cached blocks no request holds (they count as free until acquired)."""
-        assert self.cache is not None or not block_ids
+        if not block_ids:
+            return 0
+        assert self.cache is not None, "cached blocks without a prefix cache"
         return sum(1 for b in block_ids if self.cache.block_to_node[b].num_refs == 0)
 
     def acquire(self, block_ids: list[int]) -> None:

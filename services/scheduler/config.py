@@ -6,16 +6,16 @@ import dataclasses
 
 from common import curve
 from common.config import require
-from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
+from common.endpoints import Endpoints
+from common.service_config import ServiceConfig
 
 DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
-class SchedulerConfig:
+class SchedulerConfig(ServiceConfig):
     """The hub: queue, batching limits (TGI's names and defaults), liveness."""
 
-    scheduler_url: str = DEFAULT_SCHEDULER_URL
     bind_host: str | None = None
     max_concurrent_requests: int = 128
     max_batch_prefill_tokens: int | None = dataclasses.field(default=None, metadata={
@@ -51,14 +51,9 @@ class SchedulerConfig:
         "help": "the scheduler's CURVE keypair (NAME.key_secret from `ztgi keygen`): encrypts every link"})
     curve_client_keys_dir: str | None = dataclasses.field(default=None, metadata={
         "help": "directory of client public keys (*.key): only those clients get in"})
-    log_level: str = "INFO"
-    log_rate_limit_s: float = dataclasses.field(default=10.0, metadata={
-        "help": "a warning repeated more than 10 times within this many seconds is counted, not written "
-                "(one line then says how many were suppressed); 0: every line is written"})
 
     def __post_init__(self) -> None:
-        require(self.log_rate_limit_s >= 0, "--log-rate-limit-s must be >= 0")
-        Endpoints(self.scheduler_url, self.bind_host)  # validates the URL
+        super().__post_init__()
         require(self.max_concurrent_requests > 0, "--max-concurrent-requests must be positive")
         require(self.max_input_tokens < self.max_total_tokens,
                 f"--max-input-tokens ({self.max_input_tokens}) must be less than --max-total-tokens "

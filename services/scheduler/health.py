@@ -105,10 +105,11 @@ class HealthMonitor:
         self.waiting.append((client_id, query_id))
         if self.canary is not None:
             return None
-        self.canary = Canary(assessment.canary_worker.identity, now)
-        logger.info("no worker progress lately: one-token canary on %s",
-                    assessment.canary_worker.identity.decode(errors="replace"))
-        return assessment.canary_worker
+        worker = assessment.canary_worker
+        assert worker is not None, "a quiet verdict with no canary running names a worker"
+        self.canary = Canary(worker.identity, now)
+        logger.info("no worker progress lately: one-token canary on %s", worker.identity.decode(errors="replace"))
+        return worker
 
     def on_canary(self, slot: WorkerSlot, error: str | None) -> None:
         """The canary came back: healthy, or not with the worker's error."""

@@ -1,14 +1,13 @@
 """The scheduler's logic: every message in, the frames to send out. No sockets here.
 
-`Hub` owns the request table, the queue, the peer registries and the batcher. The service
-feeds it frames per socket and flushes `hub.outbox` after each pass.
+`Hub` owns the request table, the queue, the tokenizer pool, the client registry and the
+batcher. The service feeds it frames per socket and flushes `hub.outbox` after each pass.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import logging
 import time
 
@@ -19,7 +18,6 @@ from common.messages import (
     Cancel,
     CommandDone,
     CommandFailed,
-    DetokenizeJob,
     Encoded,
     EncodeJob,
     ErrorReply,
@@ -51,12 +49,12 @@ from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_table import RequestTable
 from services.scheduler.tokenize_router import TokenizeRouter
+from services.scheduler.tokenizer_pool import TokenizerPool
 from services.scheduler.worker_slot import WorkerSlot
 
 logger = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
-MAX_ADOPTED_AWAY = 64  # lost tokenizers remembered for a Forget, should they come back
 CLIENT_MESSAGES = (Generate, Cancel, Query, TokenizeQuery, Hello, Heartbeat)
 TOKENIZER_MESSAGES = (Hello, Heartbeat, TextBatch, TokenizeDone)
 WORKER_MESSAGES = (Hello, Heartbeat, StepResult, FilterResult, WarmupResult, CommandDone, CommandFailed)
@@ -79,13 +77,7 @@ class Hub:
         self.queue = RequestQueue()
         self.counters = Counters()
         self.draining = False
-        self.tokenizers: dict[bytes, float] = {}
-        # per tokenizer, the DetokenizeJobs not yet answered (one TextBatch per job, in order)
-        self.unacknowledged: dict[bytes, collections.deque[tuple[int, list[tuple[Request, TokenStep]]]]] = (
-            collections.defaultdict(collections.deque))
-        self._job_ids = itertools.count(1)
-        # per tokenizer lost for silence, the requests handed to others: it forgets them if it returns
-        self.adopted_away: dict[bytes, list[RequestKey]] = {}
+        self.tokenizers = TokenizerPool(self.outbox)
         self.clients: dict[bytes, float] = {}
         self.last_worker_loss: WorkerLoss | None = None
         self.health_monitor = HealthMonitor(self.outbox, config.canary_timeout_s)
@@ -111,7 +103,7 @@ class Hub:
             case Cancel():
                 self._cancel(RequestKey(client_id, msg.request_id))
             case TokenizeQuery():
-                self.tokenize_router.submit(client_id, msg, list(self.tokenizers))
+                self.tokenize_router.submit(client_id, msg, self.tokenizers.identities())
             case Query(kind="health"):
                 self._answer_health(client_id, msg.query_id)
             case Query():
@@ -200,11 +192,7 @@ class Hub:
         except MessageError as exc:
             logger.warning("bad frame from tokenizer %r: %s", tokenizer_id, exc)
             return
-        if isinstance(msg, Hello) and tokenizer_id not in self.tokenizers:
-            logger.info("tokenizer %s registered", tokenizer_id.decode(errors="replace"))
-        if tokenizer_id in self.adopted_away:  # back after a stall: its old requests are served elsewhere
-            self.outbox.to_tokenizer(tokenizer_id, Forget(self.adopted_away.pop(tokenizer_id)))
-        self.tokenizers[tokenizer_id] = time.monotonic()
+        self.tokenizers.seen(tokenizer_id, time.monotonic(), hello=isinstance(msg, Hello))
         match msg:
             case Hello() | Heartbeat():
                 self.outbox.to_tokenizer(tokenizer_id, Heartbeat(self.boot_nonce))
@@ -214,26 +202,22 @@ class Hub:
                 self.tokenize_router.on_done(msg)
 
     def _on_text_batch(self, tokenizer_id: bytes, batch: TextBatch) -> None:
-        pending = self.unacknowledged.get(tokenizer_id)
-        if not pending or all(job_id != batch.job_id for job_id, _ in pending):
+        steps = self.tokenizers.acknowledge(tokenizer_id, batch.job_id)
+        if steps is None:
             # a job of before this tokenizer was lost (frozen): another tokenizer has its steps
             logger.warning("tokenizer %s answered detokenize job %d, which it no longer owns: dropped",
                            tokenizer_id.decode(errors="replace"), batch.job_id)
             return
-        while True:  # an older job left unanswered (a frame the tokenizer could not read) is skipped
-            job_id, steps = pending.popleft()
-            if job_id == batch.job_id:
-                break
         for request, _ in steps:
             request.num_acknowledged += 1
         for output in batch.outputs:
             self.outbox.to_client(output.client_id, output.payload)
         for key in batch.finished:
-            request = self.table.by_key(key)
-            if request is not None:
-                self._drop(request)
+            stopped = self.table.by_key(key)
+            if stopped is not None:
+                self._drop(stopped)
                 self.counters.num_requests_finished += 1
-                self.metrics.record_finished(request, None, time.monotonic())
+                self.metrics.record_finished(stopped, None, time.monotonic())
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -294,9 +278,7 @@ class Hub:
 
     def _send_detokenize(self, tokenizer_id: bytes, steps: list[tuple[Request, TokenStep]]) -> None:
         self.counters.num_generated_tokens += len(steps)
-        job_id = next(self._job_ids)
-        self.unacknowledged[tokenizer_id].append((job_id, steps))
-        self.outbox.to_tokenizer(tokenizer_id, DetokenizeJob([step for _, step in steps], job_id))
+        self.tokenizers.send_detokenize(tokenizer_id, steps)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -377,9 +359,8 @@ class Hub:
         for worker in list(self.batcher.workers.values()):
             if now - worker.last_seen > timeout:
                 self._lose_worker(worker.identity, "missed heartbeats")
-        for tokenizer_id, last_seen in list(self.tokenizers.items()):
-            if now - last_seen > timeout:
-                self._lose_tokenizer(tokenizer_id, "missed heartbeats")
+        for tokenizer_id in self.tokenizers.silent_since(now - timeout):
+            self._lose_tokenizer(tokenizer_id, "missed heartbeats")
         for client_id, last_seen in list(self.clients.items()):
             if now - last_seen > timeout:
                 del self.clients[client_id]
@@ -396,31 +377,28 @@ class Hub:
         tokenizer). Each request it owned is adopted by a live tokenizer, which replays the
         tokens the client already has; unacknowledged steps are then sent to the adopter.
         """
-        del self.tokenizers[tokenizer_id]
-        self.tokenize_router.reroute(tokenizer_id, list(self.tokenizers))
+        unanswered = self.tokenizers.remove(tokenizer_id)
+        self.tokenize_router.reroute(tokenizer_id, self.tokenizers.identities())
         encoding = [r for r in self.table if r.status is RequestStatus.ENCODING]
         for request in encoding:
             self.outbox.to_tokenizer_pool(request.encode_job)
-        pending = collections.deque(steps for _, steps in self.unacknowledged.pop(tokenizer_id, ()))
         owned = {r.request_id: r for r in self.table if r.encoded is not None and r.tokenizer_id == tokenizer_id}
         # finished requests whose last tokens were never answered still need their final event
-        owned.update((r.request_id, r) for steps in pending for r, step in steps if step.generation.finish_reason)
-        pending = collections.deque([(r, step) for r, step in steps if r.request_id in owned] for steps in pending)
+        owned.update((r.request_id, r) for steps in unanswered for r, step in steps if step.generation.finish_reason)
+        pending = [[(r, step) for r, step in steps if r.request_id in owned] for steps in unanswered]
         logger.warning("tokenizer %s lost (%s): re-sending %d encode jobs, %d requests to adopt",
                        tokenizer_id.decode(errors="replace"), reason, len(encoding), len(owned))
         if owned and reason == "missed heartbeats":  # it may be frozen, and come back
-            self.adopted_away[tokenizer_id] = [r.key for r in owned.values()]
-            while len(self.adopted_away) > MAX_ADOPTED_AWAY:
-                del self.adopted_away[next(iter(self.adopted_away))]
+            self.tokenizers.adopted_from(tokenizer_id, [r.key for r in owned.values()])
         if owned:
             self._adopt(list(owned.values()), pending)
 
-    def _adopt(self, requests: list[Request], pending: collections.deque) -> None:
+    def _adopt(self, requests: list[Request], pending: list[list[tuple[Request, TokenStep]]]) -> None:
         if not self.tokenizers:
             self._fail_requests([r for r in requests if r.request_id in self.table],
                                 "The tokenizer serving this request was lost", "unhealthy")
             return
-        adopter = min(self.tokenizers, key=lambda t: len(self.unacknowledged.get(t, ())))
+        adopter = self.tokenizers.least_busy()
         for request in requests:
             assert request.encoded is not None and request.parameters is not None
             request.encoded = dataclasses.replace(request.encoded, tokenizer_id=adopter)

@@ -3,7 +3,7 @@
 Nothing here imports prometheus_client. The scheduler answers a stats query with these
 families (`MetricFamily` messages, inside `StatsReply`), and every gateway renders them next
 to its own figures at `/metrics`. Names are TGI's where TGI has the metric (see
-docs/architecture.md, "Metrics"); durations are in seconds.
+docs/metrics.md); durations are in seconds.
 """
 
 from __future__ import annotations

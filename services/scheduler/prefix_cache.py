@@ -48,9 +48,10 @@ class PrefixCache:
         """Block ids of the longest cached prefix of `tokens`, in whole blocks, at most `max_blocks`."""
         node, block_ids = self.root, []
         for key in self._blocks(tokens, min(max_blocks, len(tokens) // self.block_size)):
-            node = node.children.get(key)
-            if node is None:
+            child = node.children.get(key)
+            if child is None:
                 break
+            node = child
             block_ids.append(node.block_id)
         return block_ids
 
@@ -99,6 +100,7 @@ class PrefixCache:
             if node is None or node.num_refs or node.children or node.last_used != last_used:
                 continue  # stale entry: referenced, re-touched, grown children or gone since
             parent = node.parent
+            assert parent is not None, "only the root has no parent, and it holds no block"
             del parent.children[node.tokens]
             del self.block_to_node[block_id]
             self.num_unreferenced -= 1

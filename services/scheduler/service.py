@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import signal
 import time
 from collections.abc import Sequence
 
@@ -15,8 +14,8 @@ from zmq.utils.monitor import recv_monitor_message
 from common import curve
 from common.codec import MAX_MESSAGE_BYTES
 from common.config import parse_config
-from common.gc_freeze import freeze_startup_objects
 from common.identity import new_boot_nonce
+from common.lifecycle import on_stop_signals, serve
 from common.logs import setup_logging
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.hub import Hub
@@ -89,7 +88,7 @@ class SchedulerService:
             self.hub.schedule()
             self._flush()
             if self.drain_deadline is not None:
-                self._check_drain(now)
+                self._check_drain(now, self.drain_deadline)
 
     def drain(self) -> None:
         """SIGTERM: admit nothing new, let running requests finish within drain_timeout_s."""
@@ -98,8 +97,8 @@ class SchedulerService:
             self.drain_deadline = time.monotonic() + self.config.drain_timeout_s
             logger.info("draining %d requests (at most %.0f s)", len(self.hub.table), self.config.drain_timeout_s)
 
-    def _check_drain(self, now: float) -> None:
-        if len(self.hub.table) and now < self.drain_deadline:
+    def _check_drain(self, now: float, deadline: float) -> None:
+        if len(self.hub.table) and now < deadline:
             return
         if len(self.hub.table):
             logger.warning("drain timeout: cancelling %d requests", len(self.hub.table))
@@ -162,7 +161,7 @@ class SchedulerService:
     @staticmethod
     def _disconnected(monitor: zmq.Socket, connections: PeerConnections) -> list[bytes]:
         """The identities whose connection closed, from the monitor's pending events."""
-        identities = []
+        identities: list[bytes] = []
         while True:
             try:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
@@ -217,16 +216,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(SchedulerConfig, argv, prog="ztgi scheduler")
     setup_logging("scheduler", config.log_level, config.log_rate_limit_s)
     service = SchedulerService(config)
-
-    def stop(signum: int, _frame: object) -> None:
-        logger.info("signal %d: stopping", signum)
-        service.drain()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    freeze_startup_objects()
-    try:
-        service.run()
-    finally:
-        service.close()
+    on_stop_signals(service.drain)
+    serve(service)
     return 0

@@ -11,6 +11,7 @@ tool results as user turns in `<tool_response>` blocks.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -50,9 +51,12 @@ class ChatTemplate:
         except Exception as exc:  # jinja raises many types (raise_exception, TypeError, no template)
             raise ValidationError("messages", f"Template error: {exc}") from None
 
-    def _apply(self, conversation: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        return self.tokenizer.apply_chat_template(conversation, tools=tools, add_generation_prompt=True,
+    def _apply(self, conversation: list[dict[str, Any]], tools: list[dict[str, Any] | Callable[..., Any]] | None,
+               ) -> str:
+        text = self.tokenizer.apply_chat_template(conversation, tools=tools, add_generation_prompt=True,
                                                   tokenize=False)
+        assert isinstance(text, str), "tokenize=False renders a string"
+        return text
 
 
 def _structured(message: ChatMessage) -> dict[str, Any]:

@@ -157,7 +157,9 @@ class Detokenizer:
     def _decode(self, ids: list[int]) -> str:
         if self.backend is not None:
             return self.backend.decode(ids, skip_special_tokens=False)
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        assert isinstance(text, str), "one sequence decodes to one string"
+        return text
 
     def _tokens(self, ids: list[int], logprobs: list[float | None]) -> list[Token]:
         """Each id decoded on its own (TGI's texts for top and prefill tokens)."""

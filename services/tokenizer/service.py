@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -15,8 +14,8 @@ from transformers import PreTrainedTokenizerBase
 from common import curve, handshake
 from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.config import parse_config
-from common.gc_freeze import freeze_startup_objects
 from common.identity import new_boot_nonce, new_identity
+from common.lifecycle import on_stop_signals, serve
 from common.logs import setup_logging
 from common.messages import (
     PROTOCOL_VERSION,
@@ -216,22 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(TokenizerConfig, argv, prog="ztgi tokenizer")
     setup_logging(f"tokenizer[{config.tokenizer_index}]", config.log_level, config.log_rate_limit_s)
     stop_requested = threading.Event()
-
-    def stop(signum: int, _frame: object) -> None:
-        logger.info("signal %d: stopping", signum)
-        stop_requested.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    on_stop_signals(stop_requested.set)
     try:
         tokenizer = load_tokenizer(config.model_id)
     except ModelNotFoundError as exc:
         logger.error("%s", exc)
         return 1
     service = TokenizerService(config, tokenizer, stop_requested)
-    freeze_startup_objects()
-    try:
-        service.run()
-    finally:
-        service.close()
+    serve(service)
     return service.exit_code

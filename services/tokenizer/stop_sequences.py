@@ -21,8 +21,8 @@ class StopSequences:
         if not self.sequences or not text:
             return None
         window = self.tail + text
-        ends = [self._end_in(window, sequence) for sequence in self.sequences]
-        ends = [end for end in ends if end is not None]
+        found = (self._end_in(window, sequence) for sequence in self.sequences)
+        ends = [end for end in found if end is not None]
         self.tail = window[-(self.max_len - 1):] if self.max_len > 1 else ""
         return min(ends) - (len(window) - len(text)) if ends else None
 

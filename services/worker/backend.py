@@ -8,8 +8,9 @@ cache, warmup and the benchmarks go through these protocols only.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-from typing import ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
 
@@ -17,6 +18,11 @@ from common.messages import CachedBatch, Generation, SeqUpdate, Timings, Warmup,
 from services.worker.config import KV_CACHES
 from services.worker.loading import load
 from services.worker.paged import families
+
+if TYPE_CHECKING:
+    from services.worker.model import PaddedModel
+    from services.worker.paged.model import PagedModel
+logger = logging.getLogger(__name__)
 
 BatchT = TypeVar("BatchT", bound="Batch")
 
@@ -38,17 +44,28 @@ class Batch(Protocol):
     def filter(self, request_ids: Sequence[int]) -> Batch | None: ...
 
 
+class BatchType(Protocol[BatchT]):
+    """A batch class: builds a batch from requests and joins batches (classmethods)."""
+
+    def from_requests(self, requests: Sequence[WorkerRequest], batch_id: int, max_tokens: int,
+                      model: Any) -> BatchT: ...
+
+    def concatenate(self, batches: Sequence[BatchT]) -> BatchT: ...
+
+
 class Model(Protocol, Generic[BatchT]):
     """Weights on a device, and one step of generation over its own kind of batch."""
 
     kv_cache: ClassVar[str]
-    batch_type: ClassVar[type]  # from_requests(requests, batch_id, max_tokens, model), concatenate(batches)
     name: str
     device: torch.device
     dtype: torch.dtype
     vocab_size: int
     max_position_embeddings: int
     eos_token_ids: frozenset[int]
+
+    @property
+    def batch_type(self) -> BatchType[Any]: ...
 
     def info(self) -> WorkerInfo: ...
 
@@ -77,7 +94,8 @@ def resolve_kv_cache(kv_cache: str, backend: str, config: object) -> str:
 
 
 def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
-               kv_cache: str = "auto", block_size: int = 16, quantize: str = "none", speculate: int = 0) -> Model:
+               kv_cache: str = "auto", block_size: int = 16, quantize: str = "none", speculate: int = 0,
+               float32_decode_attention: bool = False) -> Model:
     """The model behind the layout `kv_cache` picks; ValueError/TypeError/ModelNotFoundError.
     `speculate` (proposed tokens per step) needs the paged layout."""
     from services.worker.model import PaddedModel
@@ -85,8 +103,30 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
 
     loaded = load(model_id, dtype, device, quantize)
     if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
-        return PagedModel(loaded, block_size, speculate)
+        return PagedModel(loaded, block_size, speculate, float32_decode_attention)
     if speculate:
         raise ValueError(f"--speculate {speculate} needs the paged KV cache, and this model runs on the padded one "
                          "(--kv-cache padded, or a model the paged forward cannot serve): use --speculate 0")
+    if float32_decode_attention:
+        logger.warning("--float32-decode-attention applies to the paged KV cache only; ignored")
     return PaddedModel(loaded, backend)
+
+
+def load_padded_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
+                      quantize: str = "none") -> PaddedModel:
+    """`load_model` with `kv_cache="padded"`, typed as what it is (benchmarks use the layout's own calls)."""
+    from services.worker.model import PaddedModel
+
+    model = load_model(model_id, dtype, device, backend, "padded", quantize=quantize)
+    assert isinstance(model, PaddedModel)
+    return model
+
+
+def load_paged_model(model_id: str, dtype: str = "auto", device: str = "auto", block_size: int = 16,
+                     quantize: str = "none") -> PagedModel:
+    """`load_model` with `kv_cache="paged"`, typed as what it is (benchmarks use the layout's own calls)."""
+    from services.worker.paged.model import PagedModel
+
+    model = load_model(model_id, dtype, device, kv_cache="paged", block_size=block_size, quantize=quantize)
+    assert isinstance(model, PagedModel)
+    return model

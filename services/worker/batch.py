@@ -38,9 +38,9 @@ class CausalLMBatch:
     position_ids: torch.Tensor  # same shape as input_ids
     attention_mask: torch.Tensor  # [batch, max_input_length + padding_right_offset]
     token_ids: torch.Tensor  # same layout as attention_mask
-    past: KVCache | None
+    kv_cache: KVCache | None
     input_lengths: list[int]
-    stopping_criterias: list[StoppingCriteria]
+    stopping_criteria: list[StoppingCriteria]
     chooser: NextTokenChooser
     top_n_tokens: list[int]
     max_input_length: int
@@ -56,7 +56,7 @@ class CausalLMBatch:
 
     @property
     def all_stopped(self) -> bool:
-        return all(s.stopped for s in self.stopping_criterias)
+        return all(s.stopped for s in self.stopping_criteria)
 
     def to_cached(self) -> CachedBatch:
         return CachedBatch(self.batch_id, self.request_ids, self.max_tokens)
@@ -88,9 +88,9 @@ class CausalLMBatch:
             position_ids=position_ids.to(device),
             attention_mask=attention_mask.to(device),
             token_ids=token_ids.to(device),
-            past=None,
+            kv_cache=None,
             input_lengths=lengths,
-            stopping_criterias=[StoppingCriteria(model.eos_token_ids, r.max_new_tokens, r.ignore_eos)
+            stopping_criteria=[StoppingCriteria(model.eos_token_ids, r.max_new_tokens, r.ignore_eos)
                                 for r in requests],
             chooser=chooser,
             top_n_tokens=[r.top_n_tokens for r in requests],
@@ -101,14 +101,14 @@ class CausalLMBatch:
 
     # -- after a step --------------------------------------------------------------------------
 
-    def advance(self, next_ids: torch.Tensor, past: KVCache) -> None:
+    def advance(self, next_ids: torch.Tensor, kv_cache: KVCache) -> None:
         """Feeds `next_ids` `[batch]` at the next step: one more column of mask and tokens."""
         column = self.max_input_length
         self.input_ids = next_ids.unsqueeze(1)
         self.position_ids = self.position_ids[:, -1:] + 1
         self.attention_mask[:, column] = 1
         self.token_ids[:, column] = next_ids
-        self.past = past
+        self.kv_cache = kv_cache
         self.input_lengths = [n + 1 for n in self.input_lengths]
         self.max_input_length += 1
         self.padding_right_offset -= 1
@@ -141,13 +141,13 @@ class CausalLMBatch:
             raise ValueError(f"requests {missing} are not in batch {self.batch_id}")
         if sorted(request_ids) == sorted(self.request_ids):
             return self
-        if self.past is None:
+        if self.kv_cache is None:
             raise ValueError(f"batch {self.batch_id} was never prefilled: nothing to filter")
         kept = [self.request_id_to_index[rid] for rid in request_ids]
-        return self._select(swap_remove_order(len(self), kept))
+        return self._select(swap_remove_order(len(self), kept), self.kv_cache)
 
-    def _select(self, indices: list[int]) -> CausalLMBatch:
-        stopping = [self.stopping_criterias[i] for i in indices]
+    def _select(self, indices: list[int], kv_cache: KVCache) -> CausalLMBatch:
+        stopping = [self.stopping_criteria[i] for i in indices]
         input_lengths = [self.input_lengths[i] for i in indices]
         max_input_length = max(input_lengths)
         padding_right_offset = max(s.num_remaining for s in stopping)
@@ -164,9 +164,9 @@ class CausalLMBatch:
             position_ids=self.position_ids[rows],
             attention_mask=self.attention_mask[rows, start:end],
             token_ids=self.token_ids[rows, start:end],
-            past=self.past.select(indices, max_input_length - 1),
+            kv_cache=kv_cache.select(indices, max_input_length - 1),
             input_lengths=input_lengths,
-            stopping_criterias=stopping,
+            stopping_criteria=stopping,
             chooser=self.chooser.select(indices),
             top_n_tokens=[self.top_n_tokens[i] for i in indices],
             max_input_length=max_input_length,
@@ -182,7 +182,8 @@ class CausalLMBatch:
         """One batch of all requests, under the first batch's id; the inputs are left as they were."""
         if len(batches) == 1:
             return batches[0]
-        if any(b.past is None for b in batches):
+        kv_caches = [b.kv_cache for b in batches if b.kv_cache is not None]
+        if len(kv_caches) < len(batches):
             raise ValueError("only prefilled batches can be concatenated")
         require_unique([rid for b in batches for rid in b.request_ids])
         max_input_length = max(b.max_input_length for b in batches)
@@ -198,10 +199,10 @@ class CausalLMBatch:
                                         max_input_length, padding_right_offset),
             token_ids=_pad_columns([b.live_columns(b.token_ids) for b in batches],
                                    max_input_length, padding_right_offset),
-            past=KVCache.concatenate([b.past for b in batches], max_input_length - 1,
+            kv_cache=KVCache.concatenate(kv_caches, max_input_length - 1,
                                      max_input_length + padding_right_offset),
             input_lengths=[n for b in batches for n in b.input_lengths],
-            stopping_criterias=[s for b in batches for s in b.stopping_criterias],
+            stopping_criteria=[s for b in batches for s in b.stopping_criteria],
             chooser=NextTokenChooser.concatenate([b.chooser for b in batches]),
             top_n_tokens=[n for b in batches for n in b.top_n_tokens],
             max_input_length=max_input_length,

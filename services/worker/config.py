@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from common import curve
 from common.config import require
-from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
 from common.model_source import DEFAULT_MODEL_ID
+from common.service_config import PeerConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -17,14 +16,13 @@ QUANTIZE = ("none", "int8", "int4")
 
 
 @dataclasses.dataclass(frozen=True)
-class WorkerConfig:
+class WorkerConfig(PeerConfig):
     """One model worker: the model, its cached batches, sampling and token-level stopping.
 
     `memory_budget_mb` is the KV cache budget on CPU (CUDA measures free memory instead);
     `cpu_warmup_prefill_tokens` caps the warmup batch on CPU (none: TGI's full-size warmup).
     """
 
-    scheduler_url: str = DEFAULT_SCHEDULER_URL
     model_id: str = DEFAULT_MODEL_ID
     dtype: str = "auto"
     device: str = "auto"
@@ -46,6 +44,11 @@ class WorkerConfig:
     quantize: str = dataclasses.field(default="none", metadata={
         "help": "keep the linear weights quantized on CPU (native forward): int8 (one scale per row), int4 "
                 "(a scale and offset per 32 inputs; a GGUF's Q4_0/Q4_1 blocks as stored), or none"})
+    float32_decode_attention: bool = dataclasses.field(default=False, metadata={
+        "help": "paged KV cache on CPU, bfloat16/float16 weights: decode attention in float32 (several times "
+                "faster than torch's bfloat16 CPU kernel for one query per row, BENCHMARKS.md); its logits "
+                "differ from the bfloat16 kernel's by rounding, so greedy texts can part from transformers' "
+                "in bfloat16 at near-ties"})
     worker_index: int = 0
     memory_budget_mb: int = 4096
     cpu_warmup_prefill_tokens: int | None = 512
@@ -58,22 +61,9 @@ class WorkerConfig:
                 "on its cores runs at once, where at nice 10 alone it could wait out the worker's time slice"})
     watermark_gamma: float = 0.5  # green fraction of the vocabulary (TGI's WATERMARK_GAMMA)
     watermark_delta: float = 2.0  # logit bias of green tokens (TGI's WATERMARK_DELTA)
-    heartbeat_interval_ms: int = 1000
-    handshake_timeout_s: float = dataclasses.field(default=30.0, metadata={
-        "help": "exit with code 1 when the handshake with the scheduler (CURVE keys) has kept failing this "
-                "long; a scheduler that is not up yet is waited for without limit"})
-    curve_server_public_key_file: str | None = dataclasses.field(default=None, metadata={
-        "help": "the scheduler's CURVE public key file (NAME.key from `ztgi keygen`): encrypts the link"})
-    curve_secret_key_file: str | None = dataclasses.field(default=None, metadata={
-        "help": "this worker's CURVE keypair (NAME.key_secret); unset: a fresh one per process"})
-    log_level: str = "INFO"
-    log_rate_limit_s: float = dataclasses.field(default=10.0, metadata={
-        "help": "a warning repeated more than 10 times within this many seconds is counted, not written "
-                "(one line then says how many were suppressed); 0: every line is written"})
 
     def __post_init__(self) -> None:
-        require(self.log_rate_limit_s >= 0, "--log-rate-limit-s must be >= 0")
-        Endpoints(self.scheduler_url)  # validates the URL
+        super().__post_init__()
         require(self.dtype in DTYPES, f"--dtype {self.dtype!r} must be one of {', '.join(DTYPES)}")
         require(self.device in DEVICES, f"--device {self.device!r} must be one of {', '.join(DEVICES)}")
         require(self.backend in BACKENDS, f"--backend {self.backend!r} must be one of {', '.join(BACKENDS)}")
@@ -86,18 +76,7 @@ class WorkerConfig:
         require(self.memory_budget_mb > 0, "--memory-budget-mb (KV cache budget on CPU) must be positive")
         require(self.cpu_warmup_prefill_tokens is None or self.cpu_warmup_prefill_tokens > 0,
                 "--cpu-warmup-prefill-tokens must be positive, or none for TGI's full-size warmup")
-        require(self.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive")
-        require(self.handshake_timeout_s > 0, "--handshake-timeout-s must be positive")
         require(0 < self.watermark_gamma < 1, "--watermark-gamma must be > 0 and < 1")
         require(0 <= self.watermark_delta < float("inf"), "--watermark-delta must be finite and >= 0")
         require(self.num_threads is None or self.num_threads > 0, "--num-threads must be positive")
         require(0 <= self.cpu_nice <= 19, "--cpu-nice must be between 0 and 19")
-        curve.client_keys(self.curve_server_public_key_file, self.curve_secret_key_file)  # validates
-
-    @property
-    def curve_keys(self) -> curve.CurveKeys | None:
-        return curve.client_keys(self.curve_server_public_key_file, self.curve_secret_key_file)
-
-    @property
-    def endpoints(self) -> Endpoints:
-        return Endpoints(self.scheduler_url)

@@ -6,11 +6,9 @@ On CPU: bfloat16 where the CPU has bfloat16 matrix instructions (Intel AMX tiles
 `avx512_bf16` as on AMD Zen 4 and 5) and oneDNN takes bfloat16 weights; float32 otherwise (an
 AVX2-only CPU has no bfloat16 kernel in oneDNN and would emulate it). vLLM's CPU backend makes the
 same call from the instruction set. It is a rule rather than a timing taken at load: on those CPUs
-oneDNN's bfloat16 product measured 1.1x to 2.3x faster than its float32 one at every shape of a
-SmolLM2 step and every row count from 1 to 256, never slower, and a decode step of the engine 1.7x
-faster at batch 16-32 and as fast at batch 1 (BENCHMARKS.md, "The default dtype on CPU"); a
-timing taken at load on a busy machine could flip the choice, and with it the greedy texts, from
-one start of the same server to the next.
+oneDNN's bfloat16 product was never slower than its float32 one (BENCHMARKS.md, "The default dtype
+on CPU"), and a timing taken at load on a busy machine could flip the choice, and with it the
+greedy texts, from one start of the same server to the next.
 
 The native forward rounds bfloat16 as `transformers` does (its RMSNorm in float32, then cast), so a
 bfloat16 default keeps greedy parity with `transformers` in bfloat16 (tests/worker/

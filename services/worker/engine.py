@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from common.messages import (
     Clear,
@@ -28,11 +29,13 @@ from common.messages import (
     WarmupResult,
 )
 from services.worker.backend import Batch, Model, new_batch
-from services.worker.cache import BatchCache
-from services.worker.heap import HeapTrimmer
+from services.worker.batch_cache import BatchCache
+from services.worker.heap_trimmer import HeapTrimmer
 
 logger = logging.getLogger(__name__)
 
+
+R = TypeVar("R")
 
 class CommandError(Exception):
     """A command failed; `request_ids` are the requests it takes down."""
@@ -155,7 +158,7 @@ class Engine:
     def health_check(self, command: HealthCheck) -> CommandDone:
         return CommandDone(command.command_id)
 
-    def tidy(self) -> None:
+    def release_freed_memory(self) -> None:
         """Housekeeping that no answer waits for: run after a command's answer has been sent."""
         self.heap.release()
 
@@ -179,13 +182,14 @@ class Engine:
             raise CommandError("no batch ids given")
         if len(set(batch_ids)) != len(batch_ids):
             raise CommandError(f"batch ids {list(batch_ids)} repeat")
-        missing = [batch_id for batch_id in batch_ids if batch_id not in self.cache]
+        found = {batch_id: batch for batch_id in batch_ids if (batch := self.cache.get(batch_id)) is not None}
+        missing = [batch_id for batch_id in batch_ids if batch_id not in found]
         if missing:
             raise CommandError(f"unknown batch ids {missing} (cached: {sorted(self.cache)})")
-        return [self.cache.get(batch_id) for batch_id in batch_ids]
+        return [found[batch_id] for batch_id in batch_ids]
 
-    def _guarded(self, command_id: int, run: Callable[[], object],
-                 request_ids: Sequence[int] = ()) -> object:
+    def _guarded(self, command_id: int, run: Callable[[], R],
+                 request_ids: Sequence[int] = ()) -> R | CommandFailed:
         """Runs a command; any exception becomes CommandFailed naming the requests it takes down."""
         try:
             return run()

@@ -75,8 +75,8 @@ _compiler = GrammarCompiler(DEFAULT_MODEL_ID)
 
 def configure(model_id: str, eos_token_ids: Sequence[int] = ()) -> GrammarCompiler:
     """The worker's model (its tokenizer is the grammar's vocabulary), loaded now, before the
-    worker says Hello: building the vocabulary holds the GIL for a while (about 0.3 s here, far
-    more on a loaded machine), which on a helper thread starved the heartbeat thread."""
+    worker says Hello: building the vocabulary holds the GIL for a while, which on a helper thread
+    starved the heartbeat thread."""
     global _compiler
     _compiler = GrammarCompiler(model_id, eos_token_ids)
     try:
@@ -143,7 +143,7 @@ def apply_masks(scores: torch.Tensor, rows: Sequence[int], states: Sequence[Gram
     """Scores with every token the grammar forbids set to -inf, in the constrained `rows` only.
 
     Each mask byte becomes its 8 tokens' biases (0 or -inf) through a 256-row table, on the
-    scores' device: a gather and an add (a masked_fill of the same size cost 10x more on CPU).
+    scores' device: a gather and an add (cheaper on CPU than a masked_fill of the same size).
     """
     words = torch.stack([state.next_mask() for state in states]).to(scores.device, non_blocking=True)
     table = _byte_biases(scores.device, scores.dtype)

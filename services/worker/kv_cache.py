@@ -27,6 +27,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
+from services.worker.transformers_module import TransformersConfig
+
 
 class KVCache:
     """Per-layer key/value buffers of one batch: rows `[0, num_rows)`, positions `[start, length)`.
@@ -68,33 +70,43 @@ class KVCache:
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Writes the new positions of `layer` after `length`; views of the live cache including them."""
-        if self.key_buffers[layer] is None:
+        key_buffer, value_buffer = self.key_buffers[layer], self.value_buffers[layer]
+        if key_buffer is None or value_buffer is None:
             shape = (keys.shape[0], keys.shape[1], self.capacity, keys.shape[3])
-            self.key_buffers[layer], self.value_buffers[layer] = keys.new_empty(shape), values.new_empty(shape)
+            key_buffer, value_buffer = keys.new_empty(shape), values.new_empty(shape)
+            self.key_buffers[layer], self.value_buffers[layer] = key_buffer, value_buffer
             self.num_rows = keys.shape[0]
         end = self.length + keys.shape[2]
-        if end > self.key_buffers[layer].shape[2]:
-            self._grow(layer, end)
+        if end > key_buffer.shape[2]:
+            key_buffer, value_buffer = self._grow(layer, key_buffer, value_buffer, end)
         rows = self.num_rows
-        self.key_buffers[layer][:rows, :, self.length:end] = keys
-        self.value_buffers[layer][:rows, :, self.length:end] = values
-        return (self.key_buffers[layer][:rows, :, self.start:end],
-                self.value_buffers[layer][:rows, :, self.start:end])
+        key_buffer[:rows, :, self.length:end] = keys
+        value_buffer[:rows, :, self.length:end] = values
+        return key_buffer[:rows, :, self.start:end], value_buffer[:rows, :, self.start:end]
 
     def commit(self, num_new: int) -> None:
         """The forward that wrote `num_new` positions succeeded: they are part of the cache now."""
         self.length += num_new
 
-    def _grow(self, layer: int, needed: int) -> None:
-        capacity = max(needed, 2 * self.key_buffers[layer].shape[2])
-        self.key_buffers[layer] = self._copied(self.key_buffers[layer], capacity)
-        self.value_buffers[layer] = self._copied(self.value_buffers[layer], capacity)
+    def _grow(self, layer: int, key_buffer: torch.Tensor, value_buffer: torch.Tensor,
+              needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        capacity = max(needed, 2 * key_buffer.shape[2])
+        key_buffer, value_buffer = self._copied(key_buffer, capacity), self._copied(value_buffer, capacity)
+        self.key_buffers[layer], self.value_buffers[layer] = key_buffer, value_buffer
         self.capacity = max(self.capacity, capacity)
+        return key_buffer, value_buffer
 
     def _copied(self, buffer: torch.Tensor, capacity: int) -> torch.Tensor:
         out = buffer.new_empty((buffer.shape[0], buffer.shape[1], capacity, buffer.shape[3]))
         out[:self.num_rows, :, self.start:self.length] = buffer[:self.num_rows, :, self.start:self.length]
         return out
+
+    def _written(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The key and value buffers of a cache whose every layer has been written (by a forward)."""
+        keys = [b for b in self.key_buffers if b is not None]
+        values = [b for b in self.value_buffers if b is not None]
+        assert len(keys) == len(values) == len(self.key_buffers), "a layer of this cache was never written"
+        return keys, values
 
     # -- filter --------------------------------------------------------------------------------
 
@@ -106,19 +118,21 @@ class KVCache:
         moves = [(dest, source) for dest, source in enumerate(rows) if dest != source]
         if any(source < len(rows) for _, source in moves):
             return self._gathered(rows, start)
-        for buffer in (*self.key_buffers, *self.value_buffers):
+        keys, values = self._written()
+        for buffer in (*keys, *values):
             for dest, source in moves:
                 buffer[dest, :, start:self.length] = buffer[source, :, start:self.length]
         return KVCache(self.capacity, self.key_buffers, self.value_buffers, len(rows), self.length, start)
 
     def _gathered(self, rows: Sequence[int], start: int) -> KVCache:
-        index = torch.tensor(rows, device=self.key_buffers[0].device)
+        keys, values = self._written()
+        index = torch.tensor(rows, device=keys[0].device)
 
         def take(buffer: torch.Tensor) -> torch.Tensor:
             out = buffer.new_empty((len(rows), *buffer.shape[1:]))
             out[:, :, start:self.length] = buffer[:, :, start:self.length].index_select(0, index)
             return out
-        return KVCache(self.capacity, [take(k) for k in self.key_buffers], [take(v) for v in self.value_buffers],
+        return KVCache(self.capacity, [take(k) for k in keys], [take(v) for v in values],
                        len(rows), self.length, start)
 
     # -- concatenate ---------------------------------------------------------------------------
@@ -136,14 +150,16 @@ class KVCache:
 
     def _has_room_for(self, others: Sequence[KVCache], length: int, capacity: int) -> bool:
         start = self.length - length
-        return (start >= 0 and start + capacity <= self.key_buffers[0].shape[2]
-                and self.num_rows + sum(c.num_rows for c in others) <= self.key_buffers[0].shape[0])
+        first_keys = self._written()[0][0]
+        return (start >= 0 and start + capacity <= first_keys.shape[2]
+                and self.num_rows + sum(c.num_rows for c in others) <= first_keys.shape[0])
 
     def _absorb(self, others: Sequence[KVCache], length: int) -> KVCache:
         start = self.length - length
+        written = [self._written(), *(c._written() for c in others)]
         for layer in range(len(self.key_buffers)):
-            for buffers, parts in ((self.key_buffers, [c.key_buffers for c in others]),
-                                   (self.value_buffers, [c.value_buffers for c in others])):
+            for buffers, parts in ((written[0][0], [w[0] for w in written[1:]]),
+                                   (written[0][1], [w[1] for w in written[1:]])):
                 buffer = buffers[layer]
                 buffer[:self.num_rows, :, start:self.start].zero_()  # when a newcomer is longer
                 row = self.num_rows
@@ -173,8 +189,9 @@ class KVCache:
                 row += cache.num_rows
             return out
         num_layers = len(caches[0].key_buffers)
-        keys = [stack([c.key_buffers[i] for c in caches]) for i in range(num_layers)]
-        values = [stack([c.value_buffers[i] for c in caches]) for i in range(num_layers)]
+        written = [c._written() for c in caches]
+        keys: list[torch.Tensor | None] = [stack([w[0][i] for w in written]) for i in range(num_layers)]
+        values: list[torch.Tensor | None] = [stack([w[1][i] for w in written]) for i in range(num_layers)]
         return cls(width, keys, values, num_rows, length)
 
 
@@ -216,7 +233,7 @@ def swap_remove_order(num_rows: int, kept: Sequence[int]) -> list[int]:
     return [moved.get(row, row) for row in range(len(order))]
 
 
-def check_supported(config: object) -> None:
+def check_supported(config: TransformersConfig) -> None:
     """Raises TypeError when the model's cache layers are not all plain full-attention layers."""
     for layer in DynamicCache(config=config).layers:
         if type(layer) is not DynamicLayer:

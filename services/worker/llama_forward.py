@@ -18,11 +18,12 @@ import torch.nn.functional as F
 
 from services.worker.kv_cache import KVCache
 from services.worker.packed_linear import PackedLinear
+from services.worker.transformers_module import TransformersConfig, TransformersModule
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # PackedLinear, or a quantized layer
 
 
-def supports(config: object) -> bool:
+def supports(config: TransformersConfig) -> bool:
     """Whether `config` describes a model this forward computes exactly (plain Llama blocks)."""
     return (getattr(config, "model_type", None) == "llama"
             and getattr(config, "hidden_act", None) == "silu"
@@ -46,7 +47,7 @@ class LlamaLayer:
 class LlamaForward:
     """Logits for a padded batch, writing the new keys and values into its cache."""
 
-    def __init__(self, model: torch.nn.Module, linear: Callable[..., Linear] | None = None) -> None:
+    def __init__(self, model: TransformersModule, linear: Callable[..., Linear] | None = None) -> None:
         config = model.config
         if not supports(config):
             raise TypeError(f"{type(model).__name__} is not a plain Llama model")
@@ -103,7 +104,7 @@ class LlamaForward:
         return layer.down(F.silu(gate) * up)
 
 
-def _layer(block: torch.nn.Module, linear: Callable[..., Linear]) -> LlamaLayer:
+def _layer(block: TransformersModule, linear: Callable[..., Linear]) -> LlamaLayer:
     attention, mlp = block.self_attn, block.mlp
     return LlamaLayer(
         attention_norm=block.input_layernorm.weight.detach().clone(),

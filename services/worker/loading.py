@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from common.messages import WorkerInfo
 from common.model_source import resolve_model
 from services.worker import dtype_choice
+from services.worker.transformers_module import TransformersConfig, TransformersModule
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     module: torch.nn.Module
-    config: object  # the text (decoder) config
+    config: TransformersConfig  # the text (decoder) config
     eos_token_ids: frozenset[int]
     quantize: str = "none"  # --quantize: the linear weights the native forwards build (quantized_linear)
     gguf_file: str | None = None  # the GGUF file the weights came from, if any (its 4-bit blocks, as stored)
@@ -96,7 +97,7 @@ def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str
     return loaded
 
 
-def _eos_token_ids(model: torch.nn.Module) -> list[int]:
+def _eos_token_ids(model: TransformersModule) -> list[int]:
     """EOS ids from the generation config and the model config (each may be an int or a list)."""
     ids: list[int] = []
     for config in (getattr(model, "generation_config", None), model.config):

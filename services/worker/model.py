@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import ClassVar
 
 import torch
 
@@ -39,8 +40,8 @@ class PaddedModel:
     `transformers` module's (`TransformersForward`); `backend` picks ("auto": the first that fits).
     """
 
-    kv_cache = "padded"
-    batch_type = CausalLMBatch
+    kv_cache: ClassVar[str] = "padded"
+    batch_type: ClassVar[type[CausalLMBatch]] = CausalLMBatch
 
     def __init__(self, loaded: LoadedModel, backend: str = "auto") -> None:
         self.loaded = loaded
@@ -87,9 +88,9 @@ class PaddedModel:
         started = time.perf_counter_ns()
         if batch.all_stopped:
             return [], None, Timings()
-        is_prefill = batch.past is None
+        is_prefill = batch.kv_cache is None
         wants_prefill_logprobs = is_prefill and any(r.prefill_logprobs for r in batch.requests)
-        logits, past = self.forward(batch, all_positions=wants_prefill_logprobs)
+        logits, step_cache = self.forward(batch, all_positions=wants_prefill_logprobs)
         forward_done = self._synchronize()
         next_ids, logprobs = batch.chooser(logits[:, -1, :], *self._history(batch))
         rows = step_rows(next_ids, logprobs, batch.top_n_tokens)
@@ -97,14 +98,14 @@ class PaddedModel:
         generations = self._generations(batch, rows, prefill_logprobs)
         next_batch = None if batch.all_stopped else batch
         if next_batch is not None:
-            next_batch.advance(next_ids, past)
+            next_batch.advance(next_ids, step_cache)
         done = time.perf_counter_ns()
         return generations, next_batch, Timings(
             forward_ns=forward_done - started, decode_ns=done - forward_done, total_ns=done - started)
 
     def forward(self, batch: CausalLMBatch, all_positions: bool = False) -> tuple[torch.Tensor, KVCache]:
         """Logits `[batch, positions, vocab]` (last position only unless `all_positions`) and the new KV."""
-        cache = batch.past or KVCache.allocate(self.num_layers, batch.attention_mask.shape[1])
+        cache = batch.kv_cache or KVCache.allocate(self.num_layers, batch.attention_mask.shape[1])
         logits = self.forward_pass(batch.input_ids, batch.position_ids, batch.forward_attention_mask, cache,
                                    num_logits=0 if all_positions else 1)
         cache.commit(batch.input_ids.shape[1])
@@ -142,7 +143,7 @@ class PaddedModel:
                      prefill_logprobs: dict[int, list[float]]) -> list[Generation]:
         """Checks stopping for every running request and builds its Generation; stopped ones are skipped."""
         generations = []
-        for i, (request, stopping, row) in enumerate(zip(batch.requests, batch.stopping_criterias, rows)):
+        for i, (request, stopping, row) in enumerate(zip(batch.requests, batch.stopping_criteria, rows)):
             if stopping.stopped:
                 continue  # finished at an earlier step, waiting for the scheduler's Filter
             token_id = int(row[0])

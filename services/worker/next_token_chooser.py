@@ -120,9 +120,11 @@ class NextTokenChooser:
                 token_mask: torch.Tensor | None) -> torch.Tensor:
         scores = scores.float()
         if self.watermark_rows:
+            assert token_ids is not None, "watermarking reads each row's previous token"
             # left padding: every row's last column is its latest token
             scores = watermark.apply(scores, token_ids[:, -1], self.watermark_rows)
         if self.needs_token_counts:
+            assert token_ids is not None and token_mask is not None, "penalties count the previous tokens"
             counts = processors.token_counts(scores, token_ids, token_mask)
             if self.repetition_penalty is not None:
                 scores = processors.repetition_penalty(scores, counts, self.repetition_penalty)
@@ -157,7 +159,8 @@ class NextTokenChooser:
         return next_ids
 
     def _constrained_states(self) -> list[grammars.GrammarState]:
-        return [self.grammar_states[i] for i in self.grammar_rows]
+        states = (self.grammar_states[i] for i in self.grammar_rows)  # the rows that have a state
+        return [state for state in states if state is not None]
 
     def _advance_grammars(self, next_ids: torch.Tensor) -> None:
         """The constrained rows take their tokens (one host transfer, of those rows only)."""

@@ -1,8 +1,7 @@
 """A linear layer whose weight is laid out once for the CPU's fastest matrix kernel.
 
-On CPU, `torch.nn.functional.linear` in float32 goes to the BLAS sgemm, which on this project's
-AMD EPYC cores measured 1.5x to 2.3x slower than oneDNN with a pre-reordered ("packed") weight at
-16 to 32 rows, and barely faster with a second thread (BENCHMARKS.md). The packed layout is what
+On CPU, `torch.nn.functional.linear` in float32 goes to the BLAS sgemm, slower than oneDNN with a
+pre-reordered ("packed") weight at a step's row counts (BENCHMARKS.md, "The native forward"). The packed layout is what
 torch's own compiler uses for CPU inference (inductor's weight freezing); results differ from the
 plain kernel only in summation order. Where oneDNN cannot take the weight (CUDA, float16, a torch
 built without it) the layer keeps the plain weight and `F.linear`.
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 
 logger = logging.getLogger(__name__)
 
-PACKING_BATCH_HINT = 16  # oneDNN picks its blocking for this many rows; measured no worse at 1 or 512
+PACKING_BATCH_HINT = 16  # oneDNN picks its blocking for this many rows; it serves 1 to 512 rows as well
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 

@@ -7,7 +7,7 @@ with a scale and an offset per group of 32 inputs (GGUF Q4_1's layout, exactly) 
 matrix whose rounding moves the argmax directly, and at a decode step of 16 rows oneDNN's bfloat16
 product beats both quantized kernels on it (BENCHMARKS.md). The activations stay in the model's
 dtype; only the weights are rounded. torch's two kernels are vectorized for bfloat16 activations
-and fall back to scalar loops for float32 (30-100x slower, measured); `--dtype auto` is bfloat16
+and fall back to scalar loops for float32 (far slower: BENCHMARKS.md); `--dtype auto` is bfloat16
 wherever the CPU has bfloat16 instructions (`dtype_choice`).
 
 From a GGUF file whose blocks are Q4_0 or Q4_1, `--quantize int4` takes the 4-bit codes and the
@@ -29,6 +29,7 @@ import torch
 
 from services.worker.config import QUANTIZE
 from services.worker.packed_linear import PackedLinear
+from services.worker.transformers_module import TransformersModule
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ class GgufWeights:
         order; None when the file holds it in another type."""
         gguf_name = self.gguf_name(name)
         tensor = self.tensors.get(gguf_name) if gguf_name else None
-        if tensor is None or tensor.tensor_type not in (self._types.Q4_0, self._types.Q4_1):
+        if gguf_name is None or tensor is None or tensor.tensor_type not in (self._types.Q4_0, self._types.Q4_1):
             return None
         in_features, out_features = (int(n) for n in tensor.shape)
         block_bytes = 18 if tensor.tensor_type == self._types.Q4_0 else 20
@@ -214,7 +215,7 @@ def _unpermute_order(num_rows: int, num_heads: int) -> torch.Tensor:
 
 # -- the forward's layer factory ---------------------------------------------------------------------
 
-def factory(quantize: str, model: torch.nn.Module, gguf_file: str | None, backend: str, device: torch.device,
+def factory(quantize: str, model: TransformersModule, gguf_file: str | None, backend: str, device: torch.device,
             dtype: torch.dtype) -> LinearFactory:
     """The native forward's layer factory for `--quantize`; ValueError where it cannot run."""
     check_supported(quantize, device, dtype)
@@ -232,7 +233,7 @@ class LinearFactory:
     has them). The lm_head stays `PackedLinear` in every mode.
     """
 
-    def __init__(self, quantize: str = "none", model: torch.nn.Module | None = None, gguf_file: str | None = None,
+    def __init__(self, quantize: str = "none", model: TransformersModule | None = None, gguf_file: str | None = None,
                  dtype: torch.dtype = torch.float32) -> None:
         self.quantize = quantize
         self.dtype = dtype
@@ -253,9 +254,10 @@ class LinearFactory:
             return PackedLinear(weight)
         if self.quantize == "int8":
             return self._count("int8", Int8Linear.from_float(weight, self.dtype))
-        parts = [self.gguf.group_codes(name) for name in names] if self.gguf is not None else [None]
-        if all(part is not None for part in parts):
-            return self._count("int4 (GGUF blocks)", Int4Linear(GroupCodes.concat(parts), self.dtype))
+        parts = [self.gguf.group_codes(name) for name in names] if self.gguf is not None else []
+        stored = [part for part in parts if part is not None]
+        if parts and len(stored) == len(parts):
+            return self._count("int4 (GGUF blocks)", Int4Linear(GroupCodes.concat(stored), self.dtype))
         return self._count("int4", Int4Linear.from_float(weight, self.dtype))
 
     def _count(self, kind: str, layer):

@@ -9,20 +9,19 @@ step never delays one; when the scheduler's answers carry a new nonce (it restar
 does not know this worker (it dropped it after a stall: `registration.py`), it tells the engine
 loop over an inproc PAIR to drop every cached batch and say Hello again.
 
-Handing each command and answer through the IO thread instead cost the first token 0.3-0.4 ms
-(a queue and an inproc PAIR, two thread wake-ups per step, machine C). torch work split over two
-threads gives OpenMP two thread teams that slow each other down (a SmolLM2 decode step measured
-40 ms from a second thread against 32 ms from the loading thread), hence the main thread.
+Handing each command and answer through the IO thread instead put two thread wake-ups on every
+step's path; torch work split over two threads gives OpenMP two thread teams that slow each other
+down, hence the main thread (BENCHMARKS.md, "The worker's command socket", "The worker process on CPU").
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import zmq
@@ -32,6 +31,7 @@ from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from common.config import parse_config
 from common.gc_freeze import freeze_startup_objects
 from common.identity import new_boot_nonce, new_identity
+from common.lifecycle import on_stop_signals, serve
 from common.logs import setup_logging
 from common.messages import (
     PROTOCOL_VERSION,
@@ -65,7 +65,7 @@ RESET = b"reset"  # IO thread -> engine loop: the scheduler restarted, or droppe
 
 class EngineLoop:
     """The main thread: each command from the command socket run and answered in order, then,
-    when no command waits, the engine's housekeeping (`Engine.tidy`)."""
+    when no command waits, the engine's housekeeping (`Engine.release_freed_memory`)."""
 
     def __init__(self, engine: Engine, commands: zmq.Socket, control: zmq.Socket, hello: Hello,
                  stop_requested: threading.Event) -> None:
@@ -87,8 +87,8 @@ class EngineLoop:
                 self._on_control(self.control.recv())
             elif self.commands in ready:
                 self.serve(self.commands.recv_multipart())
-                if not self.commands.get(zmq.EVENTS) & zmq.POLLIN:
-                    self.engine.tidy()
+                if not cast(int, self.commands.get(zmq.EVENTS)) & zmq.POLLIN:  # an int option
+                    self.engine.release_freed_memory()
 
     def serve(self, frames: list[bytes]) -> None:
         """One frame from the scheduler: a command is run and answered; anything else is answered
@@ -122,7 +122,7 @@ class EngineLoop:
                     return self.engine.health_check(command)
         except Exception as exc:  # the engine answers its own failures; this is the last resort
             logger.exception("command %s failed", type(command).__name__)
-            return CommandFailed(command.command_id, f"{type(exc).__name__}: {exc}", [])
+            return CommandFailed(getattr(command, "command_id", -1), f"{type(exc).__name__}: {exc}", [])
         raise AssertionError(f"not a command: {command!r}")
 
     def _warmup(self, command: Warmup) -> object:
@@ -234,7 +234,7 @@ class WorkerService:
         try:
             if len(frames) != 1:
                 raise MessageError(f"expected a one-frame message, got {len(frames)} frames")
-            heartbeat = decode(frames[0], (Heartbeat,))
+            heartbeat = decode(frames[0], Heartbeat)
         except MessageError as exc:
             logger.warning("bad frame on the liveness socket: %s", exc)
             return
@@ -263,11 +263,9 @@ def _lower_priority_on_cpu(config: WorkerConfig) -> None:
     """A CPU worker's compute threads keep every core busy while a step runs; the pipeline's
     light processes wake for a fraction of a millisecond per step and, at equal priority, wait a
     timeslice for a core. Lowered here, before torch starts its threads (they inherit it), the
-    worker yields to them: the way back from a worker's answer to the client's event took 5-15 ms
-    at equal priority and about 2 ms at nice 10 (BENCHMARKS.md, "The worker process on CPU").
-    Nice alone still let one hop in two wait 3-10 ms for the worker's time slice to end (a
-    first token's way back, machine C); a task in the SCHED_IDLE class is preempted by any
-    other task that wakes."""
+    worker yields to them. Nice alone still lets a hop wait for the worker's time slice to end; a
+    task in the SCHED_IDLE class is preempted by any other task that wakes (BENCHMARKS.md, "The
+    worker process on CPU")."""
     if resolve_device(config.device).type != "cpu":
         return
     if config.cpu_nice:
@@ -283,21 +281,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(WorkerConfig, argv, prog="ztgi worker")
     setup_logging(f"worker[{config.worker_index}]", config.log_level, config.log_rate_limit_s)
     stop_requested = threading.Event()
-
-    def stop(signum: int, _frame: object) -> None:
-        logger.info("signal %d: stopping", signum)
-        stop_requested.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    on_stop_signals(stop_requested.set)
     watermark.configure(config.watermark_gamma, config.watermark_delta)
     try:
         _lower_priority_on_cpu(config)
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         model = load_model(config.model_id, config.dtype, config.device, config.backend, config.kv_cache,
-                           config.block_size, config.quantize, config.speculate)
-        grammar.configure(config.model_id, model.eos_token_ids)
+                           config.block_size, config.quantize, config.speculate,
+                           float32_decode_attention=config.float32_decode_attention)
+        grammar.configure(config.model_id, sorted(model.eos_token_ids))
     except (ModelNotFoundError, ValueError, TypeError) as exc:
         logger.error("cannot load %s: %s", config.model_id, exc)
         return 1
@@ -305,9 +298,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     engine = Engine(model, config.memory_budget_mb, config.cpu_warmup_prefill_tokens, config.step_target_ms)
     service = WorkerService(config, engine, stop_requested)
-    try:
-        service.run()
-    finally:
-        service.close()
+    serve(service, freeze_startup=False)  # it freezes after warmup instead, with the model loaded
     logger.info("stopped")
     return service.exit_code

@@ -10,12 +10,13 @@ import torch
 
 from services.worker import kv_cache
 from services.worker.kv_cache import KVCache
+from services.worker.transformers_module import TransformersModule
 
 
 class TransformersForward:
     """Logits for a padded batch from the `transformers` module, writing into the batch's cache."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: TransformersModule) -> None:
         kv_cache.check_supported(model.config)
         self.model = model
 

@@ -37,8 +37,9 @@ def run_warmup(model: PaddedModel, command: Warmup, memory_budget_mb: int,
     validate_warmup(model, command)
     started = time.monotonic()
     cap = cpu_prefill_tokens if model.device.type == "cpu" else None
-    batch: CausalLMBatch | None = warmup_batch(model, command, cap)
-    num_requests, num_input_tokens = len(batch), batch.max_input_length
+    first = warmup_batch(model, command, cap)
+    num_requests, num_input_tokens = len(first), first.max_input_length
+    batch: CausalLMBatch | None = first
     for _ in range(2):  # prefill, then one decode
         if batch is not None:
             _, batch, _ = model.generate_token(batch)

@@ -32,7 +32,7 @@ async def _first_bytes_after_open() -> tuple[bytes, bytes]:
         await opened.wait()
         try:
             before = await asyncio.wait_for(reader.read(65536), NOTHING_ARRIVES_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             before = b""
         go.set()
         after = await reader.readuntil(b"data: {\"token\":1}\n\n")

@@ -136,7 +136,7 @@ def test_no_tokenizer_and_draining_are_unhealthy() -> None:
     """Without a tokenizer, or while draining, health is 503 with that reason."""
     h = Harness(heartbeat_interval_ms=100, heartbeat_misses=2)
     h.add_worker(WORKER_A)
-    h.hub.tokenizers[TOKENIZER] -= 10.0
+    h.hub.tokenizers.last_seen[TOKENIZER] -= 10.0
     h.hub.tick(h.hub.batcher.workers[WORKER_A].last_seen)
     assert health(h) == [m.HealthReply("q", False, "no tokenizer is connected")]
     h.hub.draining = True

@@ -305,7 +305,7 @@ def test_lost_tokenizer_encode_jobs_are_sent_again() -> None:
     h = Harness(heartbeat_interval_ms=100, heartbeat_misses=2)
     h.hub.on_client_frame(CLIENT, encode(m.Generate("r1", "x", None, m.GenerateParameters())))
     (job,) = h.take("tokenize")
-    h.hub.tick(h.hub.tokenizers[TOKENIZER] + 1.0)
+    h.hub.tick(h.hub.tokenizers.last_seen[TOKENIZER] + 1.0)
     assert h.take("tokenize") == [job]
     key = m.RequestKey(CLIENT, "r1")
     answer = m.Encoded(key, [1], m.SamplingParameters(), 2, False, 0, False, b"tokenizer-2")
@@ -332,8 +332,8 @@ def test_lost_tokenizer_requests_are_adopted() -> None:
     h.take("detokenize")
     h.hub.on_tokenizer_frame(b"tokenizer-2", encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
     h.take("detokenize")
-    h.hub.tokenizers[TOKENIZER] -= 10.0
-    h.hub.tick(h.hub.tokenizers[b"tokenizer-2"] + 0.1)
+    h.hub.tokenizers.last_seen[TOKENIZER] -= 10.0
+    h.hub.tick(h.hub.tokenizers.last_seen[b"tokenizer-2"] + 0.1)
     sent = h.messages_to("detokenize")
     assert [(t, type(msg).__name__) for t, msg in sent] == [(b"tokenizer-2", "Adopt"),
                                                             (b"tokenizer-2", "DetokenizeJob")]
@@ -355,8 +355,8 @@ def test_a_tokenizer_back_from_a_stall_streams_nothing_twice() -> None:
     (_, stale_job), = h.messages_to("detokenize")  # sent to tokenizer-1, which freezes
     h.hub.on_tokenizer_frame(b"tokenizer-2", encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
     h.take("detokenize")
-    h.hub.tokenizers[TOKENIZER] -= 10.0
-    h.hub.tick(h.hub.tokenizers[b"tokenizer-2"] + 0.1)
+    h.hub.tokenizers.last_seen[TOKENIZER] -= 10.0
+    h.hub.tick(h.hub.tokenizers.last_seen[b"tokenizer-2"] + 0.1)
     (_, adopt), (_, resent_job) = h.messages_to("detokenize")
     key = m.RequestKey(CLIENT, "r1")
     stale = m.TextBatch([m.ClientOutput(CLIENT, b"token 1, stale")], [], stale_job.job_id)

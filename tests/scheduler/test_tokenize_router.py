@@ -42,7 +42,7 @@ def test_query_goes_to_a_tokenizer_and_its_answer_to_the_client_untouched() -> N
 def test_no_tokenizer_is_an_unhealthy_error_at_once() -> None:
     """With no tokenizer connected the client gets an error reply, not silence."""
     h = Harness()
-    h.hub.tokenizers.clear()
+    h.hub.tokenizers.last_seen.clear()
     ask(h)
     reply = reply_to_client(h)
     assert reply.query_id == "q1" and reply.error_type == "unhealthy" and "No tokenizer" in reply.error

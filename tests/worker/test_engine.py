@@ -20,7 +20,7 @@ from common.messages import (
     WarmupResult,
 )
 from services.worker.engine import Engine
-from services.worker.heap import HeapTrimmer
+from services.worker.heap_trimmer import HeapTrimmer
 from services.worker.warmup import warmup_batch
 from tests.worker.engine_helpers import request
 
@@ -166,14 +166,14 @@ def test_filter_with_unknown_request_fails_and_keeps_the_batch(engine):
     assert engine.cache.get(1).request_ids == [10, 11]
 
 
-def test_freed_memory_is_trimmed_by_tidy_not_by_the_command(engine):
-    """A command that frees batch memory only notes it; `tidy`, run after its answer was sent,
+def test_freed_memory_is_trimmed_after_the_answer_not_by_the_command(engine):
+    """A command that frees batch memory only notes it; `release_freed_memory`, run after its answer was sent,
     trims (here with no interval between trims)."""
     engine.heap = HeapTrimmer(min_interval_s=0.0)
     prefill(engine, 1, 1, 2)
-    engine.tidy()
+    engine.release_freed_memory()
     assert engine.heap.num_trims == 0  # a prefill frees nothing
     assert isinstance(engine.filter(Filter(7, 1, [1])), FilterResult)
     assert engine.heap.num_trims == 0 and engine.heap.pending
-    engine.tidy()
+    engine.release_freed_memory()
     assert engine.heap.num_trims == 1 and not engine.heap.pending

@@ -126,7 +126,7 @@ def test_decode_steps_write_in_place_and_equal_a_dynamic_cache(tiny_model_each_b
     batch = batch_of(tiny_model, [request(1, [1, 504, 3458, 282], 6, ignore_eos=True),
                                   request(2, [1, 9690], 6, ignore_eos=True)])
     _, batch, _ = tiny_model.generate_token(batch)
-    buffer = batch.past.keys[0].data_ptr()
+    buffer = batch.kv_cache.keys[0].data_ptr()
     reference = DynamicCache()
     with torch.inference_mode():
         width = batch.max_input_length
@@ -139,6 +139,6 @@ def test_decode_steps_write_in_place_and_equal_a_dynamic_cache(tiny_model_each_b
                                       use_cache=True).logits[:, -1]
             logits, _ = tiny_model.forward(batch)
             torch.testing.assert_close(logits[:, -1], expected)
-            batch.past.commit(-1)  # forward committed the step: undo, generate_token redoes it below
+            batch.kv_cache.commit(-1)  # forward committed the step: undo, generate_token redoes it below
             _, batch, _ = tiny_model.generate_token(batch)
-            assert batch.past.keys[0].data_ptr() == buffer
+            assert batch.kv_cache.keys[0].data_ptr() == buffer

@@ -5,11 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from services.worker.transformers_module import TransformersModule
+
 
 class Embedding:
     """Rows of the embedding matrix for token ids, times the family's scale if it has one."""
 
-    def __init__(self, module: torch.nn.Module) -> None:
+    def __init__(self, module: TransformersModule) -> None:
         self.weight = module.weight.detach().clone()
         scale = getattr(module, "embed_scale", None)  # Gemma's scaled embedding keeps it as a buffer
         self.scale = None if scale is None else torch.as_tensor(scale).to(self.weight.dtype)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from services.worker.packed_linear import PackedLinear
+from services.worker.transformers_module import TransformersModule
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -21,8 +22,8 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 class GatedMLP:
     """Fused gate/up projection (Phi-3 stores it fused, `gate_up_proj`, gate first), activation, down."""
 
-    def __init__(self, mlp: torch.nn.Module, activation: str) -> None:
-        if activation not in ACTIVATIONS:
+    def __init__(self, mlp: TransformersModule, activation: str | None) -> None:
+        if activation is None or activation not in ACTIVATIONS:
             raise TypeError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
         self.activation = ACTIVATIONS[activation]
         fused = getattr(mlp, "gate_up_proj", None)

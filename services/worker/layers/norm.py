@@ -5,11 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from services.worker.transformers_module import TransformersModule
+
 
 class RMSNorm:
     """`x / rms(x)` times the weight; `offset` for Gemma, whose stored weight is `w - 1`."""
 
-    def __init__(self, module: torch.nn.Module, offset: bool = False) -> None:
+    def __init__(self, module: TransformersModule, offset: bool = False) -> None:
         weight = module.weight.detach()
         self.eps = float(getattr(module, "variance_epsilon", None) or module.eps)
         self.offset = offset

@@ -7,12 +7,13 @@ import torch
 
 from services.worker.layers.norm import RMSNorm
 from services.worker.packed_linear import PackedLinear
+from services.worker.transformers_module import TransformersModule
 
 
 class QKVProjection:
     """`[tokens, hidden]` to q `[tokens, heads, head_dim]` and k, v `[tokens, kv_heads, head_dim]`."""
 
-    def __init__(self, attention: torch.nn.Module, num_heads: int, num_kv_heads: int, head_dim: int,
+    def __init__(self, attention: TransformersModule, num_heads: int, num_kv_heads: int, head_dim: int,
                  norm_offset: bool = False) -> None:
         self.sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
         self.head_dim = head_dim
@@ -36,7 +37,7 @@ class QKVProjection:
         return q, k, v
 
 
-def _projections(attention: torch.nn.Module) -> list[torch.nn.Module]:
+def _projections(attention: TransformersModule) -> list[TransformersModule]:
     """Phi-3 stores q/k/v fused already (`qkv_proj`); the others as three linears."""
     fused = getattr(attention, "qkv_proj", None)
     if fused is not None:

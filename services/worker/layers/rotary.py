@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import torch
 
+from services.worker.transformers_module import TransformersModule
+
 
 class Rotary:
     """cos/sin per token for a flat step, and their application (halves, partial rotary allowed)."""
 
-    def __init__(self, module: torch.nn.Module, by_layer_type: bool = False) -> None:
+    def __init__(self, module: TransformersModule, by_layer_type: bool = False) -> None:
         self.module = module
         self.by_layer_type = by_layer_type  # Gemma 3: one module, a base per layer type
 

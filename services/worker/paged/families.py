@@ -9,10 +9,7 @@ its own forward (`llama.py`), which shares the padded backend's weights.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import TYPE_CHECKING
-
-import torch
 
 from services.worker import llama_forward
 from services.worker.layers.embedding import Embedding
@@ -24,6 +21,7 @@ from services.worker.packed_linear import PackedLinear
 from services.worker.paged.attention import PagedAttention
 from services.worker.paged.decoder import Decoder, DecoderLayer, PagedDecoderForward
 from services.worker.paged.llama import PagedLlamaForward
+from services.worker.transformers_module import TransformersConfig, TransformersModule
 
 if TYPE_CHECKING:
     from services.worker.quantized_linear import LinearFactory
@@ -48,7 +46,7 @@ FAMILIES: dict[str, Family] = {
 SUPPORTED = ("llama", *FAMILIES)
 
 
-def supports(config: object) -> bool:
+def supports(config: TransformersConfig) -> bool:
     """Whether a native paged forward computes `config`'s model exactly."""
     model_type = getattr(config, "model_type", None)
     if model_type == "llama":
@@ -60,14 +58,15 @@ def supports(config: object) -> bool:
             and not getattr(config, "use_bidirectional_attention", False))
 
 
-def unsupported_reason(config: object) -> str:
+def unsupported_reason(config: TransformersConfig) -> str:
     model_type = getattr(config, "model_type", None)
     if model_type in SUPPORTED:
         return f"this {model_type!r} config uses options the native forward does not compute"
     return f"model type {model_type!r} has no native paged forward (supported: {', '.join(SUPPORTED)})"
 
 
-def paged_forward(module: torch.nn.Module, linear: LinearFactory | None = None) -> Callable[..., torch.Tensor]:
+def paged_forward(module: TransformersModule,
+                  linear: LinearFactory | None = None) -> PagedLlamaForward | PagedDecoderForward:
     """The native paged forward of `module` (a transformers causal LM), its linear layers from
     `linear` (`--quantize`; Llama only for now); TypeError where none fits, ValueError for a
     quantization the family's forward does not take."""
@@ -81,7 +80,7 @@ def paged_forward(module: torch.nn.Module, linear: LinearFactory | None = None) 
     return PagedDecoderForward(_decoder(module, FAMILIES[config.model_type]))
 
 
-def _decoder(module: torch.nn.Module, family: Family) -> Decoder:
+def _decoder(module: TransformersModule, family: Family) -> Decoder:
     config, decoder = module.config, module.model
     num_heads = config.num_attention_heads
     num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
@@ -103,8 +102,8 @@ def _decoder(module: torch.nn.Module, family: Family) -> Decoder:
         final_softcap=getattr(config, "final_logit_softcapping", None))
 
 
-def _layer(block: torch.nn.Module, family: Family, num_heads: int, num_kv_heads: int, head_dim: int,
-           activation: str, window: int | None, rotary_type: str | None) -> DecoderLayer:
+def _layer(block: TransformersModule, family: Family, num_heads: int, num_kv_heads: int, head_dim: int,
+           activation: str | None, window: int | None, rotary_type: str | None) -> DecoderLayer:
     attention, gemma = block.self_attn, family.gemma
     if getattr(attention.o_proj, "bias", None) is not None:
         raise TypeError("an attention output projection with a bias is not computed by the native forward")
@@ -119,7 +118,7 @@ def _layer(block: torch.nn.Module, family: Family, num_heads: int, num_kv_heads:
         window=window, rotary_type=rotary_type)
 
 
-def layer_windows(config: object) -> list[int | None]:
+def layer_windows(config: TransformersConfig) -> list[int | None]:
     """Each layer's sliding window (None: full attention), from `layer_types` where the config has
     them (Gemma 2/3's alternation, Qwen2's `use_sliding_window`), else `sliding_window` for all."""
     window = getattr(config, "sliding_window", None)
@@ -129,5 +128,5 @@ def layer_windows(config: object) -> list[int | None]:
     return [window if kind == "sliding_attention" else None for kind in layer_types]
 
 
-def _activation(config: object) -> str | None:
+def _activation(config: TransformersConfig) -> str | None:
     return getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)

@@ -15,12 +15,13 @@ import torch.nn.functional as F
 from services.worker.llama_forward import Linear, LlamaForward, LlamaLayer, rms_norm, rotate
 from services.worker.paged.attention import AttentionInputs, PagedAttention
 from services.worker.paged.kv_pool import KVPool
+from services.worker.transformers_module import TransformersModule
 
 
 class PagedLlamaForward:
     """Logits of chosen rows of a flat step, writing the step's keys and values into the pool."""
 
-    def __init__(self, module: torch.nn.Module, linear: Callable[..., Linear] | None = None) -> None:
+    def __init__(self, module: TransformersModule, linear: Callable[..., Linear] | None = None) -> None:
         self.weights = LlamaForward(module, linear)
         w = self.weights
         self.attention = PagedAttention(w.num_heads, w.num_kv_heads, w.head_dim)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import ClassVar
 
 import torch
 
@@ -25,10 +26,11 @@ class PagedModel:
     """A model of a natively served family (`families.py`) served from a block pool; `warmup`
     sizes and allocates the pool."""
 
-    kv_cache = "paged"
-    batch_type = PagedBatch
+    kv_cache: ClassVar[str] = "paged"
+    batch_type: ClassVar[type[PagedBatch]] = PagedBatch
 
-    def __init__(self, loaded: LoadedModel, block_size: int = 16, speculate: int = 0) -> None:
+    def __init__(self, loaded: LoadedModel, block_size: int = 16, speculate: int = 0,
+                 float32_decode_attention: bool = False) -> None:
         if block_size < 1:
             raise ValueError(f"--block-size must be >= 1, got {block_size}")
         self.loaded = loaded
@@ -44,7 +46,9 @@ class PagedModel:
             linear = quantized_linear.factory(loaded.quantize, loaded.module, loaded.gguf_file, "native",
                                               self.device, self.dtype)
             self.forward_pass = paged_forward(loaded.module, linear)
-        logger.info("paged KV cache, %s weights", linear.describe())
+        self.forward_pass.attention.float32_decode = float32_decode_attention
+        logger.info("paged KV cache, %s weights%s", linear.describe(),
+                    ", decode attention in float32" if float32_decode_attention else "")
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
         self.speculator = Speculator(speculate, block_size) if speculate else None
@@ -56,8 +60,8 @@ class PagedModel:
     def kv_window(self) -> int | None:
         """The sliding window when every layer has one (the scheduler then frees the blocks behind
         it); None when any layer attends to the whole context."""
-        windows = layer_windows(self.loaded.module.config)
-        return None if None in windows else max(windows)
+        windows = [window for window in layer_windows(self.loaded.module.config) if window is not None]
+        return max(windows) if len(windows) == self.loaded.num_layers else None
 
     @property
     def num_blocks(self) -> int:
@@ -144,6 +148,7 @@ class PagedModel:
             generations.append(self._generation(sequence, row))
             if generations[-1].finish_reason is not None:
                 break
+        assert self.speculator is not None, "only drafted sequences get here"
         self.speculator.settle(batch, index, len(generations))
         return generations
 
@@ -152,9 +157,9 @@ class PagedModel:
         """Each prompt token's logprob given the ones before it, chunk by chunk (raw logits)."""
         for entry in inputs.entries:
             first = inputs.logprob_logits.get(entry.index)
-            if first is None:
-                continue
             sequence = batch.sequences[entry.index]
+            if first is None or sequence.prefill_logprobs is None:  # asked for: both or neither
+                continue
             targets = sequence.tokens[entry.start + 1:min(entry.start + entry.count + 1, sequence.prompt_len)]
             chunk = torch.log_softmax(logits[first:first + len(targets)].float(), dim=-1)
             ids = torch.tensor(targets, device=logits.device)[:, None]

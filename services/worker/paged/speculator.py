@@ -95,12 +95,15 @@ class Speculator:
         expanded = [i for i, width in zip(sampled, widths) for _ in range(width)]
         positions = [first + k for first, width in zip(sample_logits, widths) for k in range(width)]
         chooser = batch.chooser.select(expanded)
-        history = ()
+        history: tuple[torch.Tensor, ...] = ()
         if chooser.needs_history:
             history = histories([batch.sequences[i].tokens + batch.sequences[i].draft[:k]
                                  for i, width in zip(sampled, widths) for k in range(width)], chooser.device)
-        states = {i: batch.chooser.generators[i].get_state() for i in sampled
-                  if batch.chooser.generators[i] is not None and batch.sequences[i].draft}
+        states = {}
+        for i in sampled:
+            generator = batch.chooser.generators[i]
+            if generator is not None and batch.sequences[i].draft:
+                states[i] = generator.get_state()
         scores = logits.index_select(0, torch.tensor(positions, device=logits.device))
         next_ids, logprobs = chooser(scores, *history)
         rows = step_rows(next_ids, logprobs, [batch.sequences[i].request.top_n_tokens for i in expanded])
@@ -122,6 +125,7 @@ class Speculator:
         state = self._rewind.pop(index, None)
         if state is not None:
             generator = batch.chooser.generators[index]
+            assert generator is not None, "a state was kept only for a sequence with a generator"
             generator.set_state(state)
             for _ in range(num_emitted):  # the draws of the emitted positions, as one step at a time makes them
                 torch.empty(self._vocab_size, dtype=torch.float32, device=generator.device).exponential_(

@@ -69,7 +69,8 @@ def build_step_inputs(batch: PagedBatch, pool: KVPool) -> StepInputs | None:
 
 def _planned(batch: PagedBatch, block_size: int,
              num_blocks: int) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
-    decodes, prefills = [], []
+    decodes: list[tuple[int, int, int]] = []
+    prefills: list[tuple[int, int, int]] = []
     for index, sequence in enumerate(batch.sequences):
         start, count = sequence.next_span()
         if count == 0:

@@ -2,10 +2,10 @@
 
 glibc reuses a freed block only for allocations that fit in it. A worker's batches keep changing
 shape (KV buffers restacked as requests come and go, activations of every batch size), so its
-heap fills with holes that are free but still resident: under a mixed load its RSS crept up by
-10% in a 90-second soak (tests/e2e/test_soak.py). `malloc_trim(0)` returns the whole free pages
-of every arena, not only the top of the heap. It walks the free lists (about 5 ms when there is
-something to give back), so the engine notes when batches shrink or leave (`freed`), the engine
+heap fills with holes that are free but still resident and its RSS creeps up under a mixed load
+(BENCHMARKS.md, "The worker process on CPU"). `malloc_trim(0)` returns the whole free pages of
+every arena, not only the top of the heap. It walks the free lists, which takes milliseconds
+when there is something to give back, so the engine notes when batches shrink or leave (`freed`), the engine
 loop trims after the answer of that command is on its way (`release`, off the critical path),
 and a trim runs at most once per `min_interval_s`.
 """
