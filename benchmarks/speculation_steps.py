@@ -22,7 +22,7 @@ import torch
 from benchmarks.speculation import GROUNDED
 from common.messages import SamplingParameters, WorkerRequest
 from common.model_source import resolve_model
-from services.worker.backend import load_model
+from services.worker.backend import load_paged_model
 
 
 def one_request(model, request_id: int, input_ids: list[int], max_new_tokens: int, ignore_eos: bool = False):
@@ -50,7 +50,8 @@ def count_steps(model, tokenizer, max_new_tokens: int) -> None:
 def time_steps(model, num_speculative: int, num_pairs: int) -> None:
     batch = one_request(model, 100, list(range(1000, 1300)), 4 * num_pairs * (num_speculative + 1), True)
     model.step(batch, time.perf_counter_ns())  # the prefill
-    sequence, times = batch.sequences[0], {1: [], num_speculative + 1: []}
+    sequence = batch.sequences[0]
+    times: dict[int, list[float]] = {1: [], num_speculative + 1: []}
     for _ in range(num_pairs):
         for width in times:
             sequence.draft = [7] * (width - 1)
@@ -73,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     source = resolve_model()
-    model = load_model(source.path, dtype="float32", device="cpu", kv_cache="paged", speculate=args.speculate)
+    model = load_paged_model(source.path, dtype="float32", device="cpu", speculate=args.speculate)
     model.allocate_pool(1024)
     count_steps(model, AutoTokenizer.from_pretrained(source.path), args.max_new_tokens)
     time_steps(model, args.speculate, args.pairs)
