@@ -95,9 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     runs[system].append(one_stream(servers[system], text, args.max_new_tokens))
             texts = {run[0] for system in runs for run in runs[system]}
             rates = {system: statistics.median(t / s for _, t, s in runs[system][1:]) for system in runs}
-            results["one_stream"][name] = {"identical_texts": len(texts) == 1, "tokens": runs["on"][1][1],
-                                           "off_tokens_per_s": rates["off"], "on_tokens_per_s": rates["on"],
-                                           "ratio": rates["on"] / rates["off"]}
+            results["one_stream"][name] = {
+                "identical_texts": len(texts) == 1, "tokens": runs["on"][1][1],
+                "runs": {system: [t / s for _, t, s in runs[system][1:]] for system in runs},
+                "off_tokens_per_s": rates["off"], "on_tokens_per_s": rates["on"], "ratio": rates["on"] / rates["off"]}
             print(f"{name:10s} tokens {runs['on'][1][1]:4d}  off {rates['off']:6.1f} tok/s  on {rates['on']:6.1f} "
                   f"tok/s  x{rates['on'] / rates['off']:.2f}  identical texts: {len(texts) == 1}", flush=True)
         if args.concurrency:

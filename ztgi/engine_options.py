@@ -11,7 +11,8 @@ from services.worker.backend import Model
 
 SCHEDULER_OPTIONS = ("max_input_tokens", "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
                      "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode")
-WORKER_OPTIONS = ("kv_cache", "block_size", "step_target_ms", "memory_budget_mb", "cpu_warmup_prefill_tokens")
+WORKER_OPTIONS = ("kv_cache", "block_size", "step_target_ms", "memory_budget_mb", "cpu_warmup_prefill_tokens",
+                  "speculate")
 VLLM_NAMES = {"max_model_len": "max_total_tokens", "max_num_seqs": "max_batch_size",
               "max_num_batched_tokens": "max_batch_prefill_tokens"}
 DEFAULT_MAX_TOTAL_TOKENS = SchedulerConfig.max_total_tokens
@@ -27,6 +28,7 @@ class EngineOptions:
     step_target_ms: int = 250
     memory_budget_mb: int = 4096
     cpu_warmup_prefill_tokens: int | None = 512
+    speculate: int = 0
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> EngineOptions:
@@ -44,7 +46,7 @@ class EngineOptions:
         """The limits given, the others derived as the server's defaults would allow: the context
         is the model's up to 4096 tokens, a prompt up to one token less, a padded prefill at least one
         prompt (a paged worker chunks prompts: its step budget is what it measured at warmup)."""
-        options = dict(self.scheduler)
+        options = {**self.scheduler, "speculate": self.speculate}
         options.setdefault("max_total_tokens", min(DEFAULT_MAX_TOTAL_TOKENS, model.max_position_embeddings))
         options.setdefault("max_input_tokens", options["max_total_tokens"] - 1)
         if model.kv_cache == "padded" and options["max_input_tokens"] > DEFAULT_MAX_BATCH_PREFILL_TOKENS:

@@ -78,7 +78,7 @@ class LLM:
     names (`max_total_tokens`, `max_input_tokens`, `max_batch_prefill_tokens`,
     `max_batch_total_tokens`, `max_batch_size`, `waiting_served_ratio`, `max_waiting_tokens`,
     `pipeline_decode`) and the worker's (`kv_cache` paged, padded or auto; `block_size`,
-    `step_target_ms`, `memory_budget_mb`, `cpu_warmup_prefill_tokens`), or vLLM's for the same
+    `step_target_ms`, `memory_budget_mb`, `cpu_warmup_prefill_tokens`, `speculate`), or vLLM's for the same
     limit (`max_model_len`, `max_num_seqs`, `max_num_batched_tokens`).
     """
 
@@ -86,7 +86,8 @@ class LLM:
                  backend: str = "auto", **engine_options: Any) -> None:
         options = EngineOptions.parse(engine_options)
         self.model = load_model(model, _checked("dtype", dtype, DTYPES), _checked("device", device, DEVICES), backend,
-                                _checked("kv_cache", options.kv_cache, KV_CACHES), options.block_size)
+                                _checked("kv_cache", options.kv_cache, KV_CACHES), options.block_size,
+                                speculate=options.speculate)
         config = options.scheduler_config(self.model)
         self.tokenizer = load_tokenizer(model)
         limits = ParameterLimits(max_best_of=1, max_stop_sequences=MAX_STOP_STRINGS, max_top_n_tokens=MAX_LOGPROBS,

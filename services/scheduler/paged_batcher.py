@@ -26,7 +26,7 @@ from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request
 
 RESERVE_FRACTION = 0.01  # admissions leave this share of blocks free for running requests to grow
-MAX_SPECULATING_REQUESTS = 16  # the worker's back-off: above this many decodes it proposes nothing
+MAX_SPECULATING_REQUESTS = 8  # the worker's back-off: above this many decodes it proposes nothing
 
 
 @dataclasses.dataclass

@@ -123,10 +123,11 @@ def load_padded_model(model_id: str, dtype: str = "auto", device: str = "auto", 
 
 
 def load_paged_model(model_id: str, dtype: str = "auto", device: str = "auto", block_size: int = 16,
-                     quantize: str = "none") -> PagedModel:
+                     quantize: str = "none", speculate: int = 0) -> PagedModel:
     """`load_model` with `kv_cache="paged"`, typed as what it is (benchmarks use the layout's own calls)."""
     from services.worker.paged.model import PagedModel
 
-    model = load_model(model_id, dtype, device, kv_cache="paged", block_size=block_size, quantize=quantize)
+    model = load_model(model_id, dtype, device, kv_cache="paged", block_size=block_size, quantize=quantize,
+                       speculate=speculate)
     assert isinstance(model, PagedModel)
     return model

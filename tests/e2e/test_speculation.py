@@ -13,7 +13,7 @@ CODE = ("def add(a, b):\n    return a + b\n\ndef multiply(a, b):\n    return a *
         "def subtract(a, b):\n    return a - b\n")
 ASKS = ["Rename the functions with the prefix `op_` and repeat the code:\n" + CODE,
         "Repeat this code exactly:\n" + CODE]
-NUM_NEW_TOKENS = 64
+NUM_NEW_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +25,9 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2) -> dict[str, tuple[str, list[int], list[float]]]:
-    """transformers' greedy `generate` on each chat prompt: the prompt text, the ids and their logprobs."""
+def reference(smollm2) -> dict[str, tuple[str, list[int], list[float], str]]:
+    """transformers' greedy `generate` on each chat prompt: the prompt text, the ids, their logprobs
+    and the text."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2.path)
@@ -41,7 +42,7 @@ def reference(smollm2) -> dict[str, tuple[str, list[int], list[float]]]:
                                     output_logits=True, return_dict_in_generate=True)
         ids = result.sequences[0, inputs["input_ids"].shape[1]:].tolist()
         logprobs = [torch.log_softmax(step[0].float(), -1)[token].item() for step, token in zip(result.logits, ids)]
-        out[ask] = (prompt, ids, logprobs)
+        out[ask] = (prompt, ids, logprobs, tokenizer.decode(ids, skip_special_tokens=True))
     return out
 
 
@@ -54,15 +55,16 @@ def test_greedy_equals_transformers_with_proposals_accepted(server: LaunchedServ
     """Copy and edit prompts: ids and logprobs equal transformers' greedy generate, the stream has one
     event per token, and the metrics show accepted proposals (several tokens in a step)."""
     before = scrape(server)
-    for prompt, ids, logprobs in reference.values():
+    for prompt, ids, logprobs, text in reference.values():
         body = generate(server, prompt, max_new_tokens=NUM_NEW_TOKENS, top_n_tokens=2)
         tokens = body["details"]["tokens"]
         assert [t["id"] for t in tokens] == ids
         assert [t["logprob"] for t in tokens] == pytest.approx(logprobs, abs=1e-3)
         assert all(top[0]["id"] == t["id"] for top, t in zip(body["details"]["top_tokens"], tokens))
-        events = stream(server, prompt, max_new_tokens=NUM_NEW_TOKENS)
-        assert [e["token"]["id"] for e in events] == ids
-        assert events[-1]["generated_text"] == body["generated_text"]
+        assert body["generated_text"] == text
+    prompt, ids, _, text = reference[ASKS[0]]
+    events = stream(server, prompt, max_new_tokens=NUM_NEW_TOKENS)
+    assert [e["token"]["id"] for e in events] == ids and events[-1]["generated_text"] == text
     after = scrape(server)
     accepted = after[("ztgi_speculative_accepted_tokens_total", frozenset())] - before.get(
         ("ztgi_speculative_accepted_tokens_total", frozenset()), 0.0)
@@ -72,10 +74,9 @@ def test_greedy_equals_transformers_with_proposals_accepted(server: LaunchedServ
 def test_stop_sequence_inside_an_accepted_run(server: LaunchedServer, reference) -> None:
     """A stop sequence met inside a run of accepted tokens ends the text there: nothing after it is
     streamed or counted."""
-    prompt, _, _ = reference[ASKS[1]]
-    full = generate(server, prompt, max_new_tokens=NUM_NEW_TOKENS)["generated_text"]
-    stop = "a * b"
-    assert stop in full
+    prompt, _, _, full = reference[ASKS[1]]
+    stop = full.split("\n")[1].strip()  # the second line, a run of the copy
+    assert len(stop) > 5
     events = stream(server, prompt, max_new_tokens=NUM_NEW_TOKENS, stop=[stop], details=True)
     final = events[-1]
     assert final["details"]["finish_reason"] == "stop_sequence"

@@ -177,3 +177,12 @@ def test_progress_bar(llm, prompts, capsys) -> None:
     assert "Processed prompts" in bar and "2/2" in bar and "output:" in bar and "toks/s" in bar
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     assert capsys.readouterr().err == ""
+
+
+def test_speculate_gives_the_same_replies(llm, smollm2) -> None:
+    """`LLM(speculate=4)`: copy-heavy chat replies equal those of speculation off, token for token."""
+    speculating = LLM(smollm2.path, dtype="float32", device="cpu", speculate=4)
+    conversations = [[{"role": "user", "content": "Repeat exactly: def add(a, b):\n    return a + b\n"}],
+                     [{"role": "user", "content": "What is 2+2?"}]]
+    expected = [o.outputs[0].token_ids for o in llm.chat(conversations, GREEDY, use_tqdm=False)]
+    assert [o.outputs[0].token_ids for o in speculating.chat(conversations, GREEDY, use_tqdm=False)] == expected

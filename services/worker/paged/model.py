@@ -92,6 +92,7 @@ class PagedModel:
             self.speculator.propose(batch)
         return self.step(batch, started)
 
+    @torch.inference_mode()
     def step(self, batch: PagedBatch, started: int) -> tuple[list[Generation], PagedBatch | None, Timings]:
         """`generate_token` once the drafts are set (none without speculation); `started` (ns) is
         when the step began."""

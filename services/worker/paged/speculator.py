@@ -16,10 +16,11 @@ speculation, whatever shares its batch. Grammar-constrained requests do not spec
 
 Back-off: proposals cost compute in the verifying forward, and pay only while a step's cost is
 its weights' read rather than its tokens' arithmetic. So a step proposes nothing when more than
-MAX_SPECULATING_ROWS sequences decode (the batch already fills the forward), proposes at most
+MAX_SPECULATING_ROWS sequences decode (the batch already fills the forward; a verified draft
+also leaves the grouped decode attention for an attention call of its own), proposes at most
 MAX_PROPOSED_TOKENS tokens in all, to the sequences whose recent proposals were accepted most
-first, and a sequence whose proposals were mostly rejected lately proposes one token at a time
-until they are accepted again.
+first, and a sequence whose proposals were mostly rejected lately pauses for a few steps before
+it tries again.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ import torch
 from services.worker.generations import step_rows
 from services.worker.paged.batch import PagedBatch, Sequence, histories
 
-MAX_SPECULATING_ROWS = 16  # above this many decoding sequences a step is compute-bound: no proposals
-MAX_PROPOSED_TOKENS = 32  # proposals of one step, in all
-MIN_ACCEPTANCE = 0.2  # a sequence whose recent proposals were accepted less than this proposes one token
+MAX_SPECULATING_ROWS = 8  # above this many decoding sequences a step is compute-bound: no proposals
+MAX_PROPOSED_TOKENS = 16  # proposals of one step, in all
+MIN_ACCEPTANCE = 0.2  # a sequence whose recent proposals were accepted less than this pauses...
+RECOVERY_PER_STEP = 0.02  # ...until this much a step brings it back to try again
 
 
 @dataclasses.dataclass
@@ -77,8 +79,10 @@ class Speculator:
         if request.sampling.grammar is not None:
             return 0
         room = sequence.capacity(self.block_size) - len(sequence.tokens)
-        count = min(self.num_speculative, sequence.stopping.num_remaining - 1, room)
-        return 1 if count > 1 and sequence.acceptance < MIN_ACCEPTANCE else count
+        if sequence.acceptance < MIN_ACCEPTANCE:
+            sequence.acceptance += RECOVERY_PER_STEP
+            return 0
+        return min(self.num_speculative, sequence.stopping.num_remaining - 1, room)
 
     # -- verification --------------------------------------------------------------------------
 
