@@ -53,6 +53,7 @@ class InfoReply:
     kv_cache: str = "padded"  # the workers' KV layout: paged or padded
     block_size: int = 0  # paged: tokens per KV block
     num_blocks: int = 0  # paged: KV blocks over all workers
+    speculate: int = 0  # tokens proposed per request per step (TGI's `speculate`)
 
 
 @record

@@ -200,12 +200,15 @@ class Generation:
 
 @record
 class Timings:
-    """Where a worker step spent its time, in nanoseconds."""
+    """Where a worker step spent its time, in nanoseconds, and what its speculation proposed and
+    how many of those tokens were accepted."""
 
     forward_ns: int = 0
     decode_ns: int = 0
     concatenate_ns: int = 0
     total_ns: int = 0
+    num_proposed: int = 0
+    num_accepted: int = 0
 
 
 @record

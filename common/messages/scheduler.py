@@ -149,13 +149,16 @@ class FilterResult:
 class WarmupResult:
     """What the worker can hold: the largest batch token budget it supports. A paged worker
     (`num_blocks` > 0) also gives its KV pool, whose blocks the scheduler allocates, and the
-    most tokens one step should carry to stay short on its hardware (`max_step_tokens`)."""
+    most tokens one step should carry to stay short on its hardware (`max_step_tokens`). When every
+    layer of its model attends within a sliding window, `kv_window` is that window: a request's keys
+    further back than it from its newest position are never read again."""
 
     command_id: int
     max_batch_total_tokens: int
     num_blocks: int = 0
     block_size: int = 0
     max_step_tokens: int = 0
+    kv_window: int | None = None
 
 
 @message("command_done")

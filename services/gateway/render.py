@@ -118,6 +118,7 @@ def info_json(info: InfoReply, config: GatewayConfig) -> dict[str, Any]:
         "kv_cache": info.kv_cache,
         "block_size": info.block_size,
         "num_blocks": info.num_blocks,
+        "speculate": info.speculate,
     }
 
 

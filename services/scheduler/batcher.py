@@ -25,6 +25,7 @@ Decode of a batch that ended meanwhile gets an empty answer from the worker.
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import logging
@@ -58,6 +59,7 @@ from services.scheduler.placement import Placement
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_table import RequestTable
+from services.scheduler.sliding_window import free_blocks_behind_window
 from services.scheduler.worker_slot import CommandKind, InFlight, WorkerSlot
 
 logger = logging.getLogger(__name__)
@@ -129,8 +131,8 @@ class Batcher:
         the next step, which the Filter that removes it from the worker's batch precedes."""
         slot = self.workers.get(request.worker_id) if request.worker_id is not None else None
         if slot is not None and slot.allocator is not None and request.block_ids:
-            slot.allocator.free(request.block_ids)
-        request.block_ids = []
+            slot.allocator.free(request.block_ids[request.num_dropped_blocks:])
+        request.block_ids, request.num_dropped_blocks = [], 0
 
     def kv_cache_shortfall(self, request: Request) -> str | None:
         """Why the request can never run (it needs more KV than any paged worker's pool holds)."""
@@ -204,8 +206,10 @@ class Batcher:
     def _on_warmup(self, slot: WorkerSlot, result: WarmupResult) -> None:
         slot.max_batch_total_tokens = result.max_batch_total_tokens
         if result.num_blocks > 0:
-            slot.allocator = BlockAllocator(result.num_blocks, result.block_size, self.config.prefix_caching)
-            slot.max_step_tokens = result.max_step_tokens
+            # a prefix's blocks behind a sliding window are freed while the request runs: nothing to share
+            prefix_caching = self.config.prefix_caching and result.kv_window is None
+            slot.allocator = BlockAllocator(result.num_blocks, result.block_size, prefix_caching)
+            slot.max_step_tokens, slot.kv_window = result.max_step_tokens, result.kv_window
         slot.ready = True
         logger.info("worker %s ready: max_batch_total_tokens=%d", slot.identity.decode(errors="replace"),
                     result.max_batch_total_tokens)
@@ -226,21 +230,35 @@ class Batcher:
         self.on_generations(slot, result.generations)
 
     def _on_paged_step(self, slot: WorkerSlot, in_flight: InFlight, result: StepResult) -> None:
-        """The worker keeps one batch; each request of the step has computed its tokens' KV."""
+        """The worker keeps one batch; each request of the step has computed its tokens' KV: its
+        chunk, or for a decoding request its last token and the proposed tokens it accepted (one
+        fewer than the tokens it got)."""
         assert slot.allocator is not None, "a paged worker"
         slot.batches = [result.batch] if result.batch is not None else []
+        num_tokens = collections.Counter(generation.request_id for generation in result.generations)
+        decoded = []
         for request_id, num_new in in_flight.num_new.items():
             request = self.table.get(request_id)
             if request is not None and request.worker_id == slot.identity:
+                if not request.is_prefilling:
+                    num_new = max(num_tokens[request_id], 1)
+                    decoded.append(num_new)
                 request.num_computed += num_new
-                self._index_full_blocks(slot.allocator, request)
+                self._index_full_blocks(slot.allocator, request, len(request.tokens))
+                if slot.kv_window is not None:
+                    free_blocks_behind_window(request, slot.allocator, slot.kv_window)
+        if self.config.speculate:
+            self.metrics.record_tokens_per_step(decoded)
 
     @staticmethod
-    def _index_full_blocks(allocator: BlockAllocator, request: Request) -> None:
-        """Blocks the step filled become cached, for the requests after this one (prefix caching)."""
-        num_full = request.num_computed // allocator.block_size
+    def _index_full_blocks(allocator: BlockAllocator, request: Request, num_known: int) -> None:
+        """Blocks the step filled become cached, for the requests after this one (prefix caching);
+        only blocks of tokens the scheduler knows already (`num_known`: a step's accepted run is
+        recorded after this)."""
+        num_computed = min(request.num_computed, num_known)
+        num_full = num_computed // allocator.block_size
         if allocator.cache is not None and num_full > request.num_indexed_blocks:
-            allocator.index(request.tokens, request.block_ids, request.num_computed)
+            allocator.index(request.tokens, request.block_ids, num_computed)
             request.num_indexed_blocks = num_full
 
     def _on_canary(self, slot: WorkerSlot, answer: object) -> None:

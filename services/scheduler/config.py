@@ -38,6 +38,9 @@ class SchedulerConfig(ServiceConfig):
         "help": "paged workers keep full KV blocks indexed by their tokens after use: a request reuses "
                 "the longest cached prefix of its input (shared system prompts, earlier chat turns) and "
                 "prefills only the rest; with several workers it goes to the one holding its prefix"})
+    speculate: int = dataclasses.field(default=0, metadata={
+        "help": "paged workers propose up to this many tokens per request per step (the workers' own "
+                "--speculate): each decoding request gets blocks for them when the pool has them free"})
     heartbeat_interval_ms: int = 1000
     heartbeat_misses: int = 5
     no_worker_timeout_s: float = 30.0
@@ -65,6 +68,7 @@ class SchedulerConfig(ServiceConfig):
                     f"--max-total-tokens ({self.max_total_tokens})")
         if self.max_batch_size is not None:
             require(self.max_batch_size > 0, "--max-batch-size must be positive")
+        require(0 <= self.speculate <= 16, f"--speculate must be between 0 and 16, got {self.speculate}")
         require(0.0 <= self.waiting_served_ratio, "--waiting-served-ratio must be >= 0")
         require(self.max_waiting_tokens > 0, "--max-waiting-tokens must be positive")
         require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,

@@ -325,6 +325,7 @@ class Hub:
             kv_cache="paged" if workers and all(w.is_paged for w in workers) else "padded",
             block_size=max((w.allocator.block_size for w in workers if w.allocator), default=0),
             num_blocks=sum(w.allocator.num_blocks for w in workers if w.allocator),
+            speculate=config.speculate,
         )
 
     def _prefill_token_budget(self, workers: list[WorkerSlot]) -> int:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 DURATION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+TOKENS_PER_STEP_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 12, 17)
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -127,6 +128,13 @@ class SchedulerMetrics:
         self.prefix_cache_hit_tokens = Family(
             "ztgi_prefix_cache_hit_tokens", "counter",
             "Input tokens whose KV came from the prefix cache instead of being computed")
+        self.speculative_proposed_tokens = Family(
+            "ztgi_speculative_proposed_tokens", "counter", "Tokens proposed for verification (--speculate)")
+        self.speculative_accepted_tokens = Family(
+            "ztgi_speculative_accepted_tokens", "counter", "Proposed tokens accepted: each one a forward saved")
+        self.request_tokens_per_step = histogram(
+            "ztgi_request_tokens_per_step", "Tokens a decoding request got from one step (above 1: speculation)",
+            TOKENS_PER_STEP_BUCKETS)
         self.prefill_chunks = Family(
             "ztgi_prefill_chunks", "counter", "Chunks of prompts prefilled over several steps (chunked prefill)")
 
@@ -169,6 +177,14 @@ class SchedulerMetrics:
         self.batch_decode_duration.observe(timings.decode_ns / 1e9, method=method)
         if method == "decode":
             self.batch_concat_duration.observe(timings.concatenate_ns / 1e9)
+        if timings.num_proposed:
+            self.speculative_proposed_tokens.inc(float(timings.num_proposed))
+            self.speculative_accepted_tokens.inc(float(timings.num_accepted))
+
+    def record_tokens_per_step(self, num_tokens: Iterable[int]) -> None:
+        """How many tokens each decoding request of a paged step got."""
+        for count in num_tokens:
+            self.request_tokens_per_step.observe(float(count))
 
     def record_failed_step(self, method: str) -> None:
         self.batch_inference_count.inc(method=method)

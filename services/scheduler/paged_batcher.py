@@ -9,6 +9,8 @@ its blocks are freed and it goes back to the front of the queue, to resume from 
 so far (nothing lost, nothing streamed twice). With prefix caching a newcomer first takes the
 cached blocks of the longest prefix of its input (their tokens compared) and computes only the
 rest, at least its last token; the blocks it fills are indexed for the requests after it.
+With speculation (`speculate`) a decoding request also gets, from free blocks only, room for the
+tokens its worker may propose; how many it computes is known from the worker's answer.
 With several workers a request waits for the one holding its prefix (`Placement`) unless that
 one is much busier. Decisions only: the batcher sends the commands.
 """
@@ -24,6 +26,7 @@ from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request
 
 RESERVE_FRACTION = 0.01  # admissions leave this share of blocks free for running requests to grow
+MAX_SPECULATING_REQUESTS = 16  # the worker's back-off: above this many decodes it proposes nothing
 
 
 @dataclasses.dataclass
@@ -73,7 +76,19 @@ class PagedBatcher:
                 request.block_ids.extend(blocks)
             step.running.append(request)
             step.num_new[request.request_id] = 1
+        if self.config.speculate and len(decoding) <= MAX_SPECULATING_REQUESTS:
+            for request in decoding:
+                self._speculative_blocks(request, allocator)
         return len(decoding)
+
+    def _speculative_blocks(self, request: Request, allocator: BlockAllocator) -> None:
+        """Blocks for the tokens the worker may propose after the request's next one, when free
+        ones are left over (a request never waits or preempts for them; it grows into them)."""
+        num_proposed = min(self.config.speculate, request.remaining_new_tokens - 1)
+        needed = allocator.blocks_for(request.num_computed + 1 + num_proposed) - len(request.block_ids)
+        reserve = int(allocator.num_blocks * RESERVE_FRACTION)
+        if needed > 0 and allocator.num_free - needed >= reserve:
+            request.block_ids.extend(allocator.allocate(needed) or [])
 
     @staticmethod
     def _chunks(step: PagedStep, running: list[Request], budget: int, used: int) -> int:

@@ -40,6 +40,7 @@ class Request:
     num_computed: int = 0
     num_cached_tokens: int = 0  # prefix cache: input tokens its (re)start took from cached blocks
     num_indexed_blocks: int = 0  # prefix cache: its full blocks already given to the cache
+    num_dropped_blocks: int = 0  # sliding-window workers: its first blocks, freed (sliding_window.py)
 
     @property
     def tokens(self) -> list[int]:
@@ -77,6 +78,7 @@ class Request:
         self.num_resumed_tokens = len(self.generated_ids)
         self.block_ids = []
         self.num_blocks_sent = self.prefill_len = self.num_computed = self.num_indexed_blocks = 0
+        self.num_dropped_blocks = 0
 
     def new_blocks(self) -> list[int]:
         """Blocks the worker has not been told about yet; from now on it has been."""

@@ -60,6 +60,7 @@ class WorkerSlot:
     num_steps: int = 0
     allocator: BlockAllocator | None = None  # paged workers: their KV blocks, announced at warmup
     max_step_tokens: int = 0  # paged: the step size the worker measured at warmup
+    kv_window: int | None = None  # paged: its model's sliding window, when every layer has one
     canary_block_ids: list[int] = dataclasses.field(default_factory=list)
 
     @property

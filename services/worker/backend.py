@@ -92,14 +92,18 @@ def resolve_kv_cache(kv_cache: str, backend: str, config: object) -> str:
 
 
 def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
-               kv_cache: str = "auto", block_size: int = 16, quantize: str = "none") -> Model:
-    """The model behind the layout `kv_cache` picks; ValueError/TypeError/ModelNotFoundError."""
+               kv_cache: str = "auto", block_size: int = 16, quantize: str = "none", speculate: int = 0) -> Model:
+    """The model behind the layout `kv_cache` picks; ValueError/TypeError/ModelNotFoundError.
+    `speculate` (proposed tokens per step) needs the paged layout."""
     from services.worker.model import PaddedModel
     from services.worker.paged.model import PagedModel
 
     loaded = load(model_id, dtype, device, quantize)
     if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
-        return PagedModel(loaded, block_size)
+        return PagedModel(loaded, block_size, speculate)
+    if speculate:
+        raise ValueError(f"--speculate {speculate} needs the paged KV cache, and this model runs on the padded one "
+                         "(--kv-cache padded, or a model the paged forward cannot serve): use --speculate 0")
     return PaddedModel(loaded, backend)
 
 

@@ -34,6 +34,10 @@ class WorkerConfig(PeerConfig):
                 "chunked prefill), padded (TGI's first model server), or auto (paged where the model's "
                 "forward supports it)"})
     block_size: int = dataclasses.field(default=16, metadata={"help": "paged KV cache: tokens per block"})
+    speculate: int = dataclasses.field(default=0, metadata={
+        "help": "paged KV cache: propose up to this many tokens per request per step from the request's own "
+                "prompt and output (prompt lookup) and verify them in the step's one forward; greedy output "
+                "is unchanged, sampling keeps its distribution; backs off on large batches (0: off)"})
     step_target_ms: int = dataclasses.field(default=500, metadata={
         "help": "paged KV cache: warmup times a prefill chunk and announces how many tokens fit in a step "
                 "of this length; the scheduler's default per-step token budget"})
@@ -61,6 +65,7 @@ class WorkerConfig(PeerConfig):
         require(self.quantize in QUANTIZE, f"--quantize {self.quantize!r} must be one of {', '.join(QUANTIZE)}")
         require(self.kv_cache in KV_CACHES, f"--kv-cache {self.kv_cache!r} must be one of {', '.join(KV_CACHES)}")
         require(self.block_size >= 1, "--block-size must be >= 1")
+        require(0 <= self.speculate <= 16, f"--speculate must be between 0 and 16, got {self.speculate}")
         require(self.step_target_ms >= 1, "--step-target-ms must be >= 1")
         require(self.worker_index >= 0, "--worker-index must be >= 0")
         require(self.memory_budget_mb > 0, "--memory-budget-mb (KV cache budget on CPU) must be positive")

@@ -7,6 +7,7 @@ whose step fails drops the batches it named, which are the ones that failed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -172,7 +173,7 @@ class Engine:
         else:
             self.cache.set(batch.batch_id, next_batch)
         total_ns = time.perf_counter_ns() - started + concatenate_ns
-        timings = Timings(timings.forward_ns, timings.decode_ns, concatenate_ns, total_ns)
+        timings = dataclasses.replace(timings, concatenate_ns=concatenate_ns, total_ns=total_ns)
         return StepResult(command_id, generations, next_batch.to_cached() if next_batch else None, timings)
 
     def _cached(self, batch_ids: Sequence[int]) -> list[Batch]:

@@ -1,10 +1,14 @@
-"""`ztgi launch --model-id DIR` on a tiny random Gemma 2 (sliding windows, soft-capping): the native
-paged worker's greedy tokens over HTTP equal transformers' `generate`."""
+"""`ztgi launch --model-id DIR` on tiny random Gemma 2 (sliding windows, soft-capping) and Mistral
+(every layer sliding): the native paged worker's greedy tokens over HTTP equal transformers'
+`generate`, and Mistral's blocks behind the window go back to the pool while requests run."""
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.e2e.server import LaunchedServer
@@ -46,3 +50,40 @@ def test_launched_gemma2_greedy_equals_transformers(gemma2_dir: str, tmp_path_fa
         assert len(details["tokens"]) == len(expected)
     finally:
         assert server.stop() == 0, server.log
+
+
+@pytest.fixture(scope="module")
+def mistral_dir(smollm2, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return save_family_model("mistral", str(tmp_path_factory.mktemp("mistral")), smollm2.path)
+
+
+@pytest.mark.slow
+def test_sliding_window_blocks_are_freed_while_requests_run(mistral_dir: str, tmp_path_factory) -> None:
+    """Mistral (every layer within a window of 8) on a pool of 32 blocks of 4: four requests of 64
+    tokens each (64 blocks together) run at once without a preemption, because each one's blocks
+    behind its window go back to the pool as it decodes, and their greedy ids equal transformers'."""
+    tokenizer = AutoTokenizer.from_pretrained(mistral_dir)
+    reference = AutoModelForCausalLM.from_pretrained(mistral_dir, dtype=torch.float32).eval()
+    prompts = [f"{PROMPT} {word}" for word in ("made", "sold", "fixed", "kept")]
+    server = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--model-id", mistral_dir, "--dtype", "float32",
+                            "--block-size", "4", "--max-batch-total-tokens", "128", "--max-input-tokens", "64",
+                            "--max-total-tokens", "128", startup_timeout_s=600)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            answers = list(pool.map(lambda prompt: _greedy_ids(server, prompt, 40), prompts))
+        families = text_string_to_metric_families(server.get("/metrics").text)
+        assert sum(s.value for f in families for s in f.samples if s.name.startswith("ztgi_preemptions")) == 0
+    finally:
+        assert server.stop() == 0, server.log
+    for prompt, ids in zip(prompts, answers):
+        tensor = torch.tensor([tokenizer(prompt)["input_ids"]])
+        expected = reference.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=40,
+                                      do_sample=False, pad_token_id=2)[0, tensor.shape[1]:].tolist()
+        assert ids == expected, prompt
+
+
+def _greedy_ids(server: LaunchedServer, prompt: str, num_tokens: int) -> list[int]:
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": num_tokens, "ignore_eos": True, "details": True}}
+    response = server.post("/generate", body)
+    assert response.status_code == 200, response.text
+    return [t["id"] for t in response.json()["details"]["tokens"]]

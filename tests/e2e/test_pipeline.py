@@ -28,10 +28,12 @@ NUM_NEW_TOKENS = 32
 FLOAT32 = ("--dtype", "float32")
 
 
-@pytest.fixture(scope="module", params=[(), ("--pipeline-decode",)], ids=["one-at-a-time", "pipelined-decode"])
+@pytest.fixture(scope="module", params=[(), ("--pipeline-decode",), ("--speculate", "4")],
+                ids=["one-at-a-time", "pipelined-decode", "speculate-4"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """One launched pipeline (1 worker, 1 tokenizer, 1 gateway) per batching mode: TGI's one
-    command at a time, and with the next Decode pipelined behind the one running."""
+    command at a time, with the next Decode pipelined behind the one running, and with up to 4
+    proposed tokens verified per request per step (the same tokens, several a step)."""
     launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--max-concurrent-requests", "24",
                               *FLOAT32, *request.param)
     yield launched

@@ -4,7 +4,8 @@ Each `Sequence` holds its tokens, its block table (given by the scheduler) and h
 tokens already have their keys and values in the pool (`num_computed`). A step feeds each
 running sequence the tokens it has not computed yet: one for a decoding request; for a request
 whose prompt is still being prefilled, the chunk the scheduler asked for (`chunk_len`, None for
-the whole rest). Filter and concatenate move Python objects and block tables only.
+the whole rest). With speculation a decoding sequence also feeds its `draft`, the tokens proposed
+for after its last one. Filter and concatenate move Python objects and block tables only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from common.messages import CachedBatch, SeqUpdate, WorkerRequest
 from services.worker.next_token_chooser import NextTokenChooser
+from services.worker.paged.prompt_lookup import PromptLookup
 from services.worker.request_checks import chooser_for, require_unique, validate_requests
 from services.worker.stopping_criteria import StoppingCriteria
 
@@ -37,6 +39,9 @@ class Sequence:
     stopping: StoppingCriteria
     chunk_len: int | None  # prompt tokens the next step computes (None: all the rest; 0: none)
     prefill_logprobs: list[float] | None = None  # gathered chunk by chunk when asked for
+    draft: list[int] = dataclasses.field(default_factory=list)  # this step's proposed tokens (speculation)
+    lookup: PromptLookup = dataclasses.field(default_factory=PromptLookup)
+    acceptance: float = 1.0  # recent share of its proposed tokens that were accepted
 
     @property
     def request_id(self) -> int:
@@ -53,7 +58,13 @@ class Sequence:
         rest = len(self.tokens) - self.num_computed
         if self.is_prefilling and self.chunk_len is not None:
             return self.num_computed, min(rest, self.chunk_len)
-        return self.num_computed, rest
+        return self.num_computed, rest + len(self.draft)
+
+    def step_tokens(self, start: int, count: int) -> list[int]:
+        """The tokens at `[start, start + count)`, the draft's after the last chosen one."""
+        if not self.draft:
+            return self.tokens[start:start + count]
+        return (self.tokens + self.draft)[start:start + count]
 
     def capacity(self, block_size: int) -> int:
         return len(self.block_ids) * block_size
@@ -139,15 +150,18 @@ class PagedBatch:
 
     def token_history(self, rows: Seq[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The tokens so far of `rows`, right-aligned (left-padded) with their mask, for penalties."""
-        width = max(len(self.sequences[i].tokens) for i in rows)
-        token_ids = torch.zeros((len(rows), width), dtype=torch.int64)
-        mask = torch.zeros_like(token_ids)
-        for row, i in enumerate(rows):
-            tokens = self.sequences[i].tokens
-            token_ids[row, width - len(tokens):] = torch.tensor(tokens)
-            mask[row, width - len(tokens):] = 1
-        device = self.chooser.device
-        return token_ids.to(device), mask.to(device)
+        return histories([self.sequences[i].tokens for i in rows], self.chooser.device)
+
+
+def histories(token_lists: Seq[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists right-aligned (left-padded) into one tensor, with their mask."""
+    width = max(len(tokens) for tokens in token_lists)
+    token_ids = torch.zeros((len(token_lists), width), dtype=torch.int64)
+    mask = torch.zeros_like(token_ids)
+    for row, tokens in enumerate(token_lists):
+        token_ids[row, width - len(tokens):] = torch.tensor(tokens)
+        mask[row, width - len(tokens):] = 1
+    return token_ids.to(device), mask.to(device)
 
 
 def _validate_paged(request: WorkerRequest, block_size: int) -> None:

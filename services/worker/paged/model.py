@@ -14,8 +14,9 @@ from services.worker import quantized_linear
 from services.worker.generations import step_rows, top_of_row
 from services.worker.loading import LoadedModel
 from services.worker.paged.batch import PagedBatch
-from services.worker.paged.families import paged_forward
+from services.worker.paged.families import layer_windows, paged_forward
 from services.worker.paged.kv_pool import KVPool, KVShape
+from services.worker.paged.speculator import Speculator
 from services.worker.paged.step_inputs import StepInputs, build_step_inputs
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ class PagedModel:
     kv_cache: ClassVar[str] = "paged"
     batch_type: ClassVar[type[PagedBatch]] = PagedBatch
 
-    def __init__(self, loaded: LoadedModel, block_size: int = 16) -> None:
+    def __init__(self, loaded: LoadedModel, block_size: int = 16, speculate: int = 0) -> None:
         if block_size < 1:
             raise ValueError(f"--block-size must be >= 1, got {block_size}")
         self.loaded = loaded
@@ -47,9 +48,18 @@ class PagedModel:
         logger.info("paged KV cache, %s weights", linear.describe())
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
+        self.speculator = Speculator(speculate, block_size) if speculate else None
 
     def info(self) -> WorkerInfo:
         return self.loaded.info()
+
+    @property
+    def kv_window(self) -> int | None:
+        """The sliding window when every layer has one (the scheduler then frees the blocks behind
+        it); None when any layer attends to the whole context."""
+        windows = layer_windows(self.loaded.module.config)
+        sliding = [window for window in windows if window is not None]
+        return max(sliding) if len(sliding) == len(windows) else None
 
     @property
     def num_blocks(self) -> int:
@@ -76,6 +86,14 @@ class PagedModel:
             return [], None, Timings()
         if self.pool is None:
             raise RuntimeError("the KV pool is not allocated: the worker was not warmed up")
+        if self.speculator is not None:
+            self.speculator.propose(batch)
+        return self.step(batch, started)
+
+    def step(self, batch: PagedBatch, started: int) -> tuple[list[Generation], PagedBatch | None, Timings]:
+        """`generate_token` once the drafts are set (none without speculation); `started` (ns) is
+        when the step began."""
+        assert self.pool is not None
         inputs = build_step_inputs(batch, self.pool)
         if inputs is None:
             return [], batch, Timings()
@@ -84,12 +102,14 @@ class PagedModel:
         generations = self._advance(batch, inputs, logits)
         next_batch = None if batch.all_stopped else batch
         done = time.perf_counter_ns()
+        counts = self.speculator.counts if self.speculator is not None else None
         return generations, next_batch, Timings(
-            forward_ns=forward_done - started, decode_ns=done - forward_done, total_ns=done - started)
+            forward_ns=forward_done - started, decode_ns=done - forward_done, total_ns=done - started,
+            num_proposed=counts.num_proposed if counts else 0, num_accepted=counts.num_accepted if counts else 0)
 
     def _advance(self, batch: PagedBatch, inputs: StepInputs, logits: torch.Tensor) -> list[Generation]:
         """Chooses the sampled sequences' tokens and moves every planned sequence on."""
-        rows: list[list[float]] = []
+        rows: list[list[list[float]]] = []
         if inputs.sampled:
             rows = self._choose(batch, inputs, logits)
         self._gather_prefill_logprobs(batch, inputs, logits)
@@ -98,15 +118,36 @@ class PagedModel:
             if batch.sequences[entry.index].is_prefilling:
                 batch.sequences[entry.index].chunk_len = 0  # the scheduler gives the next chunk
         # in the batch's order, whatever order the step ran its rows in
-        return [self._generation(batch.sequences[index], row) for index, row in sorted(zip(inputs.sampled, rows))]
+        return [generation for index, sequence_rows in sorted(zip(inputs.sampled, rows))
+                for generation in self._generations(batch, index, sequence_rows)]
 
-    def _choose(self, batch: PagedBatch, inputs: StepInputs, logits: torch.Tensor) -> list[list[float]]:
+    def _choose(self, batch: PagedBatch, inputs: StepInputs, logits: torch.Tensor) -> list[list[list[float]]]:
+        """Each sampled sequence's chosen token rows (one per position it verified)."""
         sampled = inputs.sampled
+        if self.speculator is not None and any(batch.sequences[i].draft for i in sampled):
+            return self.speculator.choose(batch, sampled, inputs.sample_logits, logits)
         chooser = batch.chooser if sampled == list(range(len(batch))) else batch.chooser.select(sampled)
         history = batch.token_history(sampled) if chooser.needs_history else ()
         scores = logits.index_select(0, torch.tensor(inputs.sample_logits, device=logits.device))
         next_ids, logprobs = chooser(scores, *history)
-        return step_rows(next_ids, logprobs, [batch.sequences[i].request.top_n_tokens for i in sampled])
+        return [[row] for row in step_rows(next_ids, logprobs, [batch.sequences[i].request.top_n_tokens
+                                                                for i in sampled])]
+
+    def _generations(self, batch: PagedBatch, index: int, rows: list[list[float]]) -> list[Generation]:
+        """The sequence's tokens of this step: one, or with a draft the accepted run (cut at a
+        token that stops the request)."""
+        sequence = batch.sequences[index]
+        if not sequence.draft:
+            return [self._generation(sequence, rows[0])]
+        num_emitted = Speculator.accepted(sequence.draft, [int(row[0]) for row in rows])
+        generations = []
+        for row in rows[:num_emitted]:
+            generations.append(self._generation(sequence, row))
+            if generations[-1].finish_reason is not None:
+                break
+        assert self.speculator is not None, "a draft comes from the speculator"
+        self.speculator.settle(batch, index, len(generations))
+        return generations
 
     @staticmethod
     def _gather_prefill_logprobs(batch: PagedBatch, inputs: StepInputs, logits: torch.Tensor) -> None:

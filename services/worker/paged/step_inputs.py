@@ -30,7 +30,7 @@ class StepInputs:
     attention: AttentionInputs
     logit_rows: torch.Tensor  # [logits]: the rows whose logits the step needs
     sampled: list[int]  # sequences that choose a token this step (their input is all computed)
-    sample_logits: list[int]  # for each of `sampled`, its row in the logits
+    sample_logits: list[int]  # for each of `sampled`, its (first) row in the logits
     logprob_logits: dict[int, int]  # sequence -> first logit of its chunk (prefill logprobs asked)
 
     @property
@@ -52,7 +52,7 @@ def build_step_inputs(batch: PagedBatch, pool: KVPool) -> StepInputs | None:
         entries.append(Entry(index, start, count, row))
         row += count
     sequences = batch.sequences
-    input_ids = [t for e in entries for t in sequences[e.index].tokens[e.start:e.start + e.count]]
+    input_ids = [t for e in entries for t in sequences[e.index].step_tokens(e.start, e.count)]
     positions = torch.cat([torch.arange(e.start, e.start + e.count) for e in entries])
     slots = torch.cat([_slots(sequences[e.index], e, block_size) for e in entries])
     attention = _attention_inputs(sequences, entries[:len(decodes)], entries[len(decodes):], slots,
@@ -76,7 +76,8 @@ def _planned(batch: PagedBatch, block_size: int,
         if count == 0:
             continue
         _check_blocks(sequence, start + count, block_size, num_blocks)
-        (prefills if sequence.is_prefilling else decodes).append((index, start, count))
+        # a draft is verified like a prefill chunk: causal over itself, after the cached keys
+        (prefills if sequence.is_prefilling or sequence.draft else decodes).append((index, start, count))
     decodes.sort(key=lambda entry: entry[1])  # by context length: groups of similar lengths
     return decodes, prefills
 
@@ -121,6 +122,10 @@ def _logit_rows(sequences: list[Sequence],
             if completes:
                 sampled.append(e.index)
                 sample_logits.append(len(rows) - 1)
+        elif sequence.draft:  # every position's logits: the last chosen token's and each proposal's
+            sampled.append(e.index)
+            sample_logits.append(len(rows))
+            rows.extend(range(e.row, e.row + e.count))
         elif completes:
             sampled.append(e.index)
             sample_logits.append(len(rows))

@@ -50,7 +50,7 @@ def warm_up(model, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: i
     logger.info("warmup: %d x %d prompt tokens in %.1f s; KV pool %d blocks of %d tokens; %d tokens a step",
                 num_requests, input_len, time.monotonic() - started, num_blocks, model.block_size, max_step_tokens)
     return WarmupResult(command.command_id, num_blocks * model.block_size, num_blocks, model.block_size,
-                        max_step_tokens)
+                        max_step_tokens, model.kv_window)
 
 
 def _batch(model, num_requests: int, input_len: int, blocks_each: int) -> PagedBatch:
