@@ -30,6 +30,7 @@ class LaunchConfig(LogConfig, RequestLimits):
     kv_cache: str = "auto"  # the worker's KV layout: paged, padded, or auto (paged where it fits)
     quantize: str = "none"  # the worker's linear weights: none (float), int8 or int4 (CPU, native forward)
     block_size: int = 16  # paged KV cache: tokens per block
+    float32_decode_attention: bool = False  # paged, CPU, bfloat16: the worker's decode attention in float32
     step_target_ms: int = 500  # paged: the step length warmup sizes the default token budget for
     speculate: int = 0  # paged: tokens proposed per request per step by prompt lookup, verified in one forward
     memory_budget_mb: int | None = None  # the worker's KV budget on CPU (none: the worker's default)
@@ -75,10 +76,12 @@ class LaunchConfig(LogConfig, RequestLimits):
         """ZTGI_* variables for every child: the settings more than one service reads."""
         shared_bases = (f.name for base in (LogConfig, RequestLimits) for f in dataclasses.fields(base))
         names = (*shared_bases, "model_id", "dtype", "device", "backend", "kv_cache", "quantize", "block_size",
-                 "step_target_ms", "speculate", "memory_budget_mb", "max_concurrent_requests",
+                 "step_target_ms", "speculate", "float32_decode_attention",
+                 "memory_budget_mb", "max_concurrent_requests",
                  "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",
-                 "max_waiting_tokens", "pipeline_decode", "prefix_caching", "heartbeat_interval_ms",
-                 "heartbeat_misses", "no_worker_timeout_s", "drain_timeout_s", "health_window_s")
+                 "max_waiting_tokens",
+                 "pipeline_decode", "prefix_caching", "heartbeat_interval_ms", "heartbeat_misses",
+                 "no_worker_timeout_s", "drain_timeout_s", "health_window_s")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
                if getattr(self, name) is not None}
         env["ZTGI_SCHEDULER_URL"] = scheduler_url

@@ -8,6 +8,7 @@ cache, warmup and the benchmarks go through these protocols only.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -21,6 +22,7 @@ from services.worker.paged import families
 if TYPE_CHECKING:
     from services.worker.model import PaddedModel
     from services.worker.paged.model import PagedModel
+logger = logging.getLogger(__name__)
 
 BatchT = TypeVar("BatchT", bound="Batch")
 
@@ -92,7 +94,8 @@ def resolve_kv_cache(kv_cache: str, backend: str, config: object) -> str:
 
 
 def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
-               kv_cache: str = "auto", block_size: int = 16, quantize: str = "none", speculate: int = 0) -> Model:
+               kv_cache: str = "auto", block_size: int = 16, quantize: str = "none", speculate: int = 0,
+               float32_decode_attention: bool = False) -> Model:
     """The model behind the layout `kv_cache` picks; ValueError/TypeError/ModelNotFoundError.
     `speculate` (proposed tokens per step) needs the paged layout."""
     from services.worker.model import PaddedModel
@@ -100,10 +103,12 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
 
     loaded = load(model_id, dtype, device, quantize)
     if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
-        return PagedModel(loaded, block_size, speculate)
+        return PagedModel(loaded, block_size, speculate, float32_decode_attention)
     if speculate:
         raise ValueError(f"--speculate {speculate} needs the paged KV cache, and this model runs on the padded one "
                          "(--kv-cache padded, or a model the paged forward cannot serve): use --speculate 0")
+    if float32_decode_attention:
+        logger.warning("--float32-decode-attention applies to the paged KV cache only; ignored")
     return PaddedModel(loaded, backend)
 
 

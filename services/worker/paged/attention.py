@@ -119,6 +119,7 @@ class PagedAttention:
         self.scale = scale if scale is not None else 1 / math.sqrt(head_dim)
         self.softcap = softcap
         self._workspace: dict[str, torch.Tensor] = {}
+        self.float32_decode = False  # --float32-decode-attention: decode rows on CPU in float32
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: KVPool,
                  inputs: AttentionInputs) -> torch.Tensor:
@@ -141,7 +142,10 @@ class PagedAttention:
         mask = group.mask
         if group.num_keys is not None:  # the attention kernel then sums over the same keys as a contiguous cache
             keys, values, mask = keys[:, :, :group.num_keys], values[:, :, :group.num_keys], mask[..., :group.num_keys]
-        return self._attend(q.unsqueeze(2), keys, values, mask).squeeze(2)
+        queries = q.unsqueeze(2)
+        if self.float32_decode and q.device.type == "cpu" and q.dtype != torch.float32:
+            queries, keys, values = queries.float(), keys.float(), values.float()
+        return self._attend(queries, keys, values, mask).squeeze(2).to(q.dtype)
 
     def _prefill(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: KVPool,
                  span: PrefillSpan) -> torch.Tensor:

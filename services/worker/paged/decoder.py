@@ -56,6 +56,7 @@ class PagedDecoderForward:
 
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
+        self.attention = decoder.attention
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
                  pool: KVPool, logit_rows: torch.Tensor) -> torch.Tensor:

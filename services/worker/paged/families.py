@@ -9,10 +9,7 @@ its own forward (`llama.py`), which shares the padded backend's weights.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import TYPE_CHECKING
-
-import torch
 
 from services.worker import llama_forward
 from services.worker.layers.embedding import Embedding
@@ -68,7 +65,8 @@ def unsupported_reason(config: TransformersConfig) -> str:
     return f"model type {model_type!r} has no native paged forward (supported: {', '.join(SUPPORTED)})"
 
 
-def paged_forward(module: TransformersModule, linear: LinearFactory | None = None) -> Callable[..., torch.Tensor]:
+def paged_forward(module: TransformersModule,
+                  linear: LinearFactory | None = None) -> PagedLlamaForward | PagedDecoderForward:
     """The native paged forward of `module` (a transformers causal LM), its linear layers from
     `linear` (`--quantize`; Llama only for now); TypeError where none fits, ValueError for a
     quantization the family's forward does not take."""

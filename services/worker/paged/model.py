@@ -29,7 +29,8 @@ class PagedModel:
     kv_cache: ClassVar[str] = "paged"
     batch_type: ClassVar[type[PagedBatch]] = PagedBatch
 
-    def __init__(self, loaded: LoadedModel, block_size: int = 16, speculate: int = 0) -> None:
+    def __init__(self, loaded: LoadedModel, block_size: int = 16, speculate: int = 0,
+                 float32_decode_attention: bool = False) -> None:
         if block_size < 1:
             raise ValueError(f"--block-size must be >= 1, got {block_size}")
         self.loaded = loaded
@@ -45,7 +46,9 @@ class PagedModel:
             linear = quantized_linear.factory(loaded.quantize, loaded.module, loaded.gguf_file, "native",
                                               self.device, self.dtype)
             self.forward_pass = paged_forward(loaded.module, linear)
-        logger.info("paged KV cache, %s weights", linear.describe())
+        self.forward_pass.attention.float32_decode = float32_decode_attention
+        logger.info("paged KV cache, %s weights%s", linear.describe(),
+                    ", decode attention in float32" if float32_decode_attention else "")
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
         self.speculator = Speculator(speculate, block_size) if speculate else None
@@ -57,9 +60,8 @@ class PagedModel:
     def kv_window(self) -> int | None:
         """The sliding window when every layer has one (the scheduler then frees the blocks behind
         it); None when any layer attends to the whole context."""
-        windows = layer_windows(self.loaded.module.config)
-        sliding = [window for window in windows if window is not None]
-        return max(sliding) if len(sliding) == len(windows) else None
+        windows = [window for window in layer_windows(self.loaded.module.config) if window is not None]
+        return max(windows) if len(windows) == self.loaded.num_layers else None
 
     @property
     def num_blocks(self) -> int:
@@ -145,7 +147,7 @@ class PagedModel:
             generations.append(self._generation(sequence, row))
             if generations[-1].finish_reason is not None:
                 break
-        assert self.speculator is not None, "a draft comes from the speculator"
+        assert self.speculator is not None, "only drafted sequences get here"
         self.speculator.settle(batch, index, len(generations))
         return generations
 

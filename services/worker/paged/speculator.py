@@ -95,8 +95,11 @@ class Speculator:
         if chooser.needs_history:
             history = histories([batch.sequences[i].tokens + batch.sequences[i].draft[:k]
                                  for i, width in zip(sampled, widths) for k in range(width)], chooser.device)
-        states = {i: generator.get_state() for i in sampled
-                  if (generator := batch.chooser.generators[i]) is not None and batch.sequences[i].draft}
+        states = {}
+        for i in sampled:
+            generator = batch.chooser.generators[i]
+            if generator is not None and batch.sequences[i].draft:
+                states[i] = generator.get_state()
         scores = logits.index_select(0, torch.tensor(positions, device=logits.device))
         next_ids, logprobs = chooser(scores, *history)
         rows = step_rows(next_ids, logprobs, [batch.sequences[i].request.top_n_tokens for i in expanded])
@@ -116,8 +119,9 @@ class Speculator:
         sequence.acceptance = 0.5 * sequence.acceptance + 0.5 * num_accepted / len(sequence.draft)
         sequence.num_computed = len(sequence.tokens) - 1
         state = self._rewind.pop(index, None)
-        generator = batch.chooser.generators[index]
-        if state is not None and generator is not None:  # a state is kept only for a sampling sequence
+        if state is not None:
+            generator = batch.chooser.generators[index]
+            assert generator is not None, "a state was kept only for a sequence with a generator"
             generator.set_state(state)
             for _ in range(num_emitted):  # the draws of the emitted positions, as one step at a time makes them
                 torch.empty(self._vocab_size, dtype=torch.float32, device=generator.device).exponential_(
