@@ -60,15 +60,10 @@ from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_table import RequestTable
 from services.scheduler.sliding_window import free_blocks_behind_window
+from services.scheduler.worker_pool import WorkerPool
 from services.scheduler.worker_slot import CommandKind, InFlight, WorkerSlot
 
 logger = logging.getLogger(__name__)
-
-ANSWER_TYPES: dict[CommandKind, type] = {
-    CommandKind.WARMUP: WarmupResult, CommandKind.PREFILL: StepResult, CommandKind.DECODE: StepResult,
-    CommandKind.FILTER: FilterResult, CommandKind.CLEAR: CommandDone, CommandKind.CANARY: StepResult,
-}
-"""What a worker answers to each command (or CommandFailed)."""
 
 GenerationsHandler = Callable[[WorkerSlot, list[Generation]], None]
 FailureHandler = Callable[[list[Request], str, str], None]
@@ -77,7 +72,7 @@ CANARY_REQUEST_ID = 0  # the request table numbers real requests from 1
 
 
 class Batcher:
-    """Worker registry and the batching loop; sends commands through the outbox."""
+    """The batching loop over the registered workers (`WorkerPool`); sends commands through the outbox."""
 
     def __init__(self, config: SchedulerConfig, table: RequestTable, queue: RequestQueue,
                  outbox: Outbox, on_generations: GenerationsHandler, on_failure: FailureHandler,
@@ -89,13 +84,13 @@ class Batcher:
         self.on_generations = on_generations
         self.on_failure = on_failure
         self.on_canary = on_canary
-        self.workers: dict[bytes, WorkerSlot] = {}
+        self.workers = WorkerPool()
         self.metrics = SchedulerMetrics()
         self.paged = PagedBatcher(config, queue)
         self._command_ids = itertools.count(1)
         self._batch_ids = itertools.count(1)
 
-    # -- registry ------------------------------------------------------------------------------
+    # -- workers joining and leaving -----------------------------------------------------------
 
     def register(self, identity: bytes, hello: Hello) -> None:
         """A worker said Hello: (re)register it and warm it up."""
@@ -103,19 +98,16 @@ class Batcher:
             logger.warning("worker %r sent Hello without WorkerInfo; ignored", identity)
             return
         if identity in self.workers:
-            self.lose(identity, "worker registered again")
-        slot = WorkerSlot(identity=identity, info=hello.worker, boot_nonce=hello.boot_nonce)
-        self.workers[identity] = slot
-        logger.info("worker %s registered: %s on %s (%s)", identity.decode(errors="replace"),
-                    hello.worker.model_id, hello.worker.device, hello.worker.dtype)
+            self.on_worker_lost(identity, "worker registered again")
+        slot = self.workers.add(identity, hello.worker, hello.boot_nonce)
         config = self.config
         self._send(slot, CommandKind.WARMUP, [], [], lambda command_id: Warmup(
             command_id, config.max_input_tokens, config.max_total_tokens,
             config.padded_prefill_tokens, config.max_batch_total_tokens))
 
-    def lose(self, identity: bytes, reason: str) -> None:
+    def on_worker_lost(self, identity: bytes, reason: str) -> None:
         """Forgets a worker; its requests go back to the front of the queue to resume elsewhere."""
-        slot = self.workers.pop(identity, None)
+        slot = self.workers.remove(identity)
         if slot is None:
             return
         resumed = [r for r in self.table if r.worker_id == identity and r.status is RequestStatus.RUNNING]
@@ -136,7 +128,7 @@ class Batcher:
 
     def kv_cache_shortfall(self, request: Request) -> str | None:
         """Why the request can never run (it needs more KV than any paged worker's pool holds)."""
-        workers = self.ready_workers()
+        workers = self.workers.ready()
         if not workers or not all(slot.is_paged for slot in workers):
             return None
         capacity = max(slot.allocator.capacity_tokens for slot in workers if slot.allocator is not None)
@@ -145,46 +137,14 @@ class Batcher:
         return (f"the request needs {request.total_tokens} tokens of KV cache (inputs + max_new_tokens), more "
                 f"than a worker's KV pool holds ({capacity} tokens): lower max_new_tokens or the input")
 
-    def ready_workers(self) -> list[WorkerSlot]:
-        return [slot for slot in self.workers.values() if slot.ready]
-
-    def touch(self, identity: bytes, now: float, boot_nonce: str | None = None) -> bool:
-        """A worker was heard from: by the identity it registered with, or, for a heartbeat from
-        its liveness socket (another identity), by its boot nonce."""
-        slot = self.workers.get(identity)
-        if slot is None and boot_nonce is not None:
-            slot = next((s for s in self.workers.values() if s.boot_nonce == boot_nonce), None)
-        if slot is not None:
-            slot.last_seen = now
-        return slot is not None
-
     # -- answers -------------------------------------------------------------------------------
 
     def on_answer(self, identity: bytes, answer: object) -> None:
         """Handles a worker's answer to its in-flight command, then moves that worker on."""
-        slot = self.workers.get(identity)
-        if slot is None:
-            logger.debug("answer from unregistered worker %r dropped", identity)
+        awaited = self.workers.awaited_answer(identity, answer)
+        if awaited is None:
             return
-        in_flight = slot.in_flight[0] if slot.in_flight else None
-        command_id = getattr(answer, "command_id", None)
-        if in_flight is None or command_id != in_flight.command_id:
-            if isinstance(answer, CommandFailed):
-                logger.warning("worker %s: %s", identity.decode(errors="replace"), answer.error)
-            else:
-                logger.warning("worker %r answered command %s, expected %s; dropped", identity, command_id,
-                               in_flight.command_id if in_flight else None)
-            return
-        slot.in_flight.popleft()
-        if slot.in_flight:  # a pipelined command starts now: its round trip counts from here
-            slot.in_flight[0].sent_at = max(slot.in_flight[0].sent_at, time.monotonic())
-        if not isinstance(answer, (CommandFailed, ANSWER_TYPES[in_flight.kind])):
-            # a broken or hostile worker: the command failed, whatever the answer says
-            error = f"answered {in_flight.kind.value} with {type(answer).__name__}"
-            logger.warning("worker %r %s", identity, error)
-            answer = CommandFailed(command_id, error, [])
-        if not isinstance(answer, CommandFailed):
-            slot.last_progress = time.monotonic()
+        slot, in_flight, answer = awaited
         if in_flight.kind is CommandKind.CANARY:
             self._on_canary(slot, answer)
             self.advance(slot)
@@ -301,7 +261,7 @@ class Batcher:
         logger.error("worker %s failed %s: %s", slot.identity.decode(errors="replace"),
                      in_flight.kind.value, failure.error)
         if in_flight.kind is CommandKind.WARMUP:
-            self.workers.pop(slot.identity, None)
+            self.workers.remove(slot.identity)
             return
         self.metrics.record_failed_step(in_flight.kind.value)
         failed_ids = set(in_flight.request_ids)
@@ -319,11 +279,11 @@ class Batcher:
 
     def schedule(self) -> None:
         """Moves every idle worker on; empty workers first, each taking a fair share of the queue."""
-        empty = [slot for slot in self.ready_workers() if slot.idle and not slot.batches]
+        empty = [slot for slot in self.workers.ready() if slot.idle and not slot.batches]
         share = -(-len(self.queue) // len(empty)) if len(empty) > 1 else None
         for slot in empty:
             self.advance(slot, share)
-        for slot in sorted(self.ready_workers(), key=lambda s: s.batch_size):
+        for slot in sorted(self.workers.ready(), key=lambda s: s.batch_size):
             self.advance(slot)
 
     def advance(self, slot: WorkerSlot, share: int | None = None) -> None:
@@ -351,7 +311,7 @@ class Batcher:
 
     def _other_worker_is_empty(self, slot: WorkerSlot) -> bool:
         """Data parallelism: newcomers go to an idle, empty replica rather than join a running batch."""
-        return any(other is not slot and other.idle and not other.batches for other in self.ready_workers())
+        return any(other is not slot and other.idle and not other.batches for other in self.workers.ready())
 
     def _filter_finished(self, slot: WorkerSlot) -> bool:
         for batch in slot.batches:
@@ -385,7 +345,7 @@ class Batcher:
 
     def _placement(self, slot: WorkerSlot) -> Placement | None:
         """Cache-aware placement, when prefix caching is on and several paged workers serve."""
-        slots = [s for s in self.ready_workers() if s.is_paged]
+        slots = [s for s in self.workers.ready() if s.is_paged]
         if not self.config.prefix_caching or len(slots) < 2 or not self.queue:
             return None
         running: dict[bytes, list[Request]] = {}

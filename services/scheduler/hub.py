@@ -236,11 +236,11 @@ class Hub:
                     return
                 self.batcher.register(worker_id, msg)
             case Heartbeat():  # from the worker's liveness socket, known by its boot nonce
-                registered = self.batcher.touch(worker_id, now, msg.boot_nonce)
+                registered = self.batcher.workers.heard_from(worker_id, now, msg.boot_nonce)
                 # a worker dropped for silence (frozen, starved) hears it here and says Hello again
                 self.outbox.to_worker(worker_id, Heartbeat(self.boot_nonce, registered))
             case _:
-                self.batcher.touch(worker_id, now)
+                self.batcher.workers.heard_from(worker_id, now)
                 self.batcher.on_answer(worker_id, msg)
 
     def on_worker_disconnected(self, worker_id: bytes) -> None:
@@ -250,7 +250,7 @@ class Hub:
 
     def _lose_worker(self, worker_id: bytes, reason: str) -> None:
         if worker_id in self.batcher.workers:
-            self.batcher.lose(worker_id, reason)
+            self.batcher.on_worker_lost(worker_id, reason)
             self.last_worker_loss = WorkerLoss(worker_id, reason, time.monotonic())
 
     def on_tokenizer_disconnected(self, tokenizer_id: bytes) -> None:
@@ -302,7 +302,7 @@ class Hub:
 
     def _info(self, query_id: str) -> InfoReply:
         config = self.config
-        workers = self.batcher.ready_workers()
+        workers = self.batcher.workers.ready()
         info = workers[0].info if workers else None
         return InfoReply(
             query_id=query_id,
@@ -339,7 +339,7 @@ class Hub:
             query_id=query_id,
             num_queued=len(self.queue),
             num_running=sum(1 for r in self.table if r.status is RequestStatus.RUNNING),
-            num_workers=len(self.batcher.ready_workers()),
+            num_workers=len(self.batcher.workers.ready()),
             num_tokenizers=len(self.tokenizers),
             worker_batch_sizes={w.identity.decode(errors="replace"): w.batch_size for w in workers},
             worker_requests_served={w.identity.decode(errors="replace"): w.num_requests_served for w in workers},
@@ -366,7 +366,7 @@ class Hub:
                 del self.clients[client_id]
                 for request in self.table.of_client(client_id):
                     self._cancel(request.key)
-        if not self.batcher.ready_workers():
+        if not self.batcher.workers.ready():
             self._fail_stale_queue(now)
         self.health_monitor.tick(now, self.batcher.workers)
 

@@ -58,7 +58,7 @@ def test_resumed_request_waits_no_worker_timeout_from_the_loss() -> None:
     (_, prefill), = h.step()
     request = h.hub.table.get(prefill.batch.requests[0].request_id)
     request.queued_at -= 100.0  # it was queued long ago
-    h.hub.batcher.lose(WORKER_A, "test")
+    h.hub.batcher.on_worker_lost(WORKER_A, "test")
     lost_at = request.queued_at
     h.hub.tick(lost_at + 1.0)
     assert h.messages_to("frontend") == [] and len(h.hub.queue) == 1

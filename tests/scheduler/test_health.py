@@ -126,7 +126,7 @@ def test_canary_worker_lost_answers_unhealthy() -> None:
     h.take("workers")
     quiet(h, WORKER_A, 10.0)
     health(h)
-    h.hub.batcher.lose(WORKER_A, "test")
+    h.hub.batcher.on_worker_lost(WORKER_A, "test")
     h.hub.tick(h.hub.health_monitor.canary.sent_at)
     (reply,) = [reply for _, reply in h.messages_to("frontend")]
     assert not reply.healthy and "lost during a one-token canary" in reply.reason

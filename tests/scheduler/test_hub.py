@@ -242,7 +242,7 @@ def test_lost_worker_requests_resume_on_another() -> None:
     h.take("workers")
     h.take("detokenize")
     h.add_worker(WORKER_B)
-    h.hub.batcher.lose(WORKER_A, "test")
+    h.hub.batcher.on_worker_lost(WORKER_A, "test")
     (worker, resumed), = h.step()
     assert worker == WORKER_B and isinstance(resumed, m.Prefill)
     request = resumed.batch.requests[0]
