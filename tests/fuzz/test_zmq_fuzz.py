@@ -53,7 +53,7 @@ from common.messages import (
 from common.messages import (
     HealthCheck as HealthCheckCommand,
 )
-from services.scheduler.hub import CLIENT_MESSAGES, TOKENIZER_MESSAGES, WORKER_MESSAGES
+from services.scheduler.scheduler import CLIENT_MESSAGES, TOKENIZER_MESSAGES, WORKER_MESSAGES
 from services.tokenizer.service import SCHEDULER_MESSAGES as TOKENIZER_INBOUND
 from services.worker.service import SCHEDULER_MESSAGES as WORKER_INBOUND
 from tests.fuzz.conftest import Keys

@@ -1,7 +1,8 @@
 """The scheduler's logic: every message in, the frames to send out. No sockets here.
 
-`Hub` owns the request table, the queue, the tokenizer pool, the client registry and the
-batcher. The service feeds it frames per socket and flushes `hub.outbox` after each pass.
+`Scheduler` owns the request table, the queue, the tokenizer pool, the client registry and the
+batcher (which owns the worker pool). The service (`service.py`, the process and its sockets)
+feeds it frames per socket and flushes `scheduler.outbox` after each pass.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Counters:
     num_requests_finished: int = 0
 
 
-class Hub:
+class Scheduler:
     """Routes every message of the system and runs the batching loop through `Batcher`."""
 
     def __init__(self, config: SchedulerConfig, boot_nonce: str) -> None:
