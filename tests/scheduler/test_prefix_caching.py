@@ -10,8 +10,8 @@ from common import messages as m
 from common.codec import decode, encode
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.scheduler import Scheduler
-from tests.scheduler.test_scheduler import CLIENT, INFO, TOKENIZER
 from tests.scheduler.test_paged_batching import BLOCK_SIZE, PagedPeer, next_token
+from tests.scheduler.test_scheduler import CLIENT, INFO, TOKENIZER
 
 
 def expected_tokens(prompt: list[int], max_new: int) -> list[int]:
