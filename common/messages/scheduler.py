@@ -5,16 +5,10 @@ from __future__ import annotations
 from typing import Literal
 
 from common.codec import message, record
-from common.messages.records import (
-    CachedBatch,
-    ChatMessage,
-    GenerateParameters,
-    Generation,
-    RequestKey,
-    SamplingParameters,
-    Timings,
-    Tool,
-)
+from common.messages.batches import CachedBatch, Generation, Timings
+from common.messages.chat import ChatMessage, Tool
+from common.messages.events import RequestKey
+from common.messages.parameters import GenerateParameters, SamplingParameters
 
 __all__ = [
     "Generate", "Cancel", "Query", "Encoded", "Rejected", "ClientOutput", "TextBatch",

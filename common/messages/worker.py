@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common.codec import message
-from common.messages.records import Batch, SeqUpdate
+from common.messages.batches import Batch, SeqUpdate
 
 __all__ = ["Warmup", "Prefill", "Decode", "Filter", "Clear", "HealthCheck"]
 
