@@ -13,14 +13,14 @@ __all__ = ["WorkerRequest", "SeqUpdate", "Batch", "CachedBatch", "Generation", "
 class WorkerRequest:
     """One request as the worker sees it: ids in, ids out, no text.
 
-    `request_id` is the scheduler's integer id for the request (unique per scheduler run).
+    `seq_id` is the scheduler's integer id for the request (unique per scheduler run).
     On a paged worker the scheduler owns the KV blocks (TGI v3's router): `block_ids` is the
     request's block table so far, `cache_len` how many of `input_ids` already have their keys
     and values in those blocks, and `chunk_len` how many of the rest this step computes (None:
     all of them; a longer prompt is prefilled in chunks over several steps).
     """
 
-    request_id: int
+    seq_id: int
     input_ids: list[int]
     sampling: SamplingParameters
     max_new_tokens: int
@@ -42,7 +42,7 @@ class SeqUpdate:
     and, while its prompt is still being prefilled, how many prompt tokens this step computes
     (None: the request decodes one token)."""
 
-    request_id: int
+    seq_id: int
     new_block_ids: list[int]
     chunk_len: int | None = None
 
@@ -61,12 +61,12 @@ class CachedBatch:
     """The worker's summary of a batch it keeps cached after a step."""
 
     batch_id: int
-    request_ids: list[int]
+    seq_ids: list[int]
     max_tokens: int
 
     @property
     def size(self) -> int:
-        return len(self.request_ids)
+        return len(self.seq_ids)
 
 
 @record
@@ -77,7 +77,7 @@ class Generation:
     (the first prefill logprob is NaN: nothing predicts the first prompt token).
     """
 
-    request_id: int
+    seq_id: int
     token_id: int
     logprob: float
     finish_reason: FinishReason | None = None

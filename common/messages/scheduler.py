@@ -164,8 +164,8 @@ class CommandDone:
 
 @message("command_failed")
 class CommandFailed:
-    """A command failed inside the worker; `request_ids` are the requests it takes down."""
+    """A command failed inside the worker; `seq_ids` are the requests it takes down."""
 
     command_id: int
     error: str
-    request_ids: list[int]
+    seq_ids: list[int]

@@ -52,11 +52,11 @@ class Decode:
 
 @message("filter")
 class Filter:
-    """Keep only `request_ids` in the cached batch; an empty list drops it."""
+    """Keep only `seq_ids` in the cached batch; an empty list drops it."""
 
     command_id: int
     batch_id: int
-    request_ids: list[int]
+    seq_ids: list[int]
 
 
 @message("clear")

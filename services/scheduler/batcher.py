@@ -114,7 +114,7 @@ class Batcher:
         logger.warning("worker %s lost (%s): %d requests go back to the queue",
                        identity.decode(errors="replace"), reason, len(resumed))
         now = time.monotonic()
-        for request in sorted(resumed, key=lambda r: r.request_id, reverse=True):
+        for request in sorted(resumed, key=lambda r: r.seq_id, reverse=True):
             request.requeue(now)
             self.queue.appendleft(request)
 
@@ -181,7 +181,7 @@ class Batcher:
         if slot.is_paged:
             self._on_paged_step(slot, in_flight, result)
         elif in_flight.kind is CommandKind.PREFILL:
-            slot.num_requests_served += len(in_flight.request_ids)
+            slot.num_requests_served += len(in_flight.seq_ids)
             slot.waiting_tokens = 1
             if result.batch is not None:
                 slot.batches.append(result.batch)
@@ -195,13 +195,13 @@ class Batcher:
         fewer than the tokens it got)."""
         assert slot.allocator is not None, "a paged worker"
         slot.batches = [result.batch] if result.batch is not None else []
-        num_tokens = collections.Counter(generation.request_id for generation in result.generations)
+        num_tokens = collections.Counter(generation.seq_id for generation in result.generations)
         decoded = []
-        for request_id, num_new in in_flight.num_new.items():
-            request = self.table.get(request_id)
+        for seq_id, num_new in in_flight.num_new.items():
+            request = self.table.get(seq_id)
             if request is not None and request.worker_id == slot.identity:
                 if not request.is_prefilling:
-                    num_new = max(num_tokens[request_id], 1)
+                    num_new = max(num_tokens[seq_id], 1)
                     decoded.append(num_new)
                 request.num_computed += num_new
                 self._index_full_blocks(slot.allocator, request, len(request.tokens))
@@ -248,12 +248,12 @@ class Batcher:
         """A paged Prefill whose newcomers the worker refused (bad input) before it touched its
         cached batch: only they fail. The running requests' block updates were not applied: they
         are sent again with the next step."""
-        if not (slot.is_paged and in_flight.kind is CommandKind.PREFILL and failure.request_ids):
+        if not (slot.is_paged and in_flight.kind is CommandKind.PREFILL and failure.seq_ids):
             return False
-        if not set(failure.request_ids) <= set(in_flight.newcomers):
+        if not set(failure.seq_ids) <= set(in_flight.newcomers):
             return False
-        for request_id, num_sent in in_flight.blocks_sent_before.items():
-            if (request := self.table.get(request_id)) is not None:
+        for seq_id, num_sent in in_flight.blocks_sent_before.items():
+            if (request := self.table.get(seq_id)) is not None:
                 request.num_blocks_sent = num_sent
         return True
 
@@ -264,11 +264,11 @@ class Batcher:
             self.workers.remove(slot.identity)
             return
         self.metrics.record_failed_step(in_flight.kind.value)
-        failed_ids = set(in_flight.request_ids)
+        failed_ids = set(in_flight.seq_ids)
         if self._only_newcomers_refused(slot, in_flight, failure):
             failed_ids = set(in_flight.newcomers)
         elif in_flight.kind is not CommandKind.PREFILL or slot.is_paged:  # its batches may be unusable
-            failed_ids.update(rid for batch in slot.batches for rid in batch.request_ids)
+            failed_ids.update(rid for batch in slot.batches for rid in batch.seq_ids)
             slot.batches = []
             # tracked like any command: nothing else is sent to the worker before it is done
             self._send(slot, CommandKind.CLEAR, [], [], lambda command_id: Clear(command_id, None))
@@ -315,22 +315,22 @@ class Batcher:
 
     def _filter_finished(self, slot: WorkerSlot) -> bool:
         for batch in slot.batches:
-            keep_ids = [rid for rid in batch.request_ids if self._runs_on(rid, slot)]
-            if len(keep_ids) != len(batch.request_ids):
+            keep_ids = [rid for rid in batch.seq_ids if self._runs_on(rid, slot)]
+            if len(keep_ids) != len(batch.seq_ids):
                 self._send(slot, CommandKind.FILTER, keep_ids, [batch.batch_id],
-                           functools.partial(Filter, batch_id=batch.batch_id, request_ids=keep_ids))
+                           functools.partial(Filter, batch_id=batch.batch_id, seq_ids=keep_ids))
                 return True
         return False
 
-    def _runs_on(self, request_id: int, slot: WorkerSlot) -> bool:
-        request = self.table.get(request_id)
+    def _runs_on(self, seq_id: int, slot: WorkerSlot) -> bool:
+        request = self.table.get(seq_id)
         return request is not None and request.status is RequestStatus.RUNNING and request.worker_id == slot.identity
 
     # -- paged workers -------------------------------------------------------------------------
 
     def _advance_paged(self, slot: WorkerSlot) -> None:
         assert slot.allocator is not None, "a paged worker"
-        listed = (self.table.get(rid) for batch in slot.batches for rid in batch.request_ids)
+        listed = (self.table.get(rid) for batch in slot.batches for rid in batch.seq_ids)
         running = [r for r in listed if r is not None]
         placement = self._placement(slot)
         may_admit = placement is not None or not (running and self._other_worker_is_empty(slot))
@@ -359,7 +359,7 @@ class Batcher:
         now = time.monotonic()
         for request in victims:
             logger.info("worker %s is out of KV blocks: request %d preempted after %d tokens",
-                        slot.identity.decode(errors="replace"), request.request_id, len(request.generated_ids))
+                        slot.identity.decode(errors="replace"), request.seq_id, len(request.generated_ids))
             self.release_blocks(request)
             request.requeue(now)
             self.queue.appendleft(request)
@@ -368,17 +368,17 @@ class Batcher:
 
     def _send_paged_step(self, slot: WorkerSlot, step: PagedStep) -> None:
         """One Decode, or a Prefill of the newcomers joined with the cached batch."""
-        blocks_sent_before = {r.request_id: r.num_blocks_sent for r in step.running}
+        blocks_sent_before = {r.seq_id: r.num_blocks_sent for r in step.running}
         updates = []
         for request in step.running:
-            blocks, chunk = request.new_blocks(), step.chunks.get(request.request_id)
+            blocks, chunk = request.new_blocks(), step.chunks.get(request.seq_id)
             if blocks or chunk is not None:
-                updates.append(SeqUpdate(request.request_id, blocks, chunk))
+                updates.append(SeqUpdate(request.seq_id, blocks, chunk))
         self.metrics.record_chunks(step)
         batch_ids = [batch.batch_id for batch in slot.batches]
-        request_ids = [r.request_id for r in step.running + step.admitted]
+        seq_ids = [r.seq_id for r in step.running + step.admitted]
         if not step.admitted:
-            self._send(slot, CommandKind.DECODE, request_ids, batch_ids,
+            self._send(slot, CommandKind.DECODE, seq_ids, batch_ids,
                        lambda command_id: Decode(command_id, batch_ids, updates), step.num_new)
             return
         now = time.monotonic()
@@ -388,11 +388,11 @@ class Batcher:
             request.prefill_started_at = now
         self.metrics.record_prefill(step.admitted, now)
         slot.num_requests_served += len(step.admitted)
-        batch = Batch(next(self._batch_ids), [r.to_worker(step.chunks[r.request_id]) for r in step.admitted],
+        batch = Batch(next(self._batch_ids), [r.to_worker(step.chunks[r.seq_id]) for r in step.admitted],
                       sum(r.total_tokens for r in step.admitted))
-        self._send(slot, CommandKind.PREFILL, request_ids, [*batch_ids, batch.batch_id],
+        self._send(slot, CommandKind.PREFILL, seq_ids, [*batch_ids, batch.batch_id],
                    lambda command_id: Prefill(command_id, batch, batch_ids, updates), step.num_new)
-        slot.in_flight[-1].newcomers = [r.request_id for r in step.admitted]
+        slot.in_flight[-1].newcomers = [r.seq_id for r in step.admitted]
         slot.in_flight[-1].blocks_sent_before = blocks_sent_before
 
     def _admit_into_running(self, slot: WorkerSlot) -> bool:
@@ -427,11 +427,11 @@ class Batcher:
         running = slot.in_flight[0]
         if running.kind is not CommandKind.DECODE or self._admission_due(slot):
             return
-        if any(request_id not in self.table for request_id in running.request_ids):
+        if any(seq_id not in self.table for seq_id in running.seq_ids):
             return
         batch_ids = running.batch_ids[:1]  # the Decode in flight concatenates into its first batch
         slot.waiting_tokens += 1
-        self._send(slot, CommandKind.DECODE, running.request_ids, batch_ids,
+        self._send(slot, CommandKind.DECODE, running.seq_ids, batch_ids,
                    lambda command_id: Decode(command_id, batch_ids))
 
     def _prefill_next(self, slot: WorkerSlot, min_size: int | None, max_size: int | None,
@@ -447,21 +447,21 @@ class Batcher:
             request.prefill_started_at = now
         self.metrics.record_prefill(requests, now)
         batch = Batch(next(self._batch_ids), [r.to_worker() for r in requests], max_tokens)
-        self._send(slot, CommandKind.PREFILL, [r.request_id for r in requests], [batch.batch_id],
+        self._send(slot, CommandKind.PREFILL, [r.seq_id for r in requests], [batch.batch_id],
                    lambda command_id: Prefill(command_id, batch))
         return True
 
     def _decode(self, slot: WorkerSlot) -> None:
         batch_ids = [batch.batch_id for batch in slot.batches]
-        request_ids = [rid for batch in slot.batches for rid in batch.request_ids]
+        seq_ids = [rid for batch in slot.batches for rid in batch.seq_ids]
         slot.admission_checked = False
         slot.waiting_tokens += 1
-        self._send(slot, CommandKind.DECODE, request_ids, batch_ids,
+        self._send(slot, CommandKind.DECODE, seq_ids, batch_ids,
                    lambda command_id: Decode(command_id, batch_ids))
         self._pipeline_decode(slot)
 
-    def _send(self, slot: WorkerSlot, kind: CommandKind, request_ids: list[int], batch_ids: list[int],
+    def _send(self, slot: WorkerSlot, kind: CommandKind, seq_ids: list[int], batch_ids: list[int],
               build: Callable[[int], object], num_new: dict[int, int] | None = None) -> None:
         command_id = next(self._command_ids)
-        slot.in_flight.append(InFlight(command_id, kind, request_ids, batch_ids, num_new=num_new or {}))
+        slot.in_flight.append(InFlight(command_id, kind, seq_ids, batch_ids, num_new=num_new or {}))
         self.outbox.to_worker(slot.identity, build(command_id))

@@ -132,7 +132,7 @@ class Scheduler:
         request = self.table.by_key(key)
         if request is None:
             return
-        logger.debug("request %s cancelled (%s)", request.request_id, request.status.value)
+        logger.debug("request %s cancelled (%s)", request.seq_id, request.status.value)
         self._drop(request)
         if request.encoded is not None:
             self.outbox.to_tokenizer(request.tokenizer_id, Forget([key]))
@@ -383,10 +383,10 @@ class Scheduler:
         encoding = [r for r in self.table if r.status is RequestStatus.ENCODING]
         for request in encoding:
             self.outbox.to_tokenizer_pool(request.encode_job)
-        owned = {r.request_id: r for r in self.table if r.encoded is not None and r.tokenizer_id == tokenizer_id}
+        owned = {r.seq_id: r for r in self.table if r.encoded is not None and r.tokenizer_id == tokenizer_id}
         # finished requests whose last tokens were never answered still need their final event
-        owned.update((r.request_id, r) for steps in unanswered for r, step in steps if step.generation.finish_reason)
-        pending = [[(r, step) for r, step in steps if r.request_id in owned] for steps in unanswered]
+        owned.update((r.seq_id, r) for steps in unanswered for r, step in steps if step.generation.finish_reason)
+        pending = [[(r, step) for r, step in steps if r.seq_id in owned] for steps in unanswered]
         logger.warning("tokenizer %s lost (%s): re-sending %d encode jobs, %d requests to adopt",
                        tokenizer_id.decode(errors="replace"), reason, len(encoding), len(owned))
         if owned and reason == "missed heartbeats":  # it may be frozen, and come back
@@ -396,7 +396,7 @@ class Scheduler:
 
     def _adopt(self, requests: list[Request], pending: list[list[tuple[Request, TokenStep]]]) -> None:
         if not self.tokenizers:
-            self._fail_requests([r for r in requests if r.request_id in self.table],
+            self._fail_requests([r for r in requests if r.seq_id in self.table],
                                 "The tokenizer serving this request was lost", "unhealthy")
             return
         adopter = self.tokenizers.least_busy()

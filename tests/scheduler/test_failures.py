@@ -15,7 +15,7 @@ def test_failed_decode_clears_the_worker_before_anything_else() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1", max_new_tokens=10)
     (_, prefill), = h.step()
-    rid = prefill.batch.requests[0].request_id
+    rid = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, [rid])
     h.take("detokenize")
     (_, decode_cmd), = h.messages_to("workers")
@@ -27,7 +27,7 @@ def test_failed_decode_clears_the_worker_before_anything_else() -> None:
     assert isinstance(clear, m.Clear) and clear.batch_id is None
     h.scheduler.on_worker_frame(WORKER_A, encode(m.CommandDone(clear.command_id)))
     (_, prefill2), = h.messages_to("workers")
-    assert isinstance(prefill2, m.Prefill) and [r.request_id for r in prefill2.batch.requests] == [rid + 1]
+    assert isinstance(prefill2, m.Prefill) and [r.seq_id for r in prefill2.batch.requests] == [rid + 1]
     assert h.messages_to("frontend") == []  # r2 is untouched
 
 
@@ -37,7 +37,7 @@ def test_failed_prefill_beside_a_running_batch_keeps_it() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1", max_new_tokens=10)
     (_, prefill), = h.step()
-    first_id = prefill.batch.requests[0].request_id
+    first_id = prefill.batch.requests[0].seq_id
     h.submit("r2")
     h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, [first_id])
     h.take("detokenize")
@@ -56,7 +56,7 @@ def test_resumed_request_waits_no_worker_timeout_from_the_loss() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1")
     (_, prefill), = h.step()
-    request = h.scheduler.table.get(prefill.batch.requests[0].request_id)
+    request = h.scheduler.table.get(prefill.batch.requests[0].seq_id)
     request.queued_at -= 100.0  # it was queued long ago
     h.scheduler.batcher.on_worker_lost(WORKER_A, "test")
     lost_at = request.queued_at
@@ -77,7 +77,7 @@ def test_a_client_cannot_cancel_another_clients_request() -> None:
     assert len(h.scheduler.queue) == 1 and h.messages_to("detokenize") == []
     (_, prefill), = h.step()
     request = h.scheduler.table.by_key(m.RequestKey(CLIENT, "r1"))
-    assert [r.request_id for r in prefill.batch.requests] == [request.request_id]
+    assert [r.seq_id for r in prefill.batch.requests] == [request.seq_id]
 
 
 def test_same_request_id_from_two_clients_are_two_requests() -> None:

@@ -38,7 +38,7 @@ def test_stats_carry_batch_and_request_figures_after_a_request() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1")
     (_, prefill), = h.step()
-    rid = prefill.batch.requests[0].request_id
+    rid = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, [rid])
     (_, decode_cmd), = h.messages_to("workers")
     h.answer_step(WORKER_A, decode_cmd, prefill.batch.batch_id, [rid], finished={rid: "length"})

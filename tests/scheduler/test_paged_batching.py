@@ -51,23 +51,23 @@ class PagedPeer:
     def run(self, command: object) -> object:
         match command:
             case m.Prefill():
-                refused = [r.request_id for r in command.batch.requests if r.request_id == self.refuse]
+                refused = [r.seq_id for r in command.batch.requests if r.seq_id == self.refuse]
                 if refused:  # bad input: refused before anything changes, as the engine does
                     return m.CommandFailed(command.command_id, "request outside the vocabulary",
-                                           [r.request_id for r in command.batch.requests])
+                                           [r.seq_id for r in command.batch.requests])
                 for r in command.batch.requests:
-                    assert 0 <= r.cache_len < len(r.input_ids), f"request {r.request_id}: cache_len {r.cache_len}"
+                    assert 0 <= r.cache_len < len(r.input_ids), f"request {r.seq_id}: cache_len {r.cache_len}"
                     assert [self.slots.get(self._slot(r.block_ids, p)) for p in range(r.cache_len)] == \
-                        r.input_ids[:r.cache_len], f"request {r.request_id} reuses blocks holding other tokens"
+                        r.input_ids[:r.cache_len], f"request {r.seq_id} reuses blocks holding other tokens"
                     self.cached_tokens += r.cache_len
-                    self.seqs[r.request_id] = Seq(list(r.input_ids), len(r.input_ids), r.cache_len,
+                    self.seqs[r.seq_id] = Seq(list(r.input_ids), len(r.input_ids), r.cache_len,
                                                   list(r.block_ids), r.chunk_len, r.max_new_tokens)
                 self.batch_id = command.batch_ids[0] if command.batch_ids else command.batch.batch_id
                 return self._step(command.command_id, command.updates)
             case m.Decode():
                 return self._step(command.command_id, command.updates)
             case m.Filter():
-                self.seqs = {rid: s for rid, s in self.seqs.items() if rid in command.request_ids}
+                self.seqs = {rid: s for rid, s in self.seqs.items() if rid in command.seq_ids}
                 return m.FilterResult(command.command_id, self._cached())
         raise AssertionError(f"unexpected {command}")
 
@@ -88,8 +88,8 @@ class PagedPeer:
 
     def _step(self, command_id: int, updates: list[m.SeqUpdate]) -> m.StepResult:
         for update in updates:
-            self.seqs[update.request_id].blocks += update.new_block_ids
-            self.seqs[update.request_id].chunk = update.chunk_len
+            self.seqs[update.seq_id].blocks += update.new_block_ids
+            self.seqs[update.seq_id].chunk = update.chunk_len
         held = [b for s in self.seqs.values() for b in s.blocks]
         assert all(0 <= b < self.num_blocks for b in held)
         assert all(len(set(s.blocks)) == len(s.blocks) for s in self.seqs.values())

@@ -13,7 +13,7 @@ def running(h: Harness, max_new_tokens: int = 10, *request_ids: str) -> tuple[li
     for request_id in request_ids or ("r1",):
         h.submit(request_id, max_new_tokens=max_new_tokens)
     (_, prefill), = h.step()
-    rids = [r.request_id for r in prefill.batch.requests]
+    rids = [r.seq_id for r in prefill.batch.requests]
     h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, rids)
     h.take("detokenize")
     return rids, [command for _, command in h.messages_to("workers")]
@@ -46,7 +46,7 @@ def test_a_finished_request_waits_for_the_answer_in_flight_then_its_filter() -> 
     h.scheduler.on_worker_frame(WORKER_A, encode(m.StepResult(  # the worker still holds r1, stopped
         second.command_id, [m.Generation(rids[1], 7, -0.1, None, 3)], m.CachedBatch(1, rids, 100), m.Timings())))
     (_, filter_command), = h.messages_to("workers")
-    assert isinstance(filter_command, m.Filter) and filter_command.request_ids == rids[1:]
+    assert isinstance(filter_command, m.Filter) and filter_command.seq_ids == rids[1:]
     h.scheduler.on_worker_frame(WORKER_A, encode(m.FilterResult(filter_command.command_id,
                                                            m.CachedBatch(1, rids[1:], 100))))
     assert [type(c) for _, c in h.messages_to("workers")] == [m.Decode, m.Decode]
@@ -64,7 +64,7 @@ def test_newcomers_due_for_admission_wait_for_the_answer_then_join() -> None:
     h.answer_step(WORKER_A, second, 1, rids)
     (_, prefill), = h.messages_to("workers")
     assert isinstance(prefill, m.Prefill)
-    newcomer = prefill.batch.requests[0].request_id
+    newcomer = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, [newcomer])
     decodes = [c for _, c in h.messages_to("workers")]
     assert [d.batch_ids for d in decodes] == [[1, prefill.batch.batch_id], [1]]
@@ -100,7 +100,7 @@ def test_tokens_of_a_cancelled_request_from_a_pipelined_step_are_dropped() -> No
     assert h.messages_to("workers") == []
     h.answer_step(WORKER_A, second, 1, rids)
     (_, filter_command), = h.messages_to("workers")
-    assert isinstance(filter_command, m.Filter) and filter_command.request_ids == rids[1:]
+    assert isinstance(filter_command, m.Filter) and filter_command.seq_ids == rids[1:]
 
 
 def test_off_one_command_at_a_time() -> None:

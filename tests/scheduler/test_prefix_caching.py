@@ -61,7 +61,7 @@ class Harness:
         for identity, command in commands:
             if isinstance(command, m.Prefill):
                 for r in command.batch.requests:
-                    self.placed.setdefault(self.scheduler.table.get(r.request_id).key.request_id, identity)
+                    self.placed.setdefault(self.scheduler.table.get(r.seq_id).key.request_id, identity)
             self.scheduler.on_worker_frame(identity, encode(self.peers[identity].run(command)))
         self._collect()
         return bool(commands)

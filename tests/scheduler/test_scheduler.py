@@ -66,12 +66,12 @@ class Harness:
         self.scheduler.schedule()
         return self.messages_to("workers")
 
-    def answer_step(self, worker: bytes, command: object, batch_id: int, request_ids: list[int],
+    def answer_step(self, worker: bytes, command: object, batch_id: int, seq_ids: list[int],
                     finished: dict[int, str] | None = None) -> None:
         finished = finished or {}
-        generations = [m.Generation(rid, 7, -0.1, finished.get(rid), 1) for rid in request_ids]
+        generations = [m.Generation(rid, 7, -0.1, finished.get(rid), 1) for rid in seq_ids]
         self.scheduler.on_worker_frame(worker, encode(m.StepResult(
-            command.command_id, generations, m.CachedBatch(batch_id, request_ids, 100), m.Timings())))
+            command.command_id, generations, m.CachedBatch(batch_id, seq_ids, 100), m.Timings())))
 
 
 def test_request_flows_to_worker_and_tokens_to_tokenizer() -> None:
@@ -83,7 +83,7 @@ def test_request_flows_to_worker_and_tokens_to_tokenizer() -> None:
     assert worker == WORKER_A and isinstance(prefill, m.Prefill)
     request = prefill.batch.requests[0]
     assert request.input_ids == [10, 11, 12, 13, 14] and request.max_new_tokens == 3
-    h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, [request.request_id])
+    h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, [request.seq_id])
     (tokenizer, job), = h.messages_to("detokenize")
     assert tokenizer == TOKENIZER and isinstance(job, m.DetokenizeJob)
     assert job.steps[0].key == m.RequestKey(CLIENT, "r1") and job.steps[0].generation.token_id == 7
@@ -98,10 +98,10 @@ def test_finished_request_is_filtered_before_next_decode() -> None:
     h.submit("r1")
     h.submit("r2")
     (_, prefill), = h.step()
-    ids = [r.request_id for r in prefill.batch.requests]
+    ids = [r.seq_id for r in prefill.batch.requests]
     h.answer_step(WORKER_A, prefill, 1, ids, finished={ids[0]: "length"})
     (_, filter_cmd), = h.messages_to("workers")
-    assert isinstance(filter_cmd, m.Filter) and filter_cmd.request_ids == [ids[1]]
+    assert isinstance(filter_cmd, m.Filter) and filter_cmd.seq_ids == [ids[1]]
 
 
 def test_continuous_batching_prefills_newcomer_then_decodes_both() -> None:
@@ -110,12 +110,12 @@ def test_continuous_batching_prefills_newcomer_then_decodes_both() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1", max_new_tokens=10)
     (_, prefill), = h.step()
-    first_id = prefill.batch.requests[0].request_id
+    first_id = prefill.batch.requests[0].seq_id
     h.submit("r2", max_new_tokens=10)
     h.answer_step(WORKER_A, prefill, 1, [first_id])
     (_, second_prefill), = h.messages_to("workers")
     assert isinstance(second_prefill, m.Prefill)
-    second_id = second_prefill.batch.requests[0].request_id
+    second_id = second_prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, second_prefill, 2, [second_id])
     (_, decode_cmd), = h.messages_to("workers")
     assert isinstance(decode_cmd, m.Decode) and decode_cmd.batch_ids == [1, 2]
@@ -128,7 +128,7 @@ def test_waiting_served_ratio_defers_small_arrivals() -> None:
     for i in range(4):
         h.submit(f"r{i}", max_new_tokens=50)
     (_, command), = h.step()
-    ids = [r.request_id for r in command.batch.requests]
+    ids = [r.seq_id for r in command.batch.requests]
     h.submit("late", max_new_tokens=50)
     kinds = []
     for _ in range(4):
@@ -156,7 +156,7 @@ def test_cancel_running_request_filters_it() -> None:
     h.submit("r1")
     h.submit("r2")
     (_, prefill), = h.step()
-    ids = [r.request_id for r in prefill.batch.requests]
+    ids = [r.seq_id for r in prefill.batch.requests]
     h.scheduler.on_client_frame(CLIENT, encode(m.Cancel("r1")))
     (_, forget), = h.messages_to("detokenize")
     assert forget == m.Forget([m.RequestKey(CLIENT, "r1")])
@@ -164,7 +164,7 @@ def test_cancel_running_request_filters_it() -> None:
     (_, job), = h.messages_to("detokenize")
     assert [s.key.request_id for s in job.steps] == ["r2"]
     (_, filter_cmd), = h.messages_to("workers")
-    assert isinstance(filter_cmd, m.Filter) and filter_cmd.request_ids == [ids[1]]
+    assert isinstance(filter_cmd, m.Filter) and filter_cmd.seq_ids == [ids[1]]
 
 
 def test_stop_sequence_hit_from_tokenizer() -> None:
@@ -173,7 +173,7 @@ def test_stop_sequence_hit_from_tokenizer() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1")
     (_, prefill), = h.step()
-    rid = prefill.batch.requests[0].request_id
+    rid = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, 1, [rid])
     (_, job), = h.messages_to("detokenize")
     (_, decode_cmd), = h.messages_to("workers")
@@ -183,7 +183,7 @@ def test_stop_sequence_hit_from_tokenizer() -> None:
     h.answer_step(WORKER_A, decode_cmd, 1, [rid])
     assert h.messages_to("detokenize") == []  # the token after the hit is dropped
     (_, filter_cmd), = h.messages_to("workers")
-    assert isinstance(filter_cmd, m.Filter) and filter_cmd.request_ids == []
+    assert isinstance(filter_cmd, m.Filter) and filter_cmd.seq_ids == []
 
 
 def test_worker_heartbeats_from_its_liveness_socket_keep_it() -> None:
@@ -221,12 +221,12 @@ def test_dropped_worker_is_told_to_hello_again_and_serves_its_requests_once() ->
     h.add_worker(WORKER_A)  # its Hello, the warmup
     (_, new_prefill), = h.step()
     assert isinstance(new_prefill, m.Prefill) and new_prefill.batch.requests == old_prefill.batch.requests
-    rid = new_prefill.batch.requests[0].request_id
+    rid = new_prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, old_prefill, 1, [rid])  # the frozen worker's late answer
     assert h.take("detokenize") == []
     h.answer_step(WORKER_A, new_prefill, 2, [rid])
     (_, job), = h.messages_to("detokenize")
-    assert [step.generation.request_id for step in job.steps] == [rid]
+    assert [step.generation.seq_id for step in job.steps] == [rid]
     h.scheduler.on_worker_frame(liveness, encode(m.Heartbeat(f"nonce-of-{WORKER_A.decode()}")))
     assert (liveness, m.Heartbeat("nonce-1", True)) in h.messages_to("workers")
 
@@ -237,7 +237,7 @@ def test_lost_worker_requests_resume_on_another() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1", max_new_tokens=5)
     (_, prefill), = h.step()
-    rid = prefill.batch.requests[0].request_id
+    rid = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, 1, [rid])
     h.take("workers")
     h.take("detokenize")
@@ -323,7 +323,7 @@ def test_lost_tokenizer_requests_are_adopted() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1", max_new_tokens=10)
     (_, prefill), = h.step()
-    rid = prefill.batch.requests[0].request_id
+    rid = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, 1, [rid])  # token 1 -> tokenizer-1
     (_, first_job), = h.messages_to("detokenize")
     h.scheduler.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch([], [], first_job.job_id)))  # token 1 acknowledged
@@ -350,7 +350,7 @@ def test_a_tokenizer_back_from_a_stall_streams_nothing_twice() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1", max_new_tokens=10)
     (_, prefill), = h.step()
-    rid = prefill.batch.requests[0].request_id
+    rid = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, 1, [rid])
     (_, stale_job), = h.messages_to("detokenize")  # sent to tokenizer-1, which freezes
     h.scheduler.on_tokenizer_frame(b"tokenizer-2", encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
