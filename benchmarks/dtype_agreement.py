@@ -51,7 +51,7 @@ def generate(model: PaddedModel, input_ids: Sequence[list[int]],
     while batch is not None:
         generations, batch, _ = model.generate_token(batch)
         for generation in generations:
-            result[generation.request_id].append(generation)
+            result[generation.seq_id].append(generation)
     return result
 
 

@@ -193,7 +193,7 @@ class _ClosedLoop:
     def _collect(self, generations: list[Generation], now: float) -> None:
         """Stamps every token; a finished request completes its record and its client sends the next."""
         for generation in generations:
-            request_id = generation.request_id
+            request_id = generation.seq_id
             self.token_times[request_id].append(now)
             if generation.finish_reason is not None:
                 self.finished_ids.add(request_id)
@@ -205,7 +205,7 @@ class _ClosedLoop:
         """Drops finished requests from their batches, as the scheduler's Filter does."""
         kept = []
         for batch in self.batches:
-            keep_ids = [rid for rid in batch.request_ids if rid not in self.finished_ids]
+            keep_ids = [rid for rid in batch.seq_ids if rid not in self.finished_ids]
             filtered = batch.filter(keep_ids) if len(keep_ids) != len(batch) else batch
             if filtered is not None:
                 kept.append(filtered)

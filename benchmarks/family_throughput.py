@@ -49,7 +49,7 @@ def _run(model, requests: list[WorkerRequest]) -> tuple[float, dict[int, list[in
     while batch is not None:
         generations, batch, _ = model.generate_token(batch)
         for generation in generations:
-            tokens.setdefault(generation.request_id, []).append(generation.token_id)
+            tokens.setdefault(generation.seq_id, []).append(generation.token_id)
     return time.perf_counter() - started, tokens
 
 

@@ -127,7 +127,7 @@ class LLM:
         try:
             while self.engine.has_unfinished():
                 for generation in self.engine.step():
-                    self._advance(*sequences[generation.request_id], generation, progress)
+                    self._advance(*sequences[generation.seq_id], generation, progress)
         except BaseException:
             self.detokenizer.forget([sequence.key for _, sequence in sequences.values()])
             self.engine.reset()  # an interrupted run leaves nothing behind for the next one
@@ -184,7 +184,7 @@ class LLM:
         event, stopped = answer
         sequence.add(event)
         if stopped:
-            self.engine.abort(generation.request_id)
+            self.engine.abort(generation.seq_id)
         if sequence.finished:
             request.num_unfinished -= 1
             if not request.num_unfinished:

@@ -10,7 +10,7 @@ it for the `workers` socket), the engine answers it, and the answer goes to
 file only wires those classes and keeps the generations of each step for its caller.
 
     engine = LocalEngine(load_model("smollm2"), SchedulerConfig())
-    request_id = engine.add(encoded)          # an `Encoded`, as a tokenizer makes it
+    seq_id = engine.add(encoded)          # an `Encoded`, as a tokenizer makes it
     while engine.has_unfinished():
         for generation in engine.step():      # this step's tokens; finish_reason on the last
             ...
@@ -51,11 +51,11 @@ WORKER_ID = b"local-worker"
 
 
 class EngineError(RuntimeError):
-    """The engine failed a command; `request_ids` are the requests it took down."""
+    """The engine failed a command; `seq_ids` are the requests it took down."""
 
-    def __init__(self, error: str, request_ids: list[int]) -> None:
+    def __init__(self, error: str, seq_ids: list[int]) -> None:
         super().__init__(error)
-        self.request_ids = request_ids
+        self.seq_ids = seq_ids
 
 
 @dataclasses.dataclass
@@ -113,12 +113,12 @@ class LocalEngine:
         request.status = RequestStatus.QUEUED
         request.queued_at = time.monotonic()
         self.queue.append(request)
-        return request.request_id
+        return request.seq_id
 
-    def abort(self, request_id: int) -> None:
+    def abort(self, seq_id: int) -> None:
         """Ends a request (a stop sequence was hit, or the caller gave up): it leaves the queue now,
         or its batch at the next Filter; tokens of it still to come are dropped."""
-        request = self.table.get(request_id)
+        request = self.table.get(seq_id)
         if request is None:
             return
         self.table.remove(request)
@@ -130,7 +130,7 @@ class LocalEngine:
         """Drops every request and cached batch (after a run was interrupted mid-command): the
         worker is lost and registered again, as the scheduler recovers one, warmup included."""
         for request in list(self.table):
-            self.abort(request.request_id)
+            self.abort(request.seq_id)
         self.outbox.take()
         self.batcher.register(WORKER_ID, self._hello)  # a worker registered again is lost first
         self._run(self.outbox.take())
@@ -149,7 +149,7 @@ class LocalEngine:
         commands = self.outbox.take()
         if not commands and len(self.table):
             raise EngineError("the queue's next request fits no batch: raise max_batch_prefill_tokens "
-                              "or max_batch_total_tokens", [r.request_id for r in self.queue])
+                              "or max_batch_total_tokens", [r.seq_id for r in self.queue])
         self._generations = []
         self._run(commands)
         while not len(self.table) and self.outbox.commands:
@@ -183,7 +183,7 @@ class LocalEngine:
             case _:
                 raise AssertionError(f"not a command: {command!r}")
         if isinstance(answer, CommandFailed):
-            self._failure = EngineError(answer.error, list(answer.request_ids))
+            self._failure = EngineError(answer.error, list(answer.seq_ids))
         return answer
 
     def _on_generations(self, slot: WorkerSlot, generations: list[Generation]) -> None:
@@ -199,7 +199,7 @@ class LocalEngine:
     def _on_failure(self, requests: list[Request], error: str, error_type: str) -> None:
         """Requests a failed command took down leave the table, as the scheduler fails them."""
         for request in requests:
-            self.abort(request.request_id)
+            self.abort(request.seq_id)
         if self._failure is not None:
-            self._failure.request_ids = sorted({*self._failure.request_ids, *(r.request_id for r in requests)})
+            self._failure.seq_ids = sorted({*self._failure.seq_ids, *(r.seq_id for r in requests)})
         logger.error("%d requests failed (%s): %s", len(requests), error_type, error)

@@ -1,6 +1,8 @@
 """Typed wire messages, grouped by the service that receives them.
 
-- `records`: nested records shared by several messages (parameters, generations, tokens).
+- the records nested inside them, by meaning: `chat` (turns, tools, grammars), `parameters`
+  (a request's generation parameters), `batches` (what the worker steps and reports), `events`
+  (what the client is streamed).
 - `peer`: registration and liveness, both directions on every ROUTER/DEALER link.
 - `scheduler`: what the scheduler receives (from clients, tokenizers and workers).
 - `tokenizer`: what a tokenizer receives (encode and detokenize jobs).
@@ -14,9 +16,12 @@
 # parameters, tools and tool calls in chats; 3: paged KV blocks and prefill chunks; 2: presence_penalty
 PROTOCOL_VERSION = 8
 
+from common.messages.batches import *  # noqa: E402,F401,F403
+from common.messages.chat import *  # noqa: E402,F401,F403
 from common.messages.client import *  # noqa: E402,F401,F403
+from common.messages.events import *  # noqa: E402,F401,F403
+from common.messages.parameters import *  # noqa: E402,F401,F403
 from common.messages.peer import *  # noqa: E402,F401,F403
-from common.messages.records import *  # noqa: E402,F401,F403
 from common.messages.scheduler import *  # noqa: E402,F401,F403
 from common.messages.tokenizer import *  # noqa: E402,F401,F403
 from common.messages.worker import *  # noqa: E402,F401,F403

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from common.codec import message, record
-from common.messages.records import StreamEvent
+from common.messages.events import StreamEvent
 
 __all__ = [
     "StreamEvents", "HealthReply", "InfoReply", "StatsReply", "ErrorReply", "MetricSample", "MetricFamily",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from common.codec import message
-from common.messages.records import WorkerInfo
+from common.messages.batches import WorkerInfo
 
 __all__ = ["Hello", "Heartbeat", "Role"]
 

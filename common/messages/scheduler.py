@@ -5,16 +5,10 @@ from __future__ import annotations
 from typing import Literal
 
 from common.codec import message, record
-from common.messages.records import (
-    CachedBatch,
-    ChatMessage,
-    GenerateParameters,
-    Generation,
-    RequestKey,
-    SamplingParameters,
-    Timings,
-    Tool,
-)
+from common.messages.batches import CachedBatch, Generation, Timings
+from common.messages.chat import ChatMessage, Tool
+from common.messages.events import RequestKey
+from common.messages.parameters import GenerateParameters, SamplingParameters
 
 __all__ = [
     "Generate", "Cancel", "Query", "Encoded", "Rejected", "ClientOutput", "TextBatch",
@@ -170,8 +164,8 @@ class CommandDone:
 
 @message("command_failed")
 class CommandFailed:
-    """A command failed inside the worker; `request_ids` are the requests it takes down."""
+    """A command failed inside the worker; `seq_ids` are the requests it takes down."""
 
     command_id: int
     error: str
-    request_ids: list[int]
+    seq_ids: list[int]

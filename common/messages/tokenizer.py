@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from common.codec import message, record
-from common.messages.records import GenerateParameters, Generation, RequestKey
+from common.messages.batches import Generation
+from common.messages.events import RequestKey
+from common.messages.parameters import GenerateParameters
 from common.messages.scheduler import Encoded, Generate, TokenizeQuery
 
 __all__ = ["EncodeJob", "TokenStep", "DetokenizeJob", "Forget", "Adopt", "TokenizeJob"]

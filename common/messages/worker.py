@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common.codec import message
-from common.messages.records import Batch, SeqUpdate
+from common.messages.batches import Batch, SeqUpdate
 
 __all__ = ["Warmup", "Prefill", "Decode", "Filter", "Clear", "HealthCheck"]
 
@@ -52,11 +52,11 @@ class Decode:
 
 @message("filter")
 class Filter:
-    """Keep only `request_ids` in the cached batch; an empty list drops it."""
+    """Keep only `seq_ids` in the cached batch; an empty list drops it."""
 
     command_id: int
     batch_id: int
-    request_ids: list[int]
+    seq_ids: list[int]
 
 
 @message("clear")

@@ -60,15 +60,10 @@ from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_table import RequestTable
 from services.scheduler.sliding_window import free_blocks_behind_window
+from services.scheduler.worker_pool import WorkerPool
 from services.scheduler.worker_slot import CommandKind, InFlight, WorkerSlot
 
 logger = logging.getLogger(__name__)
-
-ANSWER_TYPES: dict[CommandKind, type] = {
-    CommandKind.WARMUP: WarmupResult, CommandKind.PREFILL: StepResult, CommandKind.DECODE: StepResult,
-    CommandKind.FILTER: FilterResult, CommandKind.CLEAR: CommandDone, CommandKind.CANARY: StepResult,
-}
-"""What a worker answers to each command (or CommandFailed)."""
 
 GenerationsHandler = Callable[[WorkerSlot, list[Generation]], None]
 FailureHandler = Callable[[list[Request], str, str], None]
@@ -77,7 +72,7 @@ CANARY_REQUEST_ID = 0  # the request table numbers real requests from 1
 
 
 class Batcher:
-    """Worker registry and the batching loop; sends commands through the outbox."""
+    """The batching loop over the registered workers (`WorkerPool`); sends commands through the outbox."""
 
     def __init__(self, config: SchedulerConfig, table: RequestTable, queue: RequestQueue,
                  outbox: Outbox, on_generations: GenerationsHandler, on_failure: FailureHandler,
@@ -89,13 +84,13 @@ class Batcher:
         self.on_generations = on_generations
         self.on_failure = on_failure
         self.on_canary = on_canary
-        self.workers: dict[bytes, WorkerSlot] = {}
+        self.workers = WorkerPool()
         self.metrics = SchedulerMetrics()
         self.paged = PagedBatcher(config, queue)
         self._command_ids = itertools.count(1)
         self._batch_ids = itertools.count(1)
 
-    # -- registry ------------------------------------------------------------------------------
+    # -- workers joining and leaving -----------------------------------------------------------
 
     def register(self, identity: bytes, hello: Hello) -> None:
         """A worker said Hello: (re)register it and warm it up."""
@@ -103,26 +98,23 @@ class Batcher:
             logger.warning("worker %r sent Hello without WorkerInfo; ignored", identity)
             return
         if identity in self.workers:
-            self.lose(identity, "worker registered again")
-        slot = WorkerSlot(identity=identity, info=hello.worker, boot_nonce=hello.boot_nonce)
-        self.workers[identity] = slot
-        logger.info("worker %s registered: %s on %s (%s)", identity.decode(errors="replace"),
-                    hello.worker.model_id, hello.worker.device, hello.worker.dtype)
+            self.on_worker_lost(identity, "worker registered again")
+        slot = self.workers.add(identity, hello.worker, hello.boot_nonce)
         config = self.config
         self._send(slot, CommandKind.WARMUP, [], [], lambda command_id: Warmup(
             command_id, config.max_input_tokens, config.max_total_tokens,
             config.padded_prefill_tokens, config.max_batch_total_tokens))
 
-    def lose(self, identity: bytes, reason: str) -> None:
+    def on_worker_lost(self, identity: bytes, reason: str) -> None:
         """Forgets a worker; its requests go back to the front of the queue to resume elsewhere."""
-        slot = self.workers.pop(identity, None)
+        slot = self.workers.remove(identity)
         if slot is None:
             return
         resumed = [r for r in self.table if r.worker_id == identity and r.status is RequestStatus.RUNNING]
         logger.warning("worker %s lost (%s): %d requests go back to the queue",
                        identity.decode(errors="replace"), reason, len(resumed))
         now = time.monotonic()
-        for request in sorted(resumed, key=lambda r: r.request_id, reverse=True):
+        for request in sorted(resumed, key=lambda r: r.seq_id, reverse=True):
             request.requeue(now)
             self.queue.appendleft(request)
 
@@ -136,7 +128,7 @@ class Batcher:
 
     def kv_cache_shortfall(self, request: Request) -> str | None:
         """Why the request can never run (it needs more KV than any paged worker's pool holds)."""
-        workers = self.ready_workers()
+        workers = self.workers.ready()
         if not workers or not all(slot.is_paged for slot in workers):
             return None
         capacity = max(slot.allocator.capacity_tokens for slot in workers if slot.allocator is not None)
@@ -145,46 +137,14 @@ class Batcher:
         return (f"the request needs {request.total_tokens} tokens of KV cache (inputs + max_new_tokens), more "
                 f"than a worker's KV pool holds ({capacity} tokens): lower max_new_tokens or the input")
 
-    def ready_workers(self) -> list[WorkerSlot]:
-        return [slot for slot in self.workers.values() if slot.ready]
-
-    def touch(self, identity: bytes, now: float, boot_nonce: str | None = None) -> bool:
-        """A worker was heard from: by the identity it registered with, or, for a heartbeat from
-        its liveness socket (another identity), by its boot nonce."""
-        slot = self.workers.get(identity)
-        if slot is None and boot_nonce is not None:
-            slot = next((s for s in self.workers.values() if s.boot_nonce == boot_nonce), None)
-        if slot is not None:
-            slot.last_seen = now
-        return slot is not None
-
     # -- answers -------------------------------------------------------------------------------
 
     def on_answer(self, identity: bytes, answer: object) -> None:
         """Handles a worker's answer to its in-flight command, then moves that worker on."""
-        slot = self.workers.get(identity)
-        if slot is None:
-            logger.debug("answer from unregistered worker %r dropped", identity)
+        awaited = self.workers.awaited_answer(identity, answer)
+        if awaited is None:
             return
-        in_flight = slot.in_flight[0] if slot.in_flight else None
-        command_id = getattr(answer, "command_id", None)
-        if in_flight is None or command_id != in_flight.command_id:
-            if isinstance(answer, CommandFailed):
-                logger.warning("worker %s: %s", identity.decode(errors="replace"), answer.error)
-            else:
-                logger.warning("worker %r answered command %s, expected %s; dropped", identity, command_id,
-                               in_flight.command_id if in_flight else None)
-            return
-        slot.in_flight.popleft()
-        if slot.in_flight:  # a pipelined command starts now: its round trip counts from here
-            slot.in_flight[0].sent_at = max(slot.in_flight[0].sent_at, time.monotonic())
-        if not isinstance(answer, (CommandFailed, ANSWER_TYPES[in_flight.kind])):
-            # a broken or hostile worker: the command failed, whatever the answer says
-            error = f"answered {in_flight.kind.value} with {type(answer).__name__}"
-            logger.warning("worker %r %s", identity, error)
-            answer = CommandFailed(command_id, error, [])
-        if not isinstance(answer, CommandFailed):
-            slot.last_progress = time.monotonic()
+        slot, in_flight, answer = awaited
         if in_flight.kind is CommandKind.CANARY:
             self._on_canary(slot, answer)
             self.advance(slot)
@@ -221,7 +181,7 @@ class Batcher:
         if slot.is_paged:
             self._on_paged_step(slot, in_flight, result)
         elif in_flight.kind is CommandKind.PREFILL:
-            slot.num_requests_served += len(in_flight.request_ids)
+            slot.num_requests_served += len(in_flight.seq_ids)
             slot.waiting_tokens = 1
             if result.batch is not None:
                 slot.batches.append(result.batch)
@@ -235,13 +195,13 @@ class Batcher:
         fewer than the tokens it got)."""
         assert slot.allocator is not None, "a paged worker"
         slot.batches = [result.batch] if result.batch is not None else []
-        num_tokens = collections.Counter(generation.request_id for generation in result.generations)
+        num_tokens = collections.Counter(generation.seq_id for generation in result.generations)
         decoded = []
-        for request_id, num_new in in_flight.num_new.items():
-            request = self.table.get(request_id)
+        for seq_id, num_new in in_flight.num_new.items():
+            request = self.table.get(seq_id)
             if request is not None and request.worker_id == slot.identity:
                 if not request.is_prefilling:
-                    num_new = max(num_tokens[request_id], 1)
+                    num_new = max(num_tokens[seq_id], 1)
                     decoded.append(num_new)
                 request.num_computed += num_new
                 self._index_full_blocks(slot.allocator, request, len(request.tokens))
@@ -288,12 +248,12 @@ class Batcher:
         """A paged Prefill whose newcomers the worker refused (bad input) before it touched its
         cached batch: only they fail. The running requests' block updates were not applied: they
         are sent again with the next step."""
-        if not (slot.is_paged and in_flight.kind is CommandKind.PREFILL and failure.request_ids):
+        if not (slot.is_paged and in_flight.kind is CommandKind.PREFILL and failure.seq_ids):
             return False
-        if not set(failure.request_ids) <= set(in_flight.newcomers):
+        if not set(failure.seq_ids) <= set(in_flight.newcomers):
             return False
-        for request_id, num_sent in in_flight.blocks_sent_before.items():
-            if (request := self.table.get(request_id)) is not None:
+        for seq_id, num_sent in in_flight.blocks_sent_before.items():
+            if (request := self.table.get(seq_id)) is not None:
                 request.num_blocks_sent = num_sent
         return True
 
@@ -301,14 +261,14 @@ class Batcher:
         logger.error("worker %s failed %s: %s", slot.identity.decode(errors="replace"),
                      in_flight.kind.value, failure.error)
         if in_flight.kind is CommandKind.WARMUP:
-            self.workers.pop(slot.identity, None)
+            self.workers.remove(slot.identity)
             return
         self.metrics.record_failed_step(in_flight.kind.value)
-        failed_ids = set(in_flight.request_ids)
+        failed_ids = set(in_flight.seq_ids)
         if self._only_newcomers_refused(slot, in_flight, failure):
             failed_ids = set(in_flight.newcomers)
         elif in_flight.kind is not CommandKind.PREFILL or slot.is_paged:  # its batches may be unusable
-            failed_ids.update(rid for batch in slot.batches for rid in batch.request_ids)
+            failed_ids.update(rid for batch in slot.batches for rid in batch.seq_ids)
             slot.batches = []
             # tracked like any command: nothing else is sent to the worker before it is done
             self._send(slot, CommandKind.CLEAR, [], [], lambda command_id: Clear(command_id, None))
@@ -319,11 +279,11 @@ class Batcher:
 
     def schedule(self) -> None:
         """Moves every idle worker on; empty workers first, each taking a fair share of the queue."""
-        empty = [slot for slot in self.ready_workers() if slot.idle and not slot.batches]
+        empty = [slot for slot in self.workers.ready() if slot.idle and not slot.batches]
         share = -(-len(self.queue) // len(empty)) if len(empty) > 1 else None
         for slot in empty:
             self.advance(slot, share)
-        for slot in sorted(self.ready_workers(), key=lambda s: s.batch_size):
+        for slot in sorted(self.workers.ready(), key=lambda s: s.batch_size):
             self.advance(slot)
 
     def advance(self, slot: WorkerSlot, share: int | None = None) -> None:
@@ -351,26 +311,26 @@ class Batcher:
 
     def _other_worker_is_empty(self, slot: WorkerSlot) -> bool:
         """Data parallelism: newcomers go to an idle, empty replica rather than join a running batch."""
-        return any(other is not slot and other.idle and not other.batches for other in self.ready_workers())
+        return any(other is not slot and other.idle and not other.batches for other in self.workers.ready())
 
     def _filter_finished(self, slot: WorkerSlot) -> bool:
         for batch in slot.batches:
-            keep_ids = [rid for rid in batch.request_ids if self._runs_on(rid, slot)]
-            if len(keep_ids) != len(batch.request_ids):
+            keep_ids = [rid for rid in batch.seq_ids if self._runs_on(rid, slot)]
+            if len(keep_ids) != len(batch.seq_ids):
                 self._send(slot, CommandKind.FILTER, keep_ids, [batch.batch_id],
-                           functools.partial(Filter, batch_id=batch.batch_id, request_ids=keep_ids))
+                           functools.partial(Filter, batch_id=batch.batch_id, seq_ids=keep_ids))
                 return True
         return False
 
-    def _runs_on(self, request_id: int, slot: WorkerSlot) -> bool:
-        request = self.table.get(request_id)
+    def _runs_on(self, seq_id: int, slot: WorkerSlot) -> bool:
+        request = self.table.get(seq_id)
         return request is not None and request.status is RequestStatus.RUNNING and request.worker_id == slot.identity
 
     # -- paged workers -------------------------------------------------------------------------
 
     def _advance_paged(self, slot: WorkerSlot) -> None:
         assert slot.allocator is not None, "a paged worker"
-        listed = (self.table.get(rid) for batch in slot.batches for rid in batch.request_ids)
+        listed = (self.table.get(rid) for batch in slot.batches for rid in batch.seq_ids)
         running = [r for r in listed if r is not None]
         placement = self._placement(slot)
         may_admit = placement is not None or not (running and self._other_worker_is_empty(slot))
@@ -385,7 +345,7 @@ class Batcher:
 
     def _placement(self, slot: WorkerSlot) -> Placement | None:
         """Cache-aware placement, when prefix caching is on and several paged workers serve."""
-        slots = [s for s in self.ready_workers() if s.is_paged]
+        slots = [s for s in self.workers.ready() if s.is_paged]
         if not self.config.prefix_caching or len(slots) < 2 or not self.queue:
             return None
         running: dict[bytes, list[Request]] = {}
@@ -399,7 +359,7 @@ class Batcher:
         now = time.monotonic()
         for request in victims:
             logger.info("worker %s is out of KV blocks: request %d preempted after %d tokens",
-                        slot.identity.decode(errors="replace"), request.request_id, len(request.generated_ids))
+                        slot.identity.decode(errors="replace"), request.seq_id, len(request.generated_ids))
             self.release_blocks(request)
             request.requeue(now)
             self.queue.appendleft(request)
@@ -408,17 +368,17 @@ class Batcher:
 
     def _send_paged_step(self, slot: WorkerSlot, step: PagedStep) -> None:
         """One Decode, or a Prefill of the newcomers joined with the cached batch."""
-        blocks_sent_before = {r.request_id: r.num_blocks_sent for r in step.running}
+        blocks_sent_before = {r.seq_id: r.num_blocks_sent for r in step.running}
         updates = []
         for request in step.running:
-            blocks, chunk = request.new_blocks(), step.chunks.get(request.request_id)
+            blocks, chunk = request.new_blocks(), step.chunks.get(request.seq_id)
             if blocks or chunk is not None:
-                updates.append(SeqUpdate(request.request_id, blocks, chunk))
+                updates.append(SeqUpdate(request.seq_id, blocks, chunk))
         self.metrics.record_chunks(step)
         batch_ids = [batch.batch_id for batch in slot.batches]
-        request_ids = [r.request_id for r in step.running + step.admitted]
+        seq_ids = [r.seq_id for r in step.running + step.admitted]
         if not step.admitted:
-            self._send(slot, CommandKind.DECODE, request_ids, batch_ids,
+            self._send(slot, CommandKind.DECODE, seq_ids, batch_ids,
                        lambda command_id: Decode(command_id, batch_ids, updates), step.num_new)
             return
         now = time.monotonic()
@@ -428,11 +388,11 @@ class Batcher:
             request.prefill_started_at = now
         self.metrics.record_prefill(step.admitted, now)
         slot.num_requests_served += len(step.admitted)
-        batch = Batch(next(self._batch_ids), [r.to_worker(step.chunks[r.request_id]) for r in step.admitted],
+        batch = Batch(next(self._batch_ids), [r.to_worker(step.chunks[r.seq_id]) for r in step.admitted],
                       sum(r.total_tokens for r in step.admitted))
-        self._send(slot, CommandKind.PREFILL, request_ids, [*batch_ids, batch.batch_id],
+        self._send(slot, CommandKind.PREFILL, seq_ids, [*batch_ids, batch.batch_id],
                    lambda command_id: Prefill(command_id, batch, batch_ids, updates), step.num_new)
-        slot.in_flight[-1].newcomers = [r.request_id for r in step.admitted]
+        slot.in_flight[-1].newcomers = [r.seq_id for r in step.admitted]
         slot.in_flight[-1].blocks_sent_before = blocks_sent_before
 
     def _admit_into_running(self, slot: WorkerSlot) -> bool:
@@ -467,11 +427,11 @@ class Batcher:
         running = slot.in_flight[0]
         if running.kind is not CommandKind.DECODE or self._admission_due(slot):
             return
-        if any(request_id not in self.table for request_id in running.request_ids):
+        if any(seq_id not in self.table for seq_id in running.seq_ids):
             return
         batch_ids = running.batch_ids[:1]  # the Decode in flight concatenates into its first batch
         slot.waiting_tokens += 1
-        self._send(slot, CommandKind.DECODE, running.request_ids, batch_ids,
+        self._send(slot, CommandKind.DECODE, running.seq_ids, batch_ids,
                    lambda command_id: Decode(command_id, batch_ids))
 
     def _prefill_next(self, slot: WorkerSlot, min_size: int | None, max_size: int | None,
@@ -487,21 +447,21 @@ class Batcher:
             request.prefill_started_at = now
         self.metrics.record_prefill(requests, now)
         batch = Batch(next(self._batch_ids), [r.to_worker() for r in requests], max_tokens)
-        self._send(slot, CommandKind.PREFILL, [r.request_id for r in requests], [batch.batch_id],
+        self._send(slot, CommandKind.PREFILL, [r.seq_id for r in requests], [batch.batch_id],
                    lambda command_id: Prefill(command_id, batch))
         return True
 
     def _decode(self, slot: WorkerSlot) -> None:
         batch_ids = [batch.batch_id for batch in slot.batches]
-        request_ids = [rid for batch in slot.batches for rid in batch.request_ids]
+        seq_ids = [rid for batch in slot.batches for rid in batch.seq_ids]
         slot.admission_checked = False
         slot.waiting_tokens += 1
-        self._send(slot, CommandKind.DECODE, request_ids, batch_ids,
+        self._send(slot, CommandKind.DECODE, seq_ids, batch_ids,
                    lambda command_id: Decode(command_id, batch_ids))
         self._pipeline_decode(slot)
 
-    def _send(self, slot: WorkerSlot, kind: CommandKind, request_ids: list[int], batch_ids: list[int],
+    def _send(self, slot: WorkerSlot, kind: CommandKind, seq_ids: list[int], batch_ids: list[int],
               build: Callable[[int], object], num_new: dict[int, int] | None = None) -> None:
         command_id = next(self._command_ids)
-        slot.in_flight.append(InFlight(command_id, kind, request_ids, batch_ids, num_new=num_new or {}))
+        slot.in_flight.append(InFlight(command_id, kind, seq_ids, batch_ids, num_new=num_new or {}))
         self.outbox.to_worker(slot.identity, build(command_id))

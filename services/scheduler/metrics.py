@@ -193,7 +193,7 @@ class SchedulerMetrics:
     def record_chunks(self, step: PagedStep) -> None:
         """Counts the step's prefill chunks of prompts that take more than one step."""
         for request in [*step.running, *step.admitted]:
-            chunk = step.chunks.get(request.request_id)
+            chunk = step.chunks.get(request.seq_id)
             if chunk is not None and chunk < request.prefill_len:
                 self.prefill_chunks.inc()
 

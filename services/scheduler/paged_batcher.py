@@ -71,11 +71,11 @@ class PagedBatcher:
             if needed > 0:
                 blocks = allocator.allocate(needed)
                 if blocks is None:
-                    step.victims = [max(running, key=lambda r: (r.prefill_started_at, r.request_id))]
+                    step.victims = [max(running, key=lambda r: (r.prefill_started_at, r.seq_id))]
                     return 0
                 request.block_ids.extend(blocks)
             step.running.append(request)
-            step.num_new[request.request_id] = 1
+            step.num_new[request.seq_id] = 1
         if self.config.speculate and len(decoding) <= MAX_SPECULATING_REQUESTS:
             for request in decoding:
                 self._speculative_blocks(request, allocator)
@@ -98,8 +98,8 @@ class PagedBatcher:
                 continue
             chunk = min(request.prefill_len - request.num_computed, budget - used)
             step.running.append(request)
-            step.chunks[request.request_id] = chunk
-            step.num_new[request.request_id] = chunk
+            step.chunks[request.seq_id] = chunk
+            step.num_new[request.seq_id] = chunk
             used += chunk
         return used
 
@@ -128,8 +128,8 @@ class PagedBatcher:
                 request.num_cached_tokens = cache_len
             chunk = min(prefill_len - cache_len, budget - used)
             step.admitted.append(request)
-            step.chunks[request.request_id] = chunk
-            step.num_new[request.request_id] = chunk
+            step.chunks[request.seq_id] = chunk
+            step.num_new[request.seq_id] = chunk
             used += chunk
             size += 1
 

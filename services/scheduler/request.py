@@ -17,9 +17,9 @@ class RequestStatus(enum.Enum):
 
 @dataclasses.dataclass(slots=True)
 class Request:
-    """Scheduler-side state; `request_id` is the integer id workers see."""
+    """Scheduler-side state; `seq_id` is the integer id workers see."""
 
-    request_id: int
+    seq_id: int
     key: RequestKey
     status: RequestStatus = RequestStatus.ENCODING
     encoded: Encoded | None = None
@@ -97,7 +97,7 @@ class Request:
         encoded = self.encoded
         assert encoded is not None
         return WorkerRequest(
-            request_id=self.request_id,
+            seq_id=self.seq_id,
             input_ids=encoded.input_ids + self.generated_ids,
             sampling=encoded.sampling,
             max_new_tokens=self.remaining_new_tokens,

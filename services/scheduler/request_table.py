@@ -23,17 +23,17 @@ class RequestTable:
     def __iter__(self) -> Iterator[Request]:
         return iter(list(self._by_id.values()))
 
-    def __contains__(self, request_id: int) -> bool:
-        return request_id in self._by_id
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self._by_id
 
     def create(self, key: RequestKey) -> Request:
-        request = Request(request_id=next(self._next_id), key=key)
-        self._by_id[request.request_id] = request
+        request = Request(seq_id=next(self._next_id), key=key)
+        self._by_id[request.seq_id] = request
         self._by_key[key] = request
         return request
 
-    def get(self, request_id: int) -> Request | None:
-        return self._by_id.get(request_id)
+    def get(self, seq_id: int) -> Request | None:
+        return self._by_id.get(seq_id)
 
     def by_key(self, key: RequestKey) -> Request | None:
         return self._by_key.get(key)
@@ -42,7 +42,7 @@ class RequestTable:
         """A step's token for a request running on `worker_id`: appended to its ids, and a request
         it finished leaves the table. None when the request is gone (finished, stopped or cancelled
         while the step ran) or runs elsewhere now: the token is stale."""
-        request = self._by_id.get(generation.request_id)
+        request = self._by_id.get(generation.seq_id)
         if request is None or request.worker_id != worker_id:
             return None
         request.generated_ids.append(generation.token_id)
@@ -51,7 +51,7 @@ class RequestTable:
         return request
 
     def remove(self, request: Request) -> None:
-        self._by_id.pop(request.request_id, None)
+        self._by_id.pop(request.seq_id, None)
         self._by_key.pop(request.key, None)
 
     def of_client(self, client_id: bytes) -> list[Request]:

@@ -1,4 +1,4 @@
-"""The scheduler process: binds every endpoint and pumps frames through the Hub."""
+"""The scheduler process: binds every endpoint and pumps frames through the Scheduler (its logic)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from common.identity import new_boot_nonce
 from common.lifecycle import on_stop_signals, serve
 from common.logs import setup_logging
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.hub import Hub
 from services.scheduler.peer_connections import PeerConnections
+from services.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class SchedulerService:
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.hub = Hub(config, new_boot_nonce())
+        self.scheduler = Scheduler(config, new_boot_nonce())
         self.context = zmq.Context()
         self.curve_keys = config.curve_keys
         self.authenticator = curve.start_authenticator(self.context, config.curve_client_keys_dir)
@@ -83,9 +83,9 @@ class SchedulerService:
             self._drain(ready)
             now = time.monotonic()
             if now >= next_tick:
-                self.hub.tick(now)
+                self.scheduler.tick(now)
                 next_tick = now + tick_s
-            self.hub.schedule()
+            self.scheduler.schedule()
             self._flush()
             if self.drain_deadline is not None:
                 self._check_drain(now, self.drain_deadline)
@@ -93,40 +93,40 @@ class SchedulerService:
     def drain(self) -> None:
         """SIGTERM: admit nothing new, let running requests finish within drain_timeout_s."""
         if self.drain_deadline is None:
-            self.hub.draining = True
+            self.scheduler.draining = True
             self.drain_deadline = time.monotonic() + self.config.drain_timeout_s
-            logger.info("draining %d requests (at most %.0f s)", len(self.hub.table), self.config.drain_timeout_s)
+            logger.info("draining %d requests (at most %.0f s)", len(self.scheduler.table), self.config.drain_timeout_s)
 
     def _check_drain(self, now: float, deadline: float) -> None:
-        if len(self.hub.table) and now < deadline:
+        if len(self.scheduler.table) and now < deadline:
             return
-        if len(self.hub.table):
-            logger.warning("drain timeout: cancelling %d requests", len(self.hub.table))
-            self.hub.cancel_all("Request cancelled: the server is shutting down")
+        if len(self.scheduler.table):
+            logger.warning("drain timeout: cancelling %d requests", len(self.scheduler.table))
+            self.scheduler.cancel_all("Request cancelled: the server is shutting down")
             self._flush()
         self.running = False
 
     def _drain(self, ready: dict) -> None:
-        hub = self.hub
+        scheduler = self.scheduler
         # disconnections first: a descriptor they name may already carry a new peer's messages
         if self.worker_monitor in ready:
             for identity in self._disconnected(self.worker_monitor, self.worker_connections):
-                hub.on_worker_disconnected(identity)
+                scheduler.on_worker_disconnected(identity)
         if self.tokenizer_monitor in ready:
             for identity in self._disconnected(self.tokenizer_monitor, self.tokenizer_connections):
-                hub.on_tokenizer_disconnected(identity)
+                scheduler.on_tokenizer_disconnected(identity)
         if self.workers in ready:
             for identity, frame in self._receive_tracked(self.workers, self.worker_connections):
-                hub.on_worker_frame(identity, frame)
+                scheduler.on_worker_frame(identity, frame)
         if self.detokenize in ready:
             for identity, frame in self._receive_tracked(self.detokenize, self.tokenizer_connections):
-                hub.on_tokenizer_frame(identity, frame)
+                scheduler.on_tokenizer_frame(identity, frame)
         if self.tokenized in ready:
             for (frame,) in self._receive(self.tokenized, 1):
-                hub.on_tokenized_frame(frame)
+                scheduler.on_tokenized_frame(frame)
         if self.frontend in ready:
             for identity, frame in self._receive(self.frontend, 2):
-                hub.on_client_frame(identity, frame)
+                scheduler.on_client_frame(identity, frame)
 
     def _receive(self, socket: zmq.Socket, num_frames: int) -> list[list[bytes]]:
         """Up to MAX_FRAMES_PER_PASS messages without blocking; wrong frame counts are dropped."""
@@ -173,7 +173,7 @@ class SchedulerService:
                     identities.append(identity)
 
     def _flush(self) -> None:
-        outbox = self.hub.outbox
+        outbox = self.scheduler.outbox
         for socket, frames_list in ((self.workers, outbox.workers), (self.detokenize, outbox.detokenize),
                                     (self.frontend, outbox.frontend)):
             for frames in frames_list:

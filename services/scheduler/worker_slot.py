@@ -22,11 +22,11 @@ class CommandKind(enum.Enum):
 
 @dataclasses.dataclass(slots=True)
 class InFlight:
-    """A command sent to a worker and not answered yet; `request_ids` are the requests it concerns."""
+    """A command sent to a worker and not answered yet; `seq_ids` are the requests it concerns."""
 
     command_id: int
     kind: CommandKind
-    request_ids: list[int]
+    seq_ids: list[int]
     batch_ids: list[int]
     sent_at: float = dataclasses.field(default_factory=time.monotonic)
     num_new: dict[int, int] = dataclasses.field(default_factory=dict)  # paged: KV tokens each request computes

@@ -33,7 +33,7 @@ class CausalLMBatch:
 
     batch_id: int
     requests: list[WorkerRequest]
-    request_id_to_index: dict[int, int]
+    seq_id_to_index: dict[int, int]
     input_ids: torch.Tensor  # [batch, max_input_length] before prefill, [batch, 1] after
     position_ids: torch.Tensor  # same shape as input_ids
     attention_mask: torch.Tensor  # [batch, max_input_length + padding_right_offset]
@@ -51,15 +51,15 @@ class CausalLMBatch:
         return len(self.requests)
 
     @property
-    def request_ids(self) -> list[int]:
-        return [r.request_id for r in self.requests]
+    def seq_ids(self) -> list[int]:
+        return [r.seq_id for r in self.requests]
 
     @property
     def all_stopped(self) -> bool:
         return all(s.stopped for s in self.stopping_criteria)
 
     def to_cached(self) -> CachedBatch:
-        return CachedBatch(self.batch_id, self.request_ids, self.max_tokens)
+        return CachedBatch(self.batch_id, self.seq_ids, self.max_tokens)
 
     def apply(self, updates: Sequence[SeqUpdate]) -> None:
         """Paged workers take block tables and prefill chunks with each step; a padded batch none."""
@@ -83,7 +83,7 @@ class CausalLMBatch:
         return cls(
             batch_id=batch_id,
             requests=list(requests),
-            request_id_to_index={r.request_id: i for i, r in enumerate(requests)},
+            seq_id_to_index={r.seq_id: i for i, r in enumerate(requests)},
             input_ids=token_ids[:, :max_input_length].to(device),
             position_ids=position_ids.to(device),
             attention_mask=attention_mask.to(device),
@@ -125,25 +125,25 @@ class CausalLMBatch:
     # -- filter --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def filter(self, request_ids: Sequence[int]) -> CausalLMBatch | None:
-        """The batch keeping only `request_ids`; None when the list is empty.
+    def filter(self, seq_ids: Sequence[int]) -> CausalLMBatch | None:
+        """The batch keeping only `seq_ids`; None when the list is empty.
 
         Rows are reordered as moving the fewest KV rows requires (`swap_remove_order`):
-        `request_ids` of the result (and its CachedBatch) give the new order. The KV cache is
+        `seq_ids` of the result (and its CachedBatch) give the new order. The KV cache is
         filtered in place, so `self` must not be stepped afterwards. Raises ValueError for an id
         that is not in the batch, and then `self` is left as it was.
         """
-        if not request_ids:
+        if not seq_ids:
             return None
-        require_unique(request_ids)
-        missing = [rid for rid in request_ids if rid not in self.request_id_to_index]
+        require_unique(seq_ids)
+        missing = [rid for rid in seq_ids if rid not in self.seq_id_to_index]
         if missing:
             raise ValueError(f"requests {missing} are not in batch {self.batch_id}")
-        if sorted(request_ids) == sorted(self.request_ids):
+        if sorted(seq_ids) == sorted(self.seq_ids):
             return self
         if self.kv_cache is None:
             raise ValueError(f"batch {self.batch_id} was never prefilled: nothing to filter")
-        kept = [self.request_id_to_index[rid] for rid in request_ids]
+        kept = [self.seq_id_to_index[rid] for rid in seq_ids]
         return self._select(swap_remove_order(len(self), kept), self.kv_cache)
 
     def _select(self, indices: list[int], kv_cache: KVCache) -> CausalLMBatch:
@@ -159,7 +159,7 @@ class CausalLMBatch:
         return dataclasses.replace(
             self,
             requests=requests,
-            request_id_to_index={r.request_id: i for i, r in enumerate(requests)},
+            seq_id_to_index={r.seq_id: i for i, r in enumerate(requests)},
             input_ids=self.input_ids[rows],
             position_ids=self.position_ids[rows],
             attention_mask=self.attention_mask[rows, start:end],
@@ -185,14 +185,14 @@ class CausalLMBatch:
         kv_caches = [b.kv_cache for b in batches if b.kv_cache is not None]
         if len(kv_caches) < len(batches):
             raise ValueError("only prefilled batches can be concatenated")
-        require_unique([rid for b in batches for rid in b.request_ids])
+        require_unique([rid for b in batches for rid in b.seq_ids])
         max_input_length = max(b.max_input_length for b in batches)
         padding_right_offset = max(b.padding_right_offset for b in batches)
         requests = [r for b in batches for r in b.requests]
         return cls(
             batch_id=batches[0].batch_id,
             requests=requests,
-            request_id_to_index={r.request_id: i for i, r in enumerate(requests)},
+            seq_id_to_index={r.seq_id: i for i, r in enumerate(requests)},
             input_ids=torch.cat([b.input_ids for b in batches]),
             position_ids=torch.cat([b.position_ids for b in batches]),
             attention_mask=_pad_columns([b.live_columns(b.attention_mask) for b in batches],

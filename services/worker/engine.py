@@ -38,11 +38,11 @@ logger = logging.getLogger(__name__)
 R = TypeVar("R")
 
 class CommandError(Exception):
-    """A command failed; `request_ids` are the requests it takes down."""
+    """A command failed; `seq_ids` are the requests it takes down."""
 
-    def __init__(self, error: str, request_ids: Sequence[int] = ()) -> None:
+    def __init__(self, error: str, seq_ids: Sequence[int] = ()) -> None:
         super().__init__(error)
-        self.request_ids = list(request_ids)
+        self.seq_ids = list(seq_ids)
 
 
 class Engine:
@@ -67,19 +67,19 @@ class Engine:
     def prefill(self, command: Prefill) -> StepResult | CommandFailed:
         """A new batch's first step; on a paged worker joined by the cached batches it names, so
         their decodes and prefill chunks run in the same forward (cached under the first)."""
-        request_ids = [r.request_id for r in command.batch.requests]
+        seq_ids = [r.seq_id for r in command.batch.requests]
 
         def run() -> StepResult:
             spec = command.batch
             if spec.batch_id in self.cache or spec.batch_id in command.batch_ids:
-                raise CommandError(f"batch {spec.batch_id} is already cached", request_ids)
+                raise CommandError(f"batch {spec.batch_id} is already cached", seq_ids)
             batch = new_batch(self.model, spec.requests, spec.batch_id, spec.max_tokens)
             if not command.batch_ids:
                 if command.updates:
-                    raise CommandError("updates given without cached batches", request_ids)
+                    raise CommandError("updates given without cached batches", seq_ids)
                 return self._step(command.command_id, batch, concatenate_ns=0)
             return self._joined_step(command.command_id, command.batch_ids, command.updates, batch)
-        return self._guarded(command.command_id, run, request_ids)
+        return self._guarded(command.command_id, run, seq_ids)
 
     def decode(self, command: Decode) -> StepResult | CommandFailed:
         """One step of the named batches, concatenated first; batches that ended meanwhile (a
@@ -110,7 +110,7 @@ class Engine:
             logger.exception("step of batches %s failed: dropping them", list(batch_ids))
             for batch_id in batch_ids:
                 self.cache.delete(batch_id)
-            raise CommandError(_describe(exc), [rid for b in joined for rid in b.request_ids]) from exc
+            raise CommandError(_describe(exc), [rid for b in joined for rid in b.seq_ids]) from exc
         for batch_id in batch_ids[1:]:
             self.cache.delete(batch_id)
         if len(joined) > 1 or result.batch is None:  # buffers restacked or released
@@ -123,22 +123,22 @@ class Engine:
         none of them. Each batch checks its own before changing anything."""
         if not updates:
             return
-        owner = {rid: batch for batch in batches for rid in batch.request_ids}
-        unknown = [u.request_id for u in updates if u.request_id not in owner]
+        owner = {rid: batch for batch in batches for rid in batch.seq_ids}
+        unknown = [u.seq_id for u in updates if u.seq_id not in owner]
         if unknown:
             raise CommandError(f"updates for requests {unknown} that are not in the batches stepped")
-        if len({u.request_id for u in updates}) != len(updates):
-            raise CommandError(f"repeated updates for requests in {[u.request_id for u in updates]}")
-        bad = [u.request_id for u in updates if u.chunk_len is not None and u.chunk_len < 1]
+        if len({u.seq_id for u in updates}) != len(updates):
+            raise CommandError(f"repeated updates for requests in {[u.seq_id for u in updates]}")
+        bad = [u.seq_id for u in updates if u.chunk_len is not None and u.chunk_len < 1]
         if bad:
             raise CommandError(f"updates of requests {bad}: `chunk_len` must be >= 1")
         for batch in batches:
-            batch.apply([u for u in updates if owner[u.request_id] is batch])
+            batch.apply([u for u in updates if owner[u.seq_id] is batch])
 
     def filter(self, command: Filter) -> FilterResult | CommandFailed:
         def run() -> FilterResult:
             [batch] = self._cached([command.batch_id])
-            filtered = batch.filter(command.request_ids)
+            filtered = batch.filter(command.seq_ids)
             if filtered is None:
                 self.cache.end(command.batch_id)
             else:
@@ -189,19 +189,19 @@ class Engine:
         return [found[batch_id] for batch_id in batch_ids]
 
     def _guarded(self, command_id: int, run: Callable[[], R],
-                 request_ids: Sequence[int] = ()) -> R | CommandFailed:
+                 seq_ids: Sequence[int] = ()) -> R | CommandFailed:
         """Runs a command; any exception becomes CommandFailed naming the requests it takes down."""
         try:
             return run()
         except CommandError as exc:
             logger.warning("command %d failed: %s", command_id, exc)
-            return CommandFailed(command_id, str(exc), exc.request_ids)
+            return CommandFailed(command_id, str(exc), exc.seq_ids)
         except ValueError as exc:  # bad input: the message names the request and field
             logger.warning("command %d rejected: %s", command_id, exc)
-            return CommandFailed(command_id, str(exc), list(request_ids))
+            return CommandFailed(command_id, str(exc), list(seq_ids))
         except Exception as exc:
             logger.exception("command %d failed", command_id)
-            return CommandFailed(command_id, _describe(exc), list(request_ids))
+            return CommandFailed(command_id, _describe(exc), list(seq_ids))
 
 
 def _describe(exc: BaseException) -> str:

@@ -150,7 +150,7 @@ class PaddedModel:
             finish_reason = stopping(token_id)
             top_ids, top_logprobs = top_of_row(row)
             generations.append(Generation(
-                request_id=request.request_id, token_id=token_id, logprob=row[1],
+                seq_id=request.seq_id, token_id=token_id, logprob=row[1],
                 finish_reason=finish_reason, generated_tokens=stopping.num_generated,
                 seed=request.sampling.seed if request.sampling.do_sample else None,
                 top_ids=top_ids, top_logprobs=top_logprobs,

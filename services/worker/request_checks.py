@@ -25,7 +25,7 @@ def chooser_for(requests: Sequence[WorkerRequest], device: torch.device) -> Next
             try:
                 NextTokenChooser.from_params([request.sampling], torch.device("cpu"))
             except ValueError as exc:
-                raise ValueError(f"request {request.request_id}: {exc}") from None
+                raise ValueError(f"request {request.seq_id}: {exc}") from None
         raise
 
 
@@ -34,11 +34,11 @@ def validate_requests(requests: Sequence[WorkerRequest], batch_id: int, model: M
         raise ValueError(f"batch {batch_id} has no requests")
     for request in requests:
         validate_request(request, model)
-    require_unique([r.request_id for r in requests])
+    require_unique([r.seq_id for r in requests])
 
 
 def validate_request(request: WorkerRequest, model: ModelLimits) -> None:
-    where = f"request {request.request_id}"
+    where = f"request {request.seq_id}"
     if not request.input_ids:
         raise ValueError(f"{where}: `input_ids` is empty")
     if min(request.input_ids) < 0 or max(request.input_ids) >= model.vocab_size:
@@ -53,6 +53,6 @@ def validate_request(request: WorkerRequest, model: ModelLimits) -> None:
                          f"{request.max_new_tokens} exceed the model's {model.max_position_embeddings} positions")
 
 
-def require_unique(request_ids: Sequence[int]) -> None:
-    if len(set(request_ids)) != len(request_ids):
-        raise ValueError(f"duplicate request ids in {list(request_ids)}")
+def require_unique(seq_ids: Sequence[int]) -> None:
+    if len(set(seq_ids)) != len(seq_ids):
+        raise ValueError(f"duplicate request ids in {list(seq_ids)}")

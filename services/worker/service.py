@@ -99,7 +99,7 @@ class EngineLoop:
             command = decode(frames[0], COMMANDS)
         except MessageError as exc:
             logger.warning("bad frame from the scheduler: %s", exc)
-            self._send(CommandFailed(command_id=-1, error=f"malformed message: {exc}", request_ids=[]))
+            self._send(CommandFailed(command_id=-1, error=f"malformed message: {exc}", seq_ids=[]))
             return
         self._send(self.execute(command))
 

@@ -63,7 +63,7 @@ def warmup_batch(model: PaddedModel, command: Warmup, max_prefill_tokens: int | 
     num_requests = max(1, prefill_tokens // num_input_tokens)
     max_new_tokens = command.max_total_tokens - command.max_input_tokens
     input_ids = [(i * TOKEN_STRIDE) % model.vocab_size for i in range(num_input_tokens)]
-    requests = [WorkerRequest(request_id=i, input_ids=input_ids, sampling=SamplingParameters(),
+    requests = [WorkerRequest(seq_id=i, input_ids=input_ids, sampling=SamplingParameters(),
                               max_new_tokens=max_new_tokens, ignore_eos=True)
                 for i in range(num_requests)]
     max_tokens = num_requests * (num_input_tokens + max_new_tokens)

@@ -53,7 +53,7 @@ from common.messages import (
 from common.messages import (
     HealthCheck as HealthCheckCommand,
 )
-from services.scheduler.hub import CLIENT_MESSAGES, TOKENIZER_MESSAGES, WORKER_MESSAGES
+from services.scheduler.scheduler import CLIENT_MESSAGES, TOKENIZER_MESSAGES, WORKER_MESSAGES
 from services.tokenizer.service import SCHEDULER_MESSAGES as TOKENIZER_INBOUND
 from services.worker.service import SCHEDULER_MESSAGES as WORKER_INBOUND
 from tests.fuzz.conftest import Keys
@@ -376,7 +376,7 @@ def test_tokenizer_survives_hostile_frames(tiny_model_dir: str) -> None:
         key = RequestKey(b"client-x", "valid")
         tokenize.send(encode(EncodeJob(key, Generate("valid", "Hello", None, GenerateParameters(max_new_tokens=2)))))
         encoded = receive(tokenized, Encoded, match=lambda msg: msg.key == key)
-        step = TokenStep(key, Generation(request_id=1, token_id=encoded.input_ids[0], logprob=-0.1))
+        step = TokenStep(key, Generation(seq_id=1, token_id=encoded.input_ids[0], logprob=-0.1))
         detokenize.send_multipart([identity, encode(DetokenizeJob([step]))])
         receive(detokenize, TextBatch, match=lambda msg: any(o.client_id == b"client-x" for o in msg.outputs))
         assert tokenizer.alive, tokenizer.output()

@@ -1,10 +1,10 @@
-"""The hub under failures: a failed step, a lost only worker, and clients kept apart (no sockets)."""
+"""The scheduler under failures: a failed step, a lost only worker, and clients kept apart (no sockets)."""
 
 from __future__ import annotations
 
 from common import messages as m
 from common.codec import encode
-from tests.scheduler.test_hub import CLIENT, WORKER_A, Harness
+from tests.scheduler.test_scheduler import CLIENT, WORKER_A, Harness
 
 OTHER_CLIENT = b"client-2"
 
@@ -15,19 +15,19 @@ def test_failed_decode_clears_the_worker_before_anything_else() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1", max_new_tokens=10)
     (_, prefill), = h.step()
-    rid = prefill.batch.requests[0].request_id
+    rid = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, [rid])
     h.take("detokenize")
     (_, decode_cmd), = h.messages_to("workers")
     h.submit("r2")
-    h.hub.on_worker_frame(WORKER_A, encode(m.CommandFailed(decode_cmd.command_id, "RuntimeError: boom", [rid])))
+    h.scheduler.on_worker_frame(WORKER_A, encode(m.CommandFailed(decode_cmd.command_id, "RuntimeError: boom", [rid])))
     (_, error), = h.messages_to("frontend")
     assert error.events[0].request_id == "r1" and error.events[0].error_type == "generation"
     (_, clear), = h.step()
     assert isinstance(clear, m.Clear) and clear.batch_id is None
-    h.hub.on_worker_frame(WORKER_A, encode(m.CommandDone(clear.command_id)))
+    h.scheduler.on_worker_frame(WORKER_A, encode(m.CommandDone(clear.command_id)))
     (_, prefill2), = h.messages_to("workers")
-    assert isinstance(prefill2, m.Prefill) and [r.request_id for r in prefill2.batch.requests] == [rid + 1]
+    assert isinstance(prefill2, m.Prefill) and [r.seq_id for r in prefill2.batch.requests] == [rid + 1]
     assert h.messages_to("frontend") == []  # r2 is untouched
 
 
@@ -37,13 +37,13 @@ def test_failed_prefill_beside_a_running_batch_keeps_it() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1", max_new_tokens=10)
     (_, prefill), = h.step()
-    first_id = prefill.batch.requests[0].request_id
+    first_id = prefill.batch.requests[0].seq_id
     h.submit("r2")
     h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, [first_id])
     h.take("detokenize")
     (_, second), = h.messages_to("workers")
     assert isinstance(second, m.Prefill)
-    h.hub.on_worker_frame(WORKER_A, encode(m.CommandFailed(second.command_id, "too large", [])))
+    h.scheduler.on_worker_frame(WORKER_A, encode(m.CommandFailed(second.command_id, "too large", [])))
     (_, error), = h.messages_to("frontend")
     assert [e.request_id for e in error.events] == ["r2"]
     (_, decode_cmd), = h.messages_to("workers")
@@ -56,16 +56,16 @@ def test_resumed_request_waits_no_worker_timeout_from_the_loss() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1")
     (_, prefill), = h.step()
-    request = h.hub.table.get(prefill.batch.requests[0].request_id)
+    request = h.scheduler.table.get(prefill.batch.requests[0].seq_id)
     request.queued_at -= 100.0  # it was queued long ago
-    h.hub.batcher.lose(WORKER_A, "test")
+    h.scheduler.batcher.on_worker_lost(WORKER_A, "test")
     lost_at = request.queued_at
-    h.hub.tick(lost_at + 1.0)
-    assert h.messages_to("frontend") == [] and len(h.hub.queue) == 1
-    h.hub.tick(lost_at + 2.5)
+    h.scheduler.tick(lost_at + 1.0)
+    assert h.messages_to("frontend") == [] and len(h.scheduler.queue) == 1
+    h.scheduler.tick(lost_at + 2.5)
     (_, error), = h.messages_to("frontend")
     assert error.events[0].error_type == "unhealthy" and "No worker" in error.events[0].error
-    assert len(h.hub.table) == 0 and len(h.hub.queue) == 0
+    assert len(h.scheduler.table) == 0 and len(h.scheduler.queue) == 0
 
 
 def test_a_client_cannot_cancel_another_clients_request() -> None:
@@ -73,19 +73,20 @@ def test_a_client_cannot_cancel_another_clients_request() -> None:
     h = Harness()
     h.add_worker(WORKER_A)
     h.submit("r1")
-    h.hub.on_client_frame(OTHER_CLIENT, encode(m.Cancel("r1")))
-    assert len(h.hub.queue) == 1 and h.messages_to("detokenize") == []
+    h.scheduler.on_client_frame(OTHER_CLIENT, encode(m.Cancel("r1")))
+    assert len(h.scheduler.queue) == 1 and h.messages_to("detokenize") == []
     (_, prefill), = h.step()
-    assert [r.request_id for r in prefill.batch.requests] == [h.hub.table.by_key(m.RequestKey(CLIENT, "r1")).request_id]
+    request = h.scheduler.table.by_key(m.RequestKey(CLIENT, "r1"))
+    assert [r.seq_id for r in prefill.batch.requests] == [request.seq_id]
 
 
 def test_same_request_id_from_two_clients_are_two_requests() -> None:
     """Two clients may use the same request_id; each gets only its own events."""
     h = Harness()
-    h.hub.on_client_frame(CLIENT, encode(m.Generate("r1", "x", None, m.GenerateParameters())))
-    h.hub.on_client_frame(OTHER_CLIENT, encode(m.Generate("r1", "y", None, m.GenerateParameters())))
-    assert len(h.hub.table) == 2 and h.messages_to("frontend") == []
-    h.hub.on_tokenized_frame(encode(m.Rejected(m.RequestKey(OTHER_CLIENT, "r1"), "too long")))
+    h.scheduler.on_client_frame(CLIENT, encode(m.Generate("r1", "x", None, m.GenerateParameters())))
+    h.scheduler.on_client_frame(OTHER_CLIENT, encode(m.Generate("r1", "y", None, m.GenerateParameters())))
+    assert len(h.scheduler.table) == 2 and h.messages_to("frontend") == []
+    h.scheduler.on_tokenized_frame(encode(m.Rejected(m.RequestKey(OTHER_CLIENT, "r1"), "too long")))
     (client, reply), = h.messages_to("frontend")
     assert client == OTHER_CLIENT and reply.events[0].error == "too long"
-    assert h.hub.table.by_key(m.RequestKey(CLIENT, "r1")) is not None
+    assert h.scheduler.table.by_key(m.RequestKey(CLIENT, "r1")) is not None

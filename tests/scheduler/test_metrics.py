@@ -1,16 +1,16 @@
-"""Scheduler metrics of record: histogram buckets, and what the hub records per command and request."""
+"""Scheduler metrics of record: histogram buckets, and what the scheduler records per command and request."""
 
 from __future__ import annotations
 
 from common import messages as m
 from common.codec import decode, encode
 from services.scheduler.metrics import Histogram
-from tests.scheduler.test_hub import CLIENT, WORKER_A, Harness
+from tests.scheduler.test_scheduler import CLIENT, WORKER_A, Harness
 
 
 def families(h: Harness) -> dict[str, m.MetricFamily]:
     h.take("frontend")
-    h.hub.on_client_frame(CLIENT, encode(m.Query("q", "stats")))
+    h.scheduler.on_client_frame(CLIENT, encode(m.Query("q", "stats")))
     (_, reply), = h.messages_to("frontend")
     assert isinstance(reply, m.StatsReply)
     return {family.name: family for family in reply.families}
@@ -38,7 +38,7 @@ def test_stats_carry_batch_and_request_figures_after_a_request() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1")
     (_, prefill), = h.step()
-    rid = prefill.batch.requests[0].request_id
+    rid = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, [rid])
     (_, decode_cmd), = h.messages_to("workers")
     h.answer_step(WORKER_A, decode_cmd, prefill.batch.batch_id, [rid], finished={rid: "length"})
@@ -60,9 +60,9 @@ def test_failures_are_counted_by_error_type_and_method() -> None:
     h = Harness(max_concurrent_requests=1)
     h.add_worker(WORKER_A)
     h.submit("r1")
-    h.hub.on_client_frame(CLIENT, encode(m.Generate("r2", "x", None, m.GenerateParameters())))
+    h.scheduler.on_client_frame(CLIENT, encode(m.Generate("r2", "x", None, m.GenerateParameters())))
     (_, prefill), = h.step()
-    h.hub.on_worker_frame(WORKER_A, encode(m.CommandFailed(prefill.command_id, "boom", [])))
+    h.scheduler.on_worker_frame(WORKER_A, encode(m.CommandFailed(prefill.command_id, "boom", [])))
     found = families(h)
     assert value(found["ztgi_scheduler_request_failure"], err="overloaded") == 1
     assert value(found["ztgi_scheduler_request_failure"], err="generation") == 1
@@ -73,7 +73,7 @@ def test_failures_are_counted_by_error_type_and_method() -> None:
 def test_families_survive_the_wire() -> None:
     """The StatsReply with its families decodes back equal (msgpack, checked types)."""
     h = Harness()
-    h.hub.on_client_frame(CLIENT, encode(m.Query("q", "stats")))
+    h.scheduler.on_client_frame(CLIENT, encode(m.Query("q", "stats")))
     (frames,) = h.take("frontend")
     reply = decode(frames[1])
     assert decode(encode(reply)) == reply and reply.families

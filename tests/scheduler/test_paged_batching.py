@@ -1,5 +1,5 @@
 """Paged batching in the scheduler: block tables, the per-step token budget, chunked prefill,
-preemption and prefix caching, driven through the hub by a worker peer that keeps the books a
+preemption and prefix caching, driven through the scheduler by a worker peer that keeps the books a
 paged worker keeps (which blocks each request holds, which tokens each block slot holds, how many
 of a request's tokens have KV) and checks every command."""
 
@@ -10,8 +10,8 @@ import dataclasses
 from common import messages as m
 from common.codec import decode, encode
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.hub import Hub
-from tests.scheduler.test_hub import CLIENT, INFO, TOKENIZER
+from services.scheduler.scheduler import Scheduler
+from tests.scheduler.test_scheduler import CLIENT, INFO, TOKENIZER
 
 WORKER = b"paged-worker"
 BLOCK_SIZE = 4
@@ -51,23 +51,23 @@ class PagedPeer:
     def run(self, command: object) -> object:
         match command:
             case m.Prefill():
-                refused = [r.request_id for r in command.batch.requests if r.request_id == self.refuse]
+                refused = [r.seq_id for r in command.batch.requests if r.seq_id == self.refuse]
                 if refused:  # bad input: refused before anything changes, as the engine does
                     return m.CommandFailed(command.command_id, "request outside the vocabulary",
-                                           [r.request_id for r in command.batch.requests])
+                                           [r.seq_id for r in command.batch.requests])
                 for r in command.batch.requests:
-                    assert 0 <= r.cache_len < len(r.input_ids), f"request {r.request_id}: cache_len {r.cache_len}"
+                    assert 0 <= r.cache_len < len(r.input_ids), f"request {r.seq_id}: cache_len {r.cache_len}"
                     assert [self.slots.get(self._slot(r.block_ids, p)) for p in range(r.cache_len)] == \
-                        r.input_ids[:r.cache_len], f"request {r.request_id} reuses blocks holding other tokens"
+                        r.input_ids[:r.cache_len], f"request {r.seq_id} reuses blocks holding other tokens"
                     self.cached_tokens += r.cache_len
-                    self.seqs[r.request_id] = Seq(list(r.input_ids), len(r.input_ids), r.cache_len,
+                    self.seqs[r.seq_id] = Seq(list(r.input_ids), len(r.input_ids), r.cache_len,
                                                   list(r.block_ids), r.chunk_len, r.max_new_tokens)
                 self.batch_id = command.batch_ids[0] if command.batch_ids else command.batch.batch_id
                 return self._step(command.command_id, command.updates)
             case m.Decode():
                 return self._step(command.command_id, command.updates)
             case m.Filter():
-                self.seqs = {rid: s for rid, s in self.seqs.items() if rid in command.request_ids}
+                self.seqs = {rid: s for rid, s in self.seqs.items() if rid in command.seq_ids}
                 return m.FilterResult(command.command_id, self._cached())
         raise AssertionError(f"unexpected {command}")
 
@@ -88,8 +88,8 @@ class PagedPeer:
 
     def _step(self, command_id: int, updates: list[m.SeqUpdate]) -> m.StepResult:
         for update in updates:
-            self.seqs[update.request_id].blocks += update.new_block_ids
-            self.seqs[update.request_id].chunk = update.chunk_len
+            self.seqs[update.seq_id].blocks += update.new_block_ids
+            self.seqs[update.seq_id].chunk = update.chunk_len
         held = [b for s in self.seqs.values() for b in s.blocks]
         assert all(0 <= b < self.num_blocks for b in held)
         assert all(len(set(s.blocks)) == len(s.blocks) for s in self.seqs.values())
@@ -121,58 +121,59 @@ class PagedPeer:
 
 
 def _run(requests: list[tuple[int, int]], num_blocks: int, step_tokens: int = 64,
-         refuse: int | None = None) -> tuple[PagedPeer, Hub, dict]:
+         refuse: int | None = None) -> tuple[PagedPeer, Scheduler, dict]:
     """Submits (input tokens, max_new_tokens) requests and runs until every one finished."""
-    hub = Hub(SchedulerConfig(max_concurrent_requests=128, max_input_tokens=100, max_total_tokens=200), "nonce")
-    hub.on_tokenizer_frame(TOKENIZER, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t")))
-    hub.on_worker_frame(WORKER, encode(m.Hello("worker", m.PROTOCOL_VERSION, "w", INFO)))
+    config = SchedulerConfig(max_concurrent_requests=128, max_input_tokens=100, max_total_tokens=200)
+    scheduler = Scheduler(config, "nonce")
+    scheduler.on_tokenizer_frame(TOKENIZER, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t")))
+    scheduler.on_worker_frame(WORKER, encode(m.Hello("worker", m.PROTOCOL_VERSION, "w", INFO)))
     peer = PagedPeer(num_blocks, step_tokens, refuse)
-    warmup = decode(hub.outbox.workers.pop()[-1])
-    hub.on_worker_frame(WORKER, encode(m.WarmupResult(warmup.command_id, num_blocks * BLOCK_SIZE, num_blocks,
+    warmup = decode(scheduler.outbox.workers.pop()[-1])
+    scheduler.on_worker_frame(WORKER, encode(m.WarmupResult(warmup.command_id, num_blocks * BLOCK_SIZE, num_blocks,
                                                       BLOCK_SIZE, step_tokens)))
     for i, (num_input, max_new) in enumerate(requests):
         if i == len(requests) - 1 and refuse is not None:  # the last one arrives while others run
             for _ in range(3):
-                hub.schedule()
-                commands = [decode(frames[-1]) for frames in hub.outbox.workers]
-                hub.outbox.workers.clear()
+                scheduler.schedule()
+                commands = [decode(frames[-1]) for frames in scheduler.outbox.workers]
+                scheduler.outbox.workers.clear()
                 for command in commands:
-                    hub.on_worker_frame(WORKER, encode(peer.run(command)))
+                    scheduler.on_worker_frame(WORKER, encode(peer.run(command)))
         key = m.RequestKey(CLIENT, f"r{i}")
-        hub.on_client_frame(CLIENT, encode(m.Generate(key.request_id, "x", None, m.GenerateParameters())))
-        hub.on_tokenized_frame(encode(m.Encoded(key, list(range(10, 10 + num_input)), m.SamplingParameters(),
+        scheduler.on_client_frame(CLIENT, encode(m.Generate(key.request_id, "x", None, m.GenerateParameters())))
+        scheduler.on_tokenized_frame(encode(m.Encoded(key, list(range(10, 10 + num_input)), m.SamplingParameters(),
                                                 max_new, False, 0, False, TOKENIZER)))
-    hub.outbox.tokenize.clear()
+    scheduler.outbox.tokenize.clear()
     generated: dict[str, int] = {}
     for _ in range(10_000):
-        hub.schedule()
-        commands = [decode(frames[-1]) for frames in hub.outbox.workers]
-        hub.outbox.workers.clear()
-        _count_tokens(hub, generated)
+        scheduler.schedule()
+        commands = [decode(frames[-1]) for frames in scheduler.outbox.workers]
+        scheduler.outbox.workers.clear()
+        _count_tokens(scheduler, generated)
         if not commands:
             break
         for command in commands:
-            hub.on_worker_frame(WORKER, encode(peer.run(command)))
-    _count_tokens(hub, generated)
-    return peer, hub, generated
+            scheduler.on_worker_frame(WORKER, encode(peer.run(command)))
+    _count_tokens(scheduler, generated)
+    return peer, scheduler, generated
 
 
-def _count_tokens(hub: Hub, generated: dict[str, int]) -> None:
-    for frames in hub.outbox.detokenize:
+def _count_tokens(scheduler: Scheduler, generated: dict[str, int]) -> None:
+    for frames in scheduler.outbox.detokenize:
         job = decode(frames[-1])
         for step in getattr(job, "steps", []):  # DetokenizeJobs (heartbeats aside)
             generated[step.key.request_id] = generated.get(step.key.request_id, 0) + 1
-    hub.outbox.detokenize.clear()
+    scheduler.outbox.detokenize.clear()
 
 
 def test_every_request_finishes_within_blocks_and_budget() -> None:
     """Mixed prompts, a pool that holds them all: each request generates all its tokens, no block
     is ever held twice, no step exceeds its token budget, and long prompts are chunked."""
     requests = [(5 + 17 * i % 90, 3 + i % 5) for i in range(12)]
-    peer, hub, generated = _run(requests, num_blocks=400, step_tokens=64)
+    peer, scheduler, generated = _run(requests, num_blocks=400, step_tokens=64)
     assert generated == {f"r{i}": new for i, (_, new) in enumerate(requests)}
-    assert peer.chunked_steps > 0 and len(hub.table) == 0
-    slot, = hub.batcher.workers.values()
+    assert peer.chunked_steps > 0 and len(scheduler.table) == 0
+    slot, = scheduler.batcher.workers.values()
     assert slot.allocator.num_free == 400
 
 
@@ -180,36 +181,36 @@ def test_a_small_pool_preempts_and_everyone_finishes() -> None:
     """A pool too small for all requests at once: the newest running request is preempted and
     requeued, and every request still generates exactly its tokens (nothing lost, none twice)."""
     requests = [(20, 30) for _ in range(10)]
-    peer, hub, generated = _run(requests, num_blocks=40, step_tokens=64)
+    peer, scheduler, generated = _run(requests, num_blocks=40, step_tokens=64)
     assert generated == {f"r{i}": 30 for i in range(10)}
-    assert hub.batcher.metrics.preemptions.to_message().samples
-    slot, = hub.batcher.workers.values()
+    assert scheduler.batcher.metrics.preemptions.to_message().samples
+    slot, = scheduler.batcher.workers.values()
     assert slot.allocator.num_free == 40
 
 
 def test_a_request_larger_than_any_pool_is_refused_at_admission() -> None:
     """A request needing more KV than the pool holds gets a validation error naming the limit."""
-    hub = Hub(SchedulerConfig(max_input_tokens=100, max_total_tokens=200), "nonce")
-    hub.on_tokenizer_frame(TOKENIZER, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t")))
-    hub.on_worker_frame(WORKER, encode(m.Hello("worker", m.PROTOCOL_VERSION, "w", INFO)))
-    warmup = decode(hub.outbox.workers.pop()[-1])
-    hub.on_worker_frame(WORKER, encode(m.WarmupResult(warmup.command_id, 64, 16, BLOCK_SIZE, 64)))
+    scheduler = Scheduler(SchedulerConfig(max_input_tokens=100, max_total_tokens=200), "nonce")
+    scheduler.on_tokenizer_frame(TOKENIZER, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t")))
+    scheduler.on_worker_frame(WORKER, encode(m.Hello("worker", m.PROTOCOL_VERSION, "w", INFO)))
+    warmup = decode(scheduler.outbox.workers.pop()[-1])
+    scheduler.on_worker_frame(WORKER, encode(m.WarmupResult(warmup.command_id, 64, 16, BLOCK_SIZE, 64)))
     key = m.RequestKey(CLIENT, "big")
-    hub.on_client_frame(CLIENT, encode(m.Generate("big", "x", None, m.GenerateParameters())))
-    hub.on_tokenized_frame(encode(m.Encoded(key, list(range(60)), m.SamplingParameters(), 10, False, 0, False,
+    scheduler.on_client_frame(CLIENT, encode(m.Generate("big", "x", None, m.GenerateParameters())))
+    scheduler.on_tokenized_frame(encode(m.Encoded(key, list(range(60)), m.SamplingParameters(), 10, False, 0, False,
                                             TOKENIZER)))
-    events = [decode(frames[-1]) for frames in hub.outbox.frontend]
+    events = [decode(frames[-1]) for frames in scheduler.outbox.frontend]
     error = events[-1].events[0]
-    assert error.error_type == "validation" and "64 tokens" in error.error and len(hub.table) == 0
+    assert error.error_type == "validation" and "64 tokens" in error.error and len(scheduler.table) == 0
 
 
 def test_refused_newcomers_fail_alone_and_the_running_requests_go_on() -> None:
     """The worker refuses a joined Prefill's newcomer (bad input, nothing applied): only it fails,
     and the running requests, whose block updates rode on that Prefill, finish all their tokens."""
     requests = [(6, 12), (9, 12), (5, 4)]
-    peer, hub, generated = _run(requests, num_blocks=64, step_tokens=64, refuse=3)
+    peer, scheduler, generated = _run(requests, num_blocks=64, step_tokens=64, refuse=3)
     assert generated == {"r0": 12, "r1": 12}
-    errors = [e for frames in hub.outbox.frontend for e in decode(frames[-1]).events if e.error]
+    errors = [e for frames in scheduler.outbox.frontend for e in decode(frames[-1]).events if e.error]
     assert [e.request_id for e in errors] == ["r2"] and errors[0].error_type == "generation"
-    slot, = hub.batcher.workers.values()
+    slot, = scheduler.batcher.workers.values()
     assert slot.allocator.num_free == 64

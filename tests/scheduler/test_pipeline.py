@@ -1,11 +1,11 @@
 """Pipelined decode: the next Decode goes out behind the one in flight while nothing else is due
-(the hub driven by encoded frames, no sockets)."""
+(the scheduler driven by encoded frames, no sockets)."""
 
 from __future__ import annotations
 
 from common import messages as m
 from common.codec import encode
-from tests.scheduler.test_hub import CLIENT, WORKER_A, Harness
+from tests.scheduler.test_scheduler import CLIENT, WORKER_A, Harness
 
 
 def running(h: Harness, max_new_tokens: int = 10, *request_ids: str) -> tuple[list[int], list[object]]:
@@ -13,7 +13,7 @@ def running(h: Harness, max_new_tokens: int = 10, *request_ids: str) -> tuple[li
     for request_id in request_ids or ("r1",):
         h.submit(request_id, max_new_tokens=max_new_tokens)
     (_, prefill), = h.step()
-    rids = [r.request_id for r in prefill.batch.requests]
+    rids = [r.seq_id for r in prefill.batch.requests]
     h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, rids)
     h.take("detokenize")
     return rids, [command for _, command in h.messages_to("workers")]
@@ -32,7 +32,7 @@ def test_next_decode_goes_out_behind_the_one_in_flight() -> None:
         [sent] = [command for _, command in h.messages_to("workers")]
         assert isinstance(sent, m.Decode) and sent.batch_ids == [1]
         commands = [commands[1], sent]
-    assert len(h.hub.batcher.workers[WORKER_A].in_flight) == 2
+    assert len(h.scheduler.batcher.workers[WORKER_A].in_flight) == 2
 
 
 def test_a_finished_request_waits_for_the_answer_in_flight_then_its_filter() -> None:
@@ -43,11 +43,11 @@ def test_a_finished_request_waits_for_the_answer_in_flight_then_its_filter() -> 
     rids, (first, second) = running(h, 10, "r1", "r2")
     h.answer_step(WORKER_A, first, 1, rids, finished={rids[0]: "length"})
     assert h.messages_to("workers") == []
-    h.hub.on_worker_frame(WORKER_A, encode(m.StepResult(  # the worker still holds r1, stopped
+    h.scheduler.on_worker_frame(WORKER_A, encode(m.StepResult(  # the worker still holds r1, stopped
         second.command_id, [m.Generation(rids[1], 7, -0.1, None, 3)], m.CachedBatch(1, rids, 100), m.Timings())))
     (_, filter_command), = h.messages_to("workers")
-    assert isinstance(filter_command, m.Filter) and filter_command.request_ids == rids[1:]
-    h.hub.on_worker_frame(WORKER_A, encode(m.FilterResult(filter_command.command_id,
+    assert isinstance(filter_command, m.Filter) and filter_command.seq_ids == rids[1:]
+    h.scheduler.on_worker_frame(WORKER_A, encode(m.FilterResult(filter_command.command_id,
                                                            m.CachedBatch(1, rids[1:], 100))))
     assert [type(c) for _, c in h.messages_to("workers")] == [m.Decode, m.Decode]
 
@@ -64,7 +64,7 @@ def test_newcomers_due_for_admission_wait_for_the_answer_then_join() -> None:
     h.answer_step(WORKER_A, second, 1, rids)
     (_, prefill), = h.messages_to("workers")
     assert isinstance(prefill, m.Prefill)
-    newcomer = prefill.batch.requests[0].request_id
+    newcomer = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, [newcomer])
     decodes = [c for _, c in h.messages_to("workers")]
     assert [d.batch_ids for d in decodes] == [[1, prefill.batch.batch_id], [1]]
@@ -77,11 +77,11 @@ def test_an_empty_answer_for_a_batch_that_ended_moves_the_worker_on() -> None:
     h.add_worker(WORKER_A)
     rids, (first, second) = running(h, 2)
     h.submit("r2")
-    h.hub.on_worker_frame(WORKER_A, encode(m.StepResult(
+    h.scheduler.on_worker_frame(WORKER_A, encode(m.StepResult(
         first.command_id, [m.Generation(rids[0], 7, -0.1, "length", 2)], None, m.Timings())))
     h.take("detokenize")
     assert h.messages_to("workers") == []
-    h.hub.on_worker_frame(WORKER_A, encode(m.StepResult(second.command_id, [], None, m.Timings())))
+    h.scheduler.on_worker_frame(WORKER_A, encode(m.StepResult(second.command_id, [], None, m.Timings())))
     (_, prefill), = h.messages_to("workers")
     assert isinstance(prefill, m.Prefill) and h.messages_to("frontend") == []
 
@@ -92,7 +92,7 @@ def test_tokens_of_a_cancelled_request_from_a_pipelined_step_are_dropped() -> No
     h = Harness(pipeline_decode=True)
     h.add_worker(WORKER_A)
     rids, (first, second) = running(h, 10, "r1", "r2")
-    h.hub.on_client_frame(CLIENT, encode(m.Cancel("r1")))
+    h.scheduler.on_client_frame(CLIENT, encode(m.Cancel("r1")))
     h.take("detokenize")
     h.answer_step(WORKER_A, first, 1, rids)
     (_, job), = h.messages_to("detokenize")
@@ -100,7 +100,7 @@ def test_tokens_of_a_cancelled_request_from_a_pipelined_step_are_dropped() -> No
     assert h.messages_to("workers") == []
     h.answer_step(WORKER_A, second, 1, rids)
     (_, filter_command), = h.messages_to("workers")
-    assert isinstance(filter_command, m.Filter) and filter_command.request_ids == rids[1:]
+    assert isinstance(filter_command, m.Filter) and filter_command.seq_ids == rids[1:]
 
 
 def test_off_one_command_at_a_time() -> None:

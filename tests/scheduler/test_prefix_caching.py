@@ -1,4 +1,4 @@
-"""Prefix caching and cache-aware placement through the hub, with paged worker peers that check
+"""Prefix caching and cache-aware placement through the scheduler, with paged worker peers that check
 every reused block holds the request's own tokens and choose each token from the blocks' content
 (so a wrong reuse changes the answer)."""
 
@@ -9,9 +9,9 @@ import random
 from common import messages as m
 from common.codec import decode, encode
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.hub import Hub
-from tests.scheduler.test_hub import CLIENT, INFO, TOKENIZER
+from services.scheduler.scheduler import Scheduler
 from tests.scheduler.test_paged_batching import BLOCK_SIZE, PagedPeer, next_token
+from tests.scheduler.test_scheduler import CLIENT, INFO, TOKENIZER
 
 
 def expected_tokens(prompt: list[int], max_new: int) -> list[int]:
@@ -23,20 +23,21 @@ def expected_tokens(prompt: list[int], max_new: int) -> list[int]:
 
 
 class Harness:
-    """A hub, a tokenizer identity and paged worker peers, stepped by hand."""
+    """A scheduler, a tokenizer identity and paged worker peers, stepped by hand."""
 
     def __init__(self, num_workers: int = 1, num_blocks: int = 200, step_tokens: int = 64,
                  prefix_caching: bool = True) -> None:
-        self.hub = Hub(SchedulerConfig(max_concurrent_requests=128, max_input_tokens=100, max_total_tokens=200,
-                                       prefix_caching=prefix_caching), "nonce")
-        self.hub.on_tokenizer_frame(TOKENIZER, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t")))
+        config = SchedulerConfig(max_concurrent_requests=128, max_input_tokens=100, max_total_tokens=200,
+                                 prefix_caching=prefix_caching)
+        self.scheduler = Scheduler(config, "nonce")
+        self.scheduler.on_tokenizer_frame(TOKENIZER, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t")))
         self.peers: dict[bytes, PagedPeer] = {}
         for i in range(num_workers):
             identity = f"worker-{i}".encode()
             self.peers[identity] = PagedPeer(num_blocks, step_tokens)
-            self.hub.on_worker_frame(identity, encode(m.Hello("worker", m.PROTOCOL_VERSION, f"w{i}", INFO)))
-            warmup = decode(self.hub.outbox.workers.pop()[-1])
-            self.hub.on_worker_frame(identity, encode(m.WarmupResult(
+            self.scheduler.on_worker_frame(identity, encode(m.Hello("worker", m.PROTOCOL_VERSION, f"w{i}", INFO)))
+            warmup = decode(self.scheduler.outbox.workers.pop()[-1])
+            self.scheduler.on_worker_frame(identity, encode(m.WarmupResult(
                 warmup.command_id, num_blocks * BLOCK_SIZE, num_blocks, BLOCK_SIZE, step_tokens)))
         self.tokens: dict[str, list[int]] = {}
         self.cached: dict[str, int] = {}
@@ -44,24 +45,24 @@ class Harness:
 
     def submit(self, request_id: str, prompt: list[int], max_new: int) -> None:
         key = m.RequestKey(CLIENT, request_id)
-        self.hub.on_client_frame(CLIENT, encode(m.Generate(request_id, "x", None, m.GenerateParameters())))
-        self.hub.on_tokenized_frame(encode(m.Encoded(key, list(prompt), m.SamplingParameters(), max_new, True, 0,
+        self.scheduler.on_client_frame(CLIENT, encode(m.Generate(request_id, "x", None, m.GenerateParameters())))
+        self.scheduler.on_tokenized_frame(encode(m.Encoded(key, list(prompt), m.SamplingParameters(), max_new, True, 0,
                                                      False, TOKENIZER)))
-        self.hub.outbox.tokenize.clear()
+        self.scheduler.outbox.tokenize.clear()
 
     def cancel(self, request_id: str) -> None:
-        self.hub.on_client_frame(CLIENT, encode(m.Cancel(request_id)))
+        self.scheduler.on_client_frame(CLIENT, encode(m.Cancel(request_id)))
 
     def step(self) -> bool:
         """Sends every command due and answers it; False when nothing was due."""
-        self.hub.schedule()
-        commands = [(frames[0], decode(frames[-1])) for frames in self.hub.outbox.workers]
-        self.hub.outbox.workers.clear()
+        self.scheduler.schedule()
+        commands = [(frames[0], decode(frames[-1])) for frames in self.scheduler.outbox.workers]
+        self.scheduler.outbox.workers.clear()
         for identity, command in commands:
             if isinstance(command, m.Prefill):
                 for r in command.batch.requests:
-                    self.placed.setdefault(self.hub.table.get(r.request_id).key.request_id, identity)
-            self.hub.on_worker_frame(identity, encode(self.peers[identity].run(command)))
+                    self.placed.setdefault(self.scheduler.table.get(r.seq_id).key.request_id, identity)
+            self.scheduler.on_worker_frame(identity, encode(self.peers[identity].run(command)))
         self._collect()
         return bool(commands)
 
@@ -71,12 +72,12 @@ class Harness:
                 return
 
     def _collect(self) -> None:
-        for frames in self.hub.outbox.detokenize:
+        for frames in self.scheduler.outbox.detokenize:
             for step in getattr(decode(frames[-1]), "steps", []):
                 rid = step.key.request_id
                 self.tokens.setdefault(rid, []).append(step.generation.token_id)
                 self.cached[rid] = step.cached_tokens
-        self.hub.outbox.detokenize.clear()
+        self.scheduler.outbox.detokenize.clear()
 
 
 DOCUMENT = [3 + (7 * i) % 50 for i in range(60)]
@@ -95,7 +96,7 @@ def test_shared_prefix_requests_reuse_the_cache_and_answer_as_without_it() -> No
     assert harness.tokens == {rid: expected_tokens(p, 5) for rid, p in prompts.items()}
     assert harness.cached["q0"] == 0
     assert all(harness.cached[rid] == 60 for rid in list(prompts)[1:])
-    assert harness.hub.metrics.prefix_cache_hit_tokens.values[()] == 7 * 60
+    assert harness.scheduler.metrics.prefix_cache_hit_tokens.values[()] == 7 * 60
 
 
 def test_without_prefix_caching_every_prompt_is_computed() -> None:
@@ -151,10 +152,10 @@ def test_churn_with_cancellations_preemptions_and_evictions_answers_as_uncached(
     finished = {rid for rid in prompts if rid not in cancelled}
     for rid in finished:
         assert harness.tokens[rid] == expected_tokens(prompts[rid], max_new[rid]), rid
-    slot, = harness.hub.batcher.workers.values()
-    assert slot.allocator.num_evictions > 0 and harness.hub.metrics.preemptions.values
+    slot, = harness.scheduler.batcher.workers.values()
+    assert slot.allocator.num_evictions > 0 and harness.scheduler.metrics.preemptions.values
     assert sum(harness.cached.values()) > 0
-    assert slot.allocator.num_free == 40 and len(harness.hub.table) == 0
+    assert slot.allocator.num_free == 40 and len(harness.scheduler.table) == 0
 
 
 def test_two_workers_two_prefixes_each_request_goes_to_the_worker_holding_its_prefix() -> None:

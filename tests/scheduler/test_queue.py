@@ -7,10 +7,10 @@ from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
 
 
-def make_request(request_id: int, input_length: int, max_new_tokens: int) -> Request:
-    key = RequestKey(b"c", str(request_id))
+def make_request(seq_id: int, input_length: int, max_new_tokens: int) -> Request:
+    key = RequestKey(b"c", str(seq_id))
     encoded = Encoded(key, list(range(input_length)), SamplingParameters(), max_new_tokens, False, 0, False, b"t")
-    return Request(request_id, key, RequestStatus.QUEUED, encoded)
+    return Request(seq_id, key, RequestStatus.QUEUED, encoded)
 
 
 def make_queue(*shapes: tuple[int, int]) -> RequestQueue:
@@ -24,7 +24,7 @@ def test_takes_all_that_fit() -> None:
     """Everything is taken when budgets allow; the budget counts padding to the longest input."""
     queue = make_queue((10, 5), (20, 5), (5, 5))
     requests, max_tokens = queue.next_batch(None, None, 1000, 1000)
-    assert [r.request_id for r in requests] == [1, 2, 3]
+    assert [r.seq_id for r in requests] == [1, 2, 3]
     assert max_tokens == 3 * 20 + 15
     assert len(queue) == 0
 
@@ -33,7 +33,7 @@ def test_prefill_budget_counts_padding() -> None:
     """The prefill budget stops the batch where (n + 1) x longest input would exceed it."""
     queue = make_queue((10, 5), (30, 5), (5, 5))
     requests, _ = queue.next_batch(None, None, 59, 1000)
-    assert [r.request_id for r in requests] == [1]
+    assert [r.seq_id for r in requests] == [1]
     assert len(queue) == 2
 
 
@@ -41,7 +41,7 @@ def test_total_budget() -> None:
     """Prefill plus new tokens must fit the token budget."""
     queue = make_queue((10, 100), (10, 100))
     requests, _ = queue.next_batch(None, None, 1000, 150)
-    assert [r.request_id for r in requests] == [1]
+    assert [r.seq_id for r in requests] == [1]
 
 
 def test_min_size_puts_back() -> None:

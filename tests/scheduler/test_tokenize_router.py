@@ -1,4 +1,4 @@
-"""Hub: /tokenize queries routed to a connected tokenizer and answered back (no sockets)."""
+"""Scheduler: /tokenize queries routed to a connected tokenizer and answered back (no sockets)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import time
 
 from common import messages as m
 from common.codec import decode, encode
-from tests.scheduler.test_hub import CLIENT, TOKENIZER, Harness
+from tests.scheduler.test_scheduler import CLIENT, TOKENIZER, Harness
 
 TOKENIZER_2 = b"tokenizer-2"
 
 
 def ask(h: Harness, query_id: str = "q1", inputs: str = "Hello world") -> None:
-    h.hub.on_client_frame(CLIENT, encode(m.TokenizeQuery(query_id, inputs, False, 4)))
+    h.scheduler.on_client_frame(CLIENT, encode(m.TokenizeQuery(query_id, inputs, False, 4)))
 
 
 def jobs_by_tokenizer(h: Harness) -> list[tuple[bytes, m.TokenizeJob]]:
@@ -32,17 +32,17 @@ def test_query_goes_to_a_tokenizer_and_its_answer_to_the_client_untouched() -> N
     (tokenizer, job), = jobs_by_tokenizer(h)
     assert tokenizer == TOKENIZER and job.query == m.TokenizeQuery("q1", "Hello world", False, 4)
     payload = encode(m.TokenizeReply("q1", [m.SimpleToken(19556, "Hello", 0, 5)]))
-    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TokenizeDone(job.job_id, payload)))
+    h.scheduler.on_tokenizer_frame(TOKENIZER, encode(m.TokenizeDone(job.job_id, payload)))
     (client, frame), = h.take("frontend")
     assert client == CLIENT and frame == payload
-    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TokenizeDone(job.job_id, payload)))  # a duplicate: dropped
+    h.scheduler.on_tokenizer_frame(TOKENIZER, encode(m.TokenizeDone(job.job_id, payload)))  # a duplicate: dropped
     assert h.take("frontend") == []
 
 
 def test_no_tokenizer_is_an_unhealthy_error_at_once() -> None:
     """With no tokenizer connected the client gets an error reply, not silence."""
     h = Harness()
-    h.hub.tokenizers.last_seen.clear()
+    h.scheduler.tokenizers.last_seen.clear()
     ask(h)
     reply = reply_to_client(h)
     assert reply.query_id == "q1" and reply.error_type == "unhealthy" and "No tokenizer" in reply.error
@@ -51,7 +51,7 @@ def test_no_tokenizer_is_an_unhealthy_error_at_once() -> None:
 def test_jobs_spread_over_tokenizers() -> None:
     """Two queries in flight go to two different tokenizers."""
     h = Harness()
-    h.hub.on_tokenizer_frame(TOKENIZER_2, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
+    h.scheduler.on_tokenizer_frame(TOKENIZER_2, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
     h.take("detokenize")
     ask(h, "q1")
     ask(h, "q2")
@@ -64,12 +64,12 @@ def test_lost_tokenizer_job_goes_to_another_or_fails() -> None:
     ask(h, "q1")
     (first, job), = jobs_by_tokenizer(h)
     time.sleep(0.05)
-    h.hub.on_tokenizer_frame(TOKENIZER_2, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
-    h.hub.tick(time.monotonic())
+    h.scheduler.on_tokenizer_frame(TOKENIZER_2, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
+    h.scheduler.tick(time.monotonic())
     (second, resent), = jobs_by_tokenizer(h)
     assert (first, second) == (TOKENIZER, TOKENIZER_2) and resent == job
     time.sleep(0.05)
-    h.hub.tick(time.monotonic())
+    h.scheduler.tick(time.monotonic())
     reply = reply_to_client(h)
     assert reply.query_id == "q1" and reply.error_type == "unhealthy"
 

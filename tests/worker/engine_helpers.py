@@ -10,10 +10,10 @@ from services.worker.batch import CausalLMBatch
 from services.worker.model import PaddedModel as Model
 
 
-def request(request_id: int, input_ids: list[int], max_new_tokens: int = 8, *, ignore_eos: bool = False,
+def request(seq_id: int, input_ids: list[int], max_new_tokens: int = 8, *, ignore_eos: bool = False,
             top_n_tokens: int = 0, prefill_logprobs: bool = False, block_ids: Iterable[int] = (),
             chunk_len: int | None = None, **sampling: object) -> WorkerRequest:
-    return WorkerRequest(request_id, list(input_ids), SamplingParameters(**sampling), max_new_tokens,
+    return WorkerRequest(seq_id, list(input_ids), SamplingParameters(**sampling), max_new_tokens,
                          ignore_eos, top_n_tokens, prefill_logprobs, list(block_ids), chunk_len=chunk_len)
 
 
@@ -47,10 +47,10 @@ def _take(count: int, num_blocks: int) -> int:
 
 
 def step(model: Model, batch: CausalLMBatch, into: dict[int, list[Generation]]) -> CausalLMBatch | None:
-    """One generate_token; appends each generation to `into[request_id]`."""
+    """One generate_token; appends each generation to `into[seq_id]`."""
     generations, next_batch, _ = model.generate_token(batch)
     for generation in generations:
-        into.setdefault(generation.request_id, []).append(generation)
+        into.setdefault(generation.seq_id, []).append(generation)
     return next_batch
 
 

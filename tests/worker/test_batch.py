@@ -42,7 +42,7 @@ def test_concatenated_after_steps_equals_alone(tiny_model, expected):
         first = step(tiny_model, first, into)
     second = step(tiny_model, batch_of(tiny_model, requests([3, 4, 5]), batch_id=2), into)
     merged = CausalLMBatch.concatenate([first, second])
-    assert merged.batch_id == 1 and merged.request_ids == [1, 2, 3, 4, 5]
+    assert merged.batch_id == 1 and merged.seq_ids == [1, 2, 3, 4, 5]
     assert token_ids(run_to_end(tiny_model, merged, into)) == expected
 
 
@@ -53,7 +53,7 @@ def test_filtered_midway_equals_alone(tiny_model, expected):
     for _ in range(3):
         batch = step(tiny_model, batch, into)
     batch = batch.filter([5, 1, 4])
-    assert batch.request_ids == [1, 5, 4]
+    assert batch.seq_ids == [1, 5, 4]
     got = token_ids(run_to_end(tiny_model, batch, into))
     assert {rid: got[rid] for rid in (1, 4, 5)} == {rid: expected[rid] for rid in (1, 4, 5)}
     assert len(got[3]) == 3  # the dropped ones stopped where they were
@@ -67,7 +67,7 @@ def test_concatenate_then_filter_then_concatenate_equals_alone(tiny_model, expec
     running = CausalLMBatch.concatenate([running, step(tiny_model, batch_of(tiny_model, requests([2, 4]), 2), into)])
     for _ in range(6):  # request 2 (7 tokens) finishes on the way
         running = step(tiny_model, running, into)
-    running = running.filter([rid for rid in running.request_ids if rid != 2])
+    running = running.filter([rid for rid in running.seq_ids if rid != 2])
     running = CausalLMBatch.concatenate([running, step(tiny_model, batch_of(tiny_model, requests([1, 5]), 3), into)])
     assert token_ids(run_to_end(tiny_model, running, into)) == {rid: expected[rid] for rid in (1, 2, 3, 4, 5)}
 
@@ -97,7 +97,7 @@ def test_max_tokens_accounting(tiny_model):
     merged = CausalLMBatch.concatenate([filtered, other])
     assert merged.max_input_length == 7
     assert merged.max_tokens == filtered.max_tokens + other.max_tokens + (7 - 6) * 1
-    assert merged.to_cached().request_ids == [1, 2, 4] and merged.to_cached().max_tokens == merged.max_tokens
+    assert merged.to_cached().seq_ids == [1, 2, 4] and merged.to_cached().max_tokens == merged.max_tokens
 
 
 def test_attention_mask_allocated_for_tokens_to_come(tiny_model):
@@ -119,7 +119,7 @@ def test_filter_edge_cases(tiny_model):
     assert batch.filter([]) is None
     with pytest.raises(ValueError, match=r"\[9\]"):
         batch.filter([1, 9])
-    assert batch.request_ids == [1, 2] and len(batch) == 2
+    assert batch.seq_ids == [1, 2] and len(batch) == 2
 
 
 @pytest.mark.parametrize("bad, field", [

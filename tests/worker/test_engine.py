@@ -30,8 +30,8 @@ def engine(tiny_model) -> Engine:
     return Engine(tiny_model, memory_budget_mb=64)
 
 
-def prefill(engine: Engine, batch_id: int, *request_ids: int, max_new_tokens: int = 4) -> StepResult:
-    requests = [request(rid, [1, rid + 3, 7], max_new_tokens, ignore_eos=True) for rid in request_ids]
+def prefill(engine: Engine, batch_id: int, *seq_ids: int, max_new_tokens: int = 4) -> StepResult:
+    requests = [request(rid, [1, rid + 3, 7], max_new_tokens, ignore_eos=True) for rid in seq_ids]
     result = engine.prefill(Prefill(batch_id * 100, Batch(batch_id, requests, 3 * len(requests) + 4)))
     assert isinstance(result, StepResult), result
     return result
@@ -78,15 +78,15 @@ def test_prefill_decode_filter_clear(engine):
     """Prefill caches the batch; Decode concatenates under the first id; Filter keeps the listed requests;
     Clear drops batches; every answer carries its command id and the CachedBatch summary."""
     first = prefill(engine, 1, 10, 11)
-    assert first.batch.request_ids == [10, 11] and [g.request_id for g in first.generations] == [10, 11]
+    assert first.batch.seq_ids == [10, 11] and [g.seq_id for g in first.generations] == [10, 11]
     assert first.timings.forward_ns > 0 and first.timings.total_ns >= first.timings.forward_ns
     prefill(engine, 2, 12)
     decoded = engine.decode(Decode(5, [1, 2]))
     assert decoded.command_id == 5 and decoded.batch.batch_id == 1
-    assert decoded.batch.request_ids == [10, 11, 12] and sorted(engine.cache) == [1]
+    assert decoded.batch.seq_ids == [10, 11, 12] and sorted(engine.cache) == [1]
     assert [g.generated_tokens for g in decoded.generations] == [2, 2, 2]
     filtered = engine.filter(Filter(6, 1, [12, 10]))
-    assert isinstance(filtered, FilterResult) and filtered.batch.request_ids == [10, 12]
+    assert isinstance(filtered, FilterResult) and filtered.batch.seq_ids == [10, 12]
     assert engine.filter(Filter(7, 1, [])) == FilterResult(7, None) and len(engine.cache) == 0
     prefill(engine, 3, 13)
     prefill(engine, 4, 14)
@@ -114,11 +114,11 @@ def test_decode_of_a_batch_that_ended_answers_an_empty_step(engine):
     assert engine.filter(Filter(4, 2, [])).batch is None
     prefill(engine, 3, 12)
     beside = engine.decode(Decode(5, [2, 3]))
-    assert beside.batch.batch_id == 3 and [g.request_id for g in beside.generations] == [12]
+    assert beside.batch.batch_id == 3 and [g.seq_id for g in beside.generations] == [12]
     engine.clear(Clear(6, 3))
     assert "unknown batch" in engine.decode(Decode(7, [3])).error
     prefill(engine, 1, 13)  # an ended id used again (a restarted scheduler numbers from 1) is live
-    assert [g.request_id for g in engine.decode(Decode(8, [1])).generations] == [13]
+    assert [g.seq_id for g in engine.decode(Decode(8, [1])).generations] == [13]
 
 
 def test_invalid_prefill_fails_naming_the_field(engine):
@@ -127,14 +127,14 @@ def test_invalid_prefill_fails_naming_the_field(engine):
     result = engine.prefill(Prefill(4, Batch(7, bad, 10)))
     assert isinstance(result, CommandFailed) and result.command_id == 4
     assert "request 2" in result.error and "`temperature`" in result.error
-    assert result.request_ids == [1, 2] and len(engine.cache) == 0
+    assert result.seq_ids == [1, 2] and len(engine.cache) == 0
 
 
 def test_decode_of_an_unknown_batch_changes_nothing(engine):
     """A Decode naming an unknown batch fails, takes no request down, and the named cached batch still decodes."""
     prefill(engine, 1, 10)
     result = engine.decode(Decode(3, [1, 99]))
-    assert isinstance(result, CommandFailed) and "99" in result.error and result.request_ids == []
+    assert isinstance(result, CommandFailed) and "99" in result.error and result.seq_ids == []
     assert isinstance(engine.decode(Decode(4, [1])), StepResult)
 
 
@@ -146,16 +146,16 @@ def test_failed_decode_drops_only_the_batches_it_named(engine):
     prefill(engine, 3, 12)
     result = engine.decode(Decode(4, [1, 2]))
     assert isinstance(result, CommandFailed) and "duplicate" in result.error
-    assert sorted(result.request_ids) == [10, 10, 11] and sorted(engine.cache) == [3]
-    assert engine.decode(Decode(5, [3])).batch.request_ids == [12]
+    assert sorted(result.seq_ids) == [10, 10, 11] and sorted(engine.cache) == [3]
+    assert engine.decode(Decode(5, [3])).batch.seq_ids == [12]
 
 
 def test_prefill_of_a_cached_batch_id_fails(engine):
     """A Prefill reusing a cached batch id is refused and the cached batch is untouched."""
     prefill(engine, 1, 10)
     result = engine.prefill(Prefill(2, Batch(1, [request(20, [1, 2])], 10)))
-    assert isinstance(result, CommandFailed) and result.request_ids == [20]
-    assert engine.cache.get(1).request_ids == [10]
+    assert isinstance(result, CommandFailed) and result.seq_ids == [20]
+    assert engine.cache.get(1).seq_ids == [10]
 
 
 def test_filter_with_unknown_request_fails_and_keeps_the_batch(engine):
@@ -163,7 +163,7 @@ def test_filter_with_unknown_request_fails_and_keeps_the_batch(engine):
     prefill(engine, 1, 10, 11)
     result = engine.filter(Filter(2, 1, [10, 42]))
     assert isinstance(result, CommandFailed) and "42" in result.error
-    assert engine.cache.get(1).request_ids == [10, 11]
+    assert engine.cache.get(1).seq_ids == [10, 11]
 
 
 def test_freed_memory_is_trimmed_after_the_answer_not_by_the_command(engine):

@@ -43,7 +43,7 @@ def test_finished_request_never_generates_again(tiny_each_layout):
                                         request(2, [4, 5], 5, ignore_eos=True)])
     seen: dict = {}
     batch = step(tiny_each_layout, step(tiny_each_layout, batch, seen), seen)
-    assert seen[1][-1].finish_reason == "length" and batch.request_ids == [1, 2]
+    assert seen[1][-1].finish_reason == "length" and batch.seq_ids == [1, 2]
     for _ in range(2):  # Decode before the scheduler's Filter arrives
         batch = step(tiny_each_layout, batch, seen)
     assert len(seen[1]) == 2 and len(seen[2]) == 4

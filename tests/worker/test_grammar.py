@@ -43,8 +43,8 @@ def text_of(tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def constrained(request_id: int, grammar: Grammar, **sampling: object):
-    return request(request_id, PROMPT, MAX_NEW_TOKENS, grammar=grammar, **sampling)
+def constrained(seq_id: int, grammar: Grammar, **sampling: object):
+    return request(seq_id, PROMPT, MAX_NEW_TOKENS, grammar=grammar, **sampling)
 
 
 def test_random_weights_write_valid_json_and_regex_beside_a_free_row(tiny_each_layout: Model, tokenizer) -> None:
@@ -57,9 +57,9 @@ def test_random_weights_write_valid_json_and_regex_beside_a_free_row(tiny_each_l
                 constrained(3, Grammar("regex", REGEX)), request(4, PROMPT, 8)]
     generations = run_to_end(tiny_model, batch_of(tiny_model, requests))
     ids = token_ids(generations)
-    for request_id in (1, 2):
-        jsonschema.validate(json.loads(text_of(tokenizer, ids[request_id])), SCHEMA)
-        assert generations[request_id][-1].finish_reason == "eos_token"
+    for seq_id in (1, 2):
+        jsonschema.validate(json.loads(text_of(tokenizer, ids[seq_id])), SCHEMA)
+        assert generations[seq_id][-1].finish_reason == "eos_token"
     assert re.fullmatch(REGEX, text_of(tokenizer, ids[3]))
     free = token_ids(run_to_end(tiny_model, batch_of(tiny_model, [request(4, PROMPT, 8)])))
     assert ids[4] == free[4]
@@ -78,7 +78,7 @@ def test_grammar_state_follows_filter_and_concatenate(tiny_each_layout: Model, t
     second = batch_of(tiny_model, [constrained(4, regex_b), request(5, PROMPT, 4)], batch_id=2)
     second = step(tiny_model, second, generations)
     joined = type(first).concatenate([first, second])
-    rows = sorted(joined.request_ids.index(rid) for rid in (1, 4))
+    rows = sorted(joined.seq_ids.index(rid) for rid in (1, 4))
     assert joined.chooser.grammar_rows == rows
     run_to_end(tiny_model, joined, generations)
     ids = token_ids(generations)
@@ -105,7 +105,7 @@ def test_a_grammar_that_cannot_compile_fails_its_prefill_not_the_worker(tiny_mod
     engine = Engine(tiny_model, memory_budget_mb=64)
     bad = constrained(1, Grammar("regex", "[a-z"))
     answer = engine.prefill(Prefill(1, Batch(1, [bad], 100)))
-    assert isinstance(answer, CommandFailed) and answer.request_ids == [1]
+    assert isinstance(answer, CommandFailed) and answer.seq_ids == [1]
     assert "request 1" in answer.error and "regex" in answer.error
     good = engine.prefill(Prefill(2, Batch(2, [request(2, PROMPT, 2)], 100)))
     assert isinstance(good, StepResult)

@@ -159,13 +159,13 @@ def test_command_sequence(worker):
     """Prefill, Decode (concatenating two batches), Filter, Clear and HealthCheck are each answered."""
     _, side, _, _ = worker
     first = side.ask(Prefill(10, Batch(1, [request(1, [1, 2, 3], 5, ignore_eos=True, block_ids=[0])], 8)), StepResult)
-    assert [g.request_id for g in first.generations] == [1] and first.batch.request_ids == [1]
+    assert [g.seq_id for g in first.generations] == [1] and first.batch.seq_ids == [1]
     side.ask(Prefill(11, Batch(2, [request(2, [4, 5], 5, ignore_eos=True, do_sample=True, seed=7, block_ids=[1])], 7)),
              StepResult)
     decoded = side.ask(Decode(12, [1, 2]), StepResult)
-    assert decoded.batch.batch_id == 1 and decoded.batch.request_ids == [1, 2]
+    assert decoded.batch.batch_id == 1 and decoded.batch.seq_ids == [1, 2]
     assert [g.generated_tokens for g in decoded.generations] == [2, 2] and decoded.generations[1].seed == 7
-    assert side.ask(Filter(13, 1, [2]), FilterResult).batch.request_ids == [2]
+    assert side.ask(Filter(13, 1, [2]), FilterResult).batch.seq_ids == [2]
     assert side.ask(Clear(14, None), CommandDone) == CommandDone(14)
     failed = side.ask(Decode(15, [1]), CommandFailed)
     assert "unknown batch" in failed.error
@@ -179,9 +179,9 @@ def test_bad_input_is_answered_and_the_worker_keeps_serving(worker):
     for frames in ([b"\xc1garbage"], [encode(Hello("worker", 1, "x"))], [b"\x92\xa4nope\x01"], [b"a", b"b"]):
         side.send_frames(*frames)
         failed = side.receive(CommandFailed)
-        assert failed.command_id == -1 and failed.request_ids == [] and failed.error
+        assert failed.command_id == -1 and failed.seq_ids == [] and failed.error
     bad = side.ask(Prefill(20, Batch(5, [request(9, [1, 2], 3, do_sample=True, top_p=0.0)], 5)), CommandFailed)
-    assert "`top_p`" in bad.error and bad.request_ids == [9]
+    assert "`top_p`" in bad.error and bad.seq_ids == [9]
     assert side.ask(HealthCheck(21), CommandDone) == CommandDone(21)
 
 

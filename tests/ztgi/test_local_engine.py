@@ -30,7 +30,7 @@ def run(engine: LocalEngine) -> tuple[dict[int, list[int]], int]:
     num_steps = 0
     while engine.has_unfinished():
         for generation in engine.step():
-            tokens.setdefault(generation.request_id, []).append(generation.token_id)
+            tokens.setdefault(generation.seq_id, []).append(generation.token_id)
         num_steps += 1
     return tokens, num_steps
 
@@ -65,7 +65,7 @@ def test_abort_ends_a_running_request(tiny_engine: LocalEngine) -> None:
     tokens: dict[int, list[int]] = {}
     for _ in range(2):  # prefill, one decode
         for generation in tiny_engine.step():
-            tokens.setdefault(generation.request_id, []).append(generation.token_id)
+            tokens.setdefault(generation.seq_id, []).append(generation.token_id)
     tiny_engine.abort(drop)
     rest, _ = run(tiny_engine)
     assert len(tokens[drop]) == 2 and drop not in rest

@@ -44,8 +44,8 @@ class Sequence:
     acceptance: float = 1.0  # recent share of its proposed tokens that were accepted
 
     @property
-    def request_id(self) -> int:
-        return self.request.request_id
+    def seq_id(self) -> int:
+        return self.request.seq_id
 
     @property
     def is_prefilling(self) -> bool:
@@ -83,15 +83,15 @@ class PagedBatch:
         return len(self.sequences)
 
     @property
-    def request_ids(self) -> list[int]:
-        return [s.request_id for s in self.sequences]
+    def seq_ids(self) -> list[int]:
+        return [s.seq_id for s in self.sequences]
 
     @property
     def all_stopped(self) -> bool:
         return all(s.stopping.stopped for s in self.sequences)
 
     def to_cached(self) -> CachedBatch:
-        return CachedBatch(self.batch_id, self.request_ids, self.max_tokens)
+        return CachedBatch(self.batch_id, self.seq_ids, self.max_tokens)
 
     @classmethod
     def from_requests(cls, requests: Seq[WorkerRequest], batch_id: int, max_tokens: int,
@@ -110,31 +110,31 @@ class PagedBatch:
     def apply(self, updates: Seq[SeqUpdate]) -> None:
         """Grows block tables and sets prefill chunks; ValueError (nothing changed) for an unknown
         or repeated request."""
-        index = {s.request_id: s for s in self.sequences}
-        unknown = [u.request_id for u in updates if u.request_id not in index]
+        index = {s.seq_id: s for s in self.sequences}
+        unknown = [u.seq_id for u in updates if u.seq_id not in index]
         if unknown:
             raise ValueError(f"updates for requests {unknown} that are not in batch {self.batch_id}")
-        require_unique([u.request_id for u in updates])
+        require_unique([u.seq_id for u in updates])
         for update in updates:
             if update.chunk_len is not None and update.chunk_len < 1:
-                raise ValueError(f"request {update.request_id}: `chunk_len` must be >= 1, got {update.chunk_len}")
+                raise ValueError(f"request {update.seq_id}: `chunk_len` must be >= 1, got {update.chunk_len}")
         for update in updates:
-            sequence = index[update.request_id]
+            sequence = index[update.seq_id]
             sequence.block_ids.extend(update.new_block_ids)
             sequence.chunk_len = update.chunk_len
 
-    def filter(self, request_ids: Seq[int]) -> PagedBatch | None:
-        """The batch of `request_ids`, in that order; None when empty; ValueError for an unknown id."""
-        if not request_ids:
+    def filter(self, seq_ids: Seq[int]) -> PagedBatch | None:
+        """The batch of `seq_ids`, in that order; None when empty; ValueError for an unknown id."""
+        if not seq_ids:
             return None
-        require_unique(request_ids)
-        rows = {rid: i for i, rid in enumerate(self.request_ids)}
-        missing = [rid for rid in request_ids if rid not in rows]
+        require_unique(seq_ids)
+        rows = {rid: i for i, rid in enumerate(self.seq_ids)}
+        missing = [rid for rid in seq_ids if rid not in rows]
         if missing:
             raise ValueError(f"requests {missing} are not in batch {self.batch_id}")
-        if list(request_ids) == self.request_ids:
+        if list(seq_ids) == self.seq_ids:
             return self
-        kept = [rows[rid] for rid in request_ids]
+        kept = [rows[rid] for rid in seq_ids]
         sequences = [self.sequences[i] for i in kept]
         return PagedBatch(self.batch_id, sequences, self.chooser.select(kept), _max_tokens(sequences))
 
@@ -144,7 +144,7 @@ class PagedBatch:
         if len(batches) == 1:
             return batches[0]
         sequences = [s for b in batches for s in b.sequences]
-        require_unique([s.request_id for s in sequences])
+        require_unique([s.seq_id for s in sequences])
         chooser = NextTokenChooser.concatenate([b.chooser for b in batches])
         return cls(batches[0].batch_id, sequences, chooser, sum(b.max_tokens for b in batches))
 
@@ -165,7 +165,7 @@ def histories(token_lists: Seq[list[int]], device: torch.device) -> tuple[torch.
 
 
 def _validate_paged(request: WorkerRequest, block_size: int) -> None:
-    where = f"request {request.request_id}"
+    where = f"request {request.seq_id}"
     if not 0 <= request.cache_len < len(request.input_ids):
         raise ValueError(f"{where}: `cache_len` must be >= 0 and below the {len(request.input_ids)} input "
                          f"tokens, got {request.cache_len}")

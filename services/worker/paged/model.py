@@ -174,7 +174,7 @@ class PagedModel:
         request = sequence.request
         first = sequence.prefill_logprobs is not None and sequence.stopping.num_generated == 1
         return Generation(
-            request_id=request.request_id, token_id=token_id, logprob=row[1], finish_reason=finish_reason,
+            seq_id=request.seq_id, token_id=token_id, logprob=row[1], finish_reason=finish_reason,
             generated_tokens=sequence.stopping.num_generated,
             seed=request.sampling.seed if request.sampling.do_sample else None,
             top_ids=top_ids, top_logprobs=top_logprobs,

@@ -83,7 +83,7 @@ def _planned(batch: PagedBatch, block_size: int,
 
 
 def _check_blocks(sequence: Sequence, needed: int, block_size: int, num_blocks: int) -> None:
-    where = f"request {sequence.request_id}"
+    where = f"request {sequence.seq_id}"
     if sequence.capacity(block_size) < needed:
         raise ValueError(f"{where}: its {len(sequence.block_ids)} KV blocks hold "
                          f"{sequence.capacity(block_size)} tokens, the step needs {needed}")

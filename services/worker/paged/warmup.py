@@ -55,7 +55,7 @@ def warm_up(model, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: i
 
 def _batch(model, num_requests: int, input_len: int, blocks_each: int) -> PagedBatch:
     input_ids = [(i * TOKEN_STRIDE) % model.vocab_size for i in range(input_len)]
-    requests = [WorkerRequest(request_id=i, input_ids=input_ids, sampling=SamplingParameters(),
+    requests = [WorkerRequest(seq_id=i, input_ids=input_ids, sampling=SamplingParameters(),
                               max_new_tokens=2, ignore_eos=True,
                               block_ids=list(range(i * blocks_each, (i + 1) * blocks_each)))
                 for i in range(num_requests)]

@@ -50,7 +50,7 @@ def _chunked(model, requests, chunk: int) -> dict:
     while batch is not None:
         batch = step(model, batch, into)
         if batch is not None:
-            batch.apply([SeqUpdate(s.request_id, [], chunk) for s in batch.sequences if s.is_prefilling])
+            batch.apply([SeqUpdate(s.seq_id, [], chunk) for s in batch.sequences if s.is_prefilling])
     return into
 
 

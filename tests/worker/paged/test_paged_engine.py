@@ -25,7 +25,7 @@ def _chunked_run(model, requests, chunk: int) -> dict:
     while batch is not None:
         batch = step(model, batch, into)
         if batch is not None:
-            batch.apply([SeqUpdate(s.request_id, [], chunk) for s in batch.sequences if s.is_prefilling])
+            batch.apply([SeqUpdate(s.seq_id, [], chunk) for s in batch.sequences if s.is_prefilling])
     return into
 
 
@@ -61,12 +61,12 @@ def test_newcomers_join_running_requests_in_one_step(tiny_paged_model):
     for _ in range(2):
         answer = engine.decode(Decode(2, [7]))
     joined = engine.prefill(Prefill(3, Batch(8, [second], 100), [7], []))
-    assert isinstance(joined, StepResult) and joined.batch.batch_id == 7 and sorted(joined.batch.request_ids) == [1, 2]
+    assert isinstance(joined, StepResult) and joined.batch.batch_id == 7 and sorted(joined.batch.seq_ids) == [1, 2]
     assert 8 not in engine.cache
     while answer.batch is not None:
         answer = engine.decode(Decode(4, [7]))
         for g in answer.generations:
-            got.setdefault(g.request_id, []).append(g.token_id)
+            got.setdefault(g.seq_id, []).append(g.token_id)
     assert got[2] == alone[2][1:] and got[1] == alone[1][4:]
 
 
@@ -81,7 +81,7 @@ def test_too_few_blocks_fail_and_change_nothing(tiny_paged_model):
     assert batch.sequences[0].num_computed == 0
     batch.apply([SeqUpdate(5, [11], None)])
     generations, _, _ = tiny_paged_model.generate_token(batch)
-    assert [g.request_id for g in generations] == [5]
+    assert [g.seq_id for g in generations] == [5]
 
 
 @pytest.mark.parametrize("fields, message", [

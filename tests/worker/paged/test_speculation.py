@@ -41,7 +41,7 @@ def run(model, requests) -> tuple[dict, int, int, int]:
     while batch is not None:
         generations, batch, timings = model.generate_token(batch)
         for generation in generations:
-            into.setdefault(generation.request_id, []).append(generation)
+            into.setdefault(generation.seq_id, []).append(generation)
         num_steps += 1
         num_proposed += timings.num_proposed
         num_accepted += timings.num_accepted
@@ -150,9 +150,9 @@ def test_rejection_sampling_keeps_the_target_distribution(tiny_paged_model) -> N
     generations, _, _ = model.step(batch, time.perf_counter_ns())
     by_request: dict = {}
     for generation in generations:
-        by_request.setdefault(generation.request_id, []).append(generation.token_id)
+        by_request.setdefault(generation.seq_id, []).append(generation.token_id)
     for first, (probs, proposal) in targets.items():
-        rows = [by_request[s.request_id] for s in batch.sequences if s.tokens[len(prompt)] == first]
+        rows = [by_request[s.seq_id] for s in batch.sequences if s.tokens[len(prompt)] == first]
         num = len(rows)
         assert num >= 100 and 0.05 < probs[proposal] < 0.95  # enough draws, and a proposal both accepted and not
         for token in probs.nonzero().flatten().tolist():

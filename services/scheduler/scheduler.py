@@ -1,7 +1,8 @@
 """The scheduler's logic: every message in, the frames to send out. No sockets here.
 
-`Hub` owns the request table, the queue, the tokenizer pool, the client registry and the
-batcher. The service feeds it frames per socket and flushes `hub.outbox` after each pass.
+`Scheduler` owns the request table, the queue, the tokenizer pool, the client registry and the
+batcher (which owns the worker pool). The service (`service.py`, the process and its sockets)
+feeds it frames per socket and flushes `scheduler.outbox` after each pass.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Counters:
     num_requests_finished: int = 0
 
 
-class Hub:
+class Scheduler:
     """Routes every message of the system and runs the batching loop through `Batcher`."""
 
     def __init__(self, config: SchedulerConfig, boot_nonce: str) -> None:
@@ -131,7 +132,7 @@ class Hub:
         request = self.table.by_key(key)
         if request is None:
             return
-        logger.debug("request %s cancelled (%s)", request.request_id, request.status.value)
+        logger.debug("request %s cancelled (%s)", request.seq_id, request.status.value)
         self._drop(request)
         if request.encoded is not None:
             self.outbox.to_tokenizer(request.tokenizer_id, Forget([key]))
@@ -236,11 +237,11 @@ class Hub:
                     return
                 self.batcher.register(worker_id, msg)
             case Heartbeat():  # from the worker's liveness socket, known by its boot nonce
-                registered = self.batcher.touch(worker_id, now, msg.boot_nonce)
+                registered = self.batcher.workers.heard_from(worker_id, now, msg.boot_nonce)
                 # a worker dropped for silence (frozen, starved) hears it here and says Hello again
                 self.outbox.to_worker(worker_id, Heartbeat(self.boot_nonce, registered))
             case _:
-                self.batcher.touch(worker_id, now)
+                self.batcher.workers.heard_from(worker_id, now)
                 self.batcher.on_answer(worker_id, msg)
 
     def on_worker_disconnected(self, worker_id: bytes) -> None:
@@ -250,7 +251,7 @@ class Hub:
 
     def _lose_worker(self, worker_id: bytes, reason: str) -> None:
         if worker_id in self.batcher.workers:
-            self.batcher.lose(worker_id, reason)
+            self.batcher.on_worker_lost(worker_id, reason)
             self.last_worker_loss = WorkerLoss(worker_id, reason, time.monotonic())
 
     def on_tokenizer_disconnected(self, tokenizer_id: bytes) -> None:
@@ -302,7 +303,7 @@ class Hub:
 
     def _info(self, query_id: str) -> InfoReply:
         config = self.config
-        workers = self.batcher.ready_workers()
+        workers = self.batcher.workers.ready()
         info = workers[0].info if workers else None
         return InfoReply(
             query_id=query_id,
@@ -339,7 +340,7 @@ class Hub:
             query_id=query_id,
             num_queued=len(self.queue),
             num_running=sum(1 for r in self.table if r.status is RequestStatus.RUNNING),
-            num_workers=len(self.batcher.ready_workers()),
+            num_workers=len(self.batcher.workers.ready()),
             num_tokenizers=len(self.tokenizers),
             worker_batch_sizes={w.identity.decode(errors="replace"): w.batch_size for w in workers},
             worker_requests_served={w.identity.decode(errors="replace"): w.num_requests_served for w in workers},
@@ -366,7 +367,7 @@ class Hub:
                 del self.clients[client_id]
                 for request in self.table.of_client(client_id):
                     self._cancel(request.key)
-        if not self.batcher.ready_workers():
+        if not self.batcher.workers.ready():
             self._fail_stale_queue(now)
         self.health_monitor.tick(now, self.batcher.workers)
 
@@ -382,10 +383,10 @@ class Hub:
         encoding = [r for r in self.table if r.status is RequestStatus.ENCODING]
         for request in encoding:
             self.outbox.to_tokenizer_pool(request.encode_job)
-        owned = {r.request_id: r for r in self.table if r.encoded is not None and r.tokenizer_id == tokenizer_id}
+        owned = {r.seq_id: r for r in self.table if r.encoded is not None and r.tokenizer_id == tokenizer_id}
         # finished requests whose last tokens were never answered still need their final event
-        owned.update((r.request_id, r) for steps in unanswered for r, step in steps if step.generation.finish_reason)
-        pending = [[(r, step) for r, step in steps if r.request_id in owned] for steps in unanswered]
+        owned.update((r.seq_id, r) for steps in unanswered for r, step in steps if step.generation.finish_reason)
+        pending = [[(r, step) for r, step in steps if r.seq_id in owned] for steps in unanswered]
         logger.warning("tokenizer %s lost (%s): re-sending %d encode jobs, %d requests to adopt",
                        tokenizer_id.decode(errors="replace"), reason, len(encoding), len(owned))
         if owned and reason == "missed heartbeats":  # it may be frozen, and come back
@@ -395,7 +396,7 @@ class Hub:
 
     def _adopt(self, requests: list[Request], pending: list[list[tuple[Request, TokenStep]]]) -> None:
         if not self.tokenizers:
-            self._fail_requests([r for r in requests if r.request_id in self.table],
+            self._fail_requests([r for r in requests if r.seq_id in self.table],
                                 "The tokenizer serving this request was lost", "unhealthy")
             return
         adopter = self.tokenizers.least_busy()

@@ -1,4 +1,4 @@
-"""Hub: routing and TGI's batching loop, driven by encoded frames (no sockets)."""
+"""Scheduler: routing and TGI's batching loop, driven by encoded frames (no sockets)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from common import messages as m
 from common.codec import decode, encode
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.hub import Hub
+from services.scheduler.scheduler import Scheduler
 
 CLIENT = b"client-1"
 TOKENIZER = b"tokenizer-1"
@@ -20,19 +20,19 @@ INFO = m.WorkerInfo("tiny", "float32", "cpu", [2], 100, 2048)
 
 
 class Harness:
-    """Plays every neighbour of the hub: a client, a tokenizer and workers."""
+    """Plays every neighbour of the scheduler: a client, a tokenizer and workers."""
 
     def __init__(self, **config: object) -> None:
         """TGI's one command at a time unless a test asks for `pipeline_decode`."""
         defaults = dict(max_concurrent_requests=8, max_input_tokens=100, max_total_tokens=200,
                         max_batch_prefill_tokens=1000, pipeline_decode=False)
         defaults.update(config)
-        self.hub = Hub(SchedulerConfig(**defaults), "nonce-1")
+        self.scheduler = Scheduler(SchedulerConfig(**defaults), "nonce-1")
         self.tokenizer_hello()
 
     def take(self, socket: str) -> list[list[bytes]]:
-        frames = list(getattr(self.hub.outbox, socket))
-        getattr(self.hub.outbox, socket).clear()
+        frames = list(getattr(self.scheduler.outbox, socket))
+        getattr(self.scheduler.outbox, socket).clear()
         return frames
 
     def messages_to(self, socket: str) -> list[tuple[bytes | None, object]]:
@@ -42,36 +42,36 @@ class Harness:
         return out
 
     def tokenizer_hello(self) -> None:
-        self.hub.on_tokenizer_frame(TOKENIZER, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t")))
+        self.scheduler.on_tokenizer_frame(TOKENIZER, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t")))
         self.take("detokenize")
 
     def add_worker(self, identity: bytes, max_batch_total_tokens: int = 10_000) -> None:
         boot_nonce = f"nonce-of-{identity.decode()}"
-        self.hub.on_worker_frame(identity, encode(m.Hello("worker", m.PROTOCOL_VERSION, boot_nonce, INFO)))
+        self.scheduler.on_worker_frame(identity, encode(m.Hello("worker", m.PROTOCOL_VERSION, boot_nonce, INFO)))
         (_, warmup), = self.messages_to("workers")
         assert isinstance(warmup, m.Warmup)
-        self.hub.on_worker_frame(identity, encode(m.WarmupResult(warmup.command_id, max_batch_total_tokens)))
+        self.scheduler.on_worker_frame(identity, encode(m.WarmupResult(warmup.command_id, max_batch_total_tokens)))
 
     def submit(self, request_id: str, num_input: int = 5, max_new_tokens: int = 3) -> None:
         """Client Generate, then the tokenizer's Encoded answer."""
-        self.hub.on_client_frame(CLIENT, encode(m.Generate(request_id, "x", None, m.GenerateParameters())))
+        self.scheduler.on_client_frame(CLIENT, encode(m.Generate(request_id, "x", None, m.GenerateParameters())))
         jobs = [decode(f[0]) for f in self.take("tokenize")]
         assert [type(j) for j in jobs] == [m.EncodeJob]
         key = m.RequestKey(CLIENT, request_id)
-        self.hub.on_tokenized_frame(encode(m.Encoded(key, list(range(10, 10 + num_input)),
+        self.scheduler.on_tokenized_frame(encode(m.Encoded(key, list(range(10, 10 + num_input)),
                                                      m.SamplingParameters(), max_new_tokens, False, 0, False,
                                                      TOKENIZER)))
 
     def step(self) -> list[tuple[bytes, object]]:
-        self.hub.schedule()
+        self.scheduler.schedule()
         return self.messages_to("workers")
 
-    def answer_step(self, worker: bytes, command: object, batch_id: int, request_ids: list[int],
+    def answer_step(self, worker: bytes, command: object, batch_id: int, seq_ids: list[int],
                     finished: dict[int, str] | None = None) -> None:
         finished = finished or {}
-        generations = [m.Generation(rid, 7, -0.1, finished.get(rid), 1) for rid in request_ids]
-        self.hub.on_worker_frame(worker, encode(m.StepResult(
-            command.command_id, generations, m.CachedBatch(batch_id, request_ids, 100), m.Timings())))
+        generations = [m.Generation(rid, 7, -0.1, finished.get(rid), 1) for rid in seq_ids]
+        self.scheduler.on_worker_frame(worker, encode(m.StepResult(
+            command.command_id, generations, m.CachedBatch(batch_id, seq_ids, 100), m.Timings())))
 
 
 def test_request_flows_to_worker_and_tokens_to_tokenizer() -> None:
@@ -83,7 +83,7 @@ def test_request_flows_to_worker_and_tokens_to_tokenizer() -> None:
     assert worker == WORKER_A and isinstance(prefill, m.Prefill)
     request = prefill.batch.requests[0]
     assert request.input_ids == [10, 11, 12, 13, 14] and request.max_new_tokens == 3
-    h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, [request.request_id])
+    h.answer_step(WORKER_A, prefill, prefill.batch.batch_id, [request.seq_id])
     (tokenizer, job), = h.messages_to("detokenize")
     assert tokenizer == TOKENIZER and isinstance(job, m.DetokenizeJob)
     assert job.steps[0].key == m.RequestKey(CLIENT, "r1") and job.steps[0].generation.token_id == 7
@@ -98,10 +98,10 @@ def test_finished_request_is_filtered_before_next_decode() -> None:
     h.submit("r1")
     h.submit("r2")
     (_, prefill), = h.step()
-    ids = [r.request_id for r in prefill.batch.requests]
+    ids = [r.seq_id for r in prefill.batch.requests]
     h.answer_step(WORKER_A, prefill, 1, ids, finished={ids[0]: "length"})
     (_, filter_cmd), = h.messages_to("workers")
-    assert isinstance(filter_cmd, m.Filter) and filter_cmd.request_ids == [ids[1]]
+    assert isinstance(filter_cmd, m.Filter) and filter_cmd.seq_ids == [ids[1]]
 
 
 def test_continuous_batching_prefills_newcomer_then_decodes_both() -> None:
@@ -110,12 +110,12 @@ def test_continuous_batching_prefills_newcomer_then_decodes_both() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1", max_new_tokens=10)
     (_, prefill), = h.step()
-    first_id = prefill.batch.requests[0].request_id
+    first_id = prefill.batch.requests[0].seq_id
     h.submit("r2", max_new_tokens=10)
     h.answer_step(WORKER_A, prefill, 1, [first_id])
     (_, second_prefill), = h.messages_to("workers")
     assert isinstance(second_prefill, m.Prefill)
-    second_id = second_prefill.batch.requests[0].request_id
+    second_id = second_prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, second_prefill, 2, [second_id])
     (_, decode_cmd), = h.messages_to("workers")
     assert isinstance(decode_cmd, m.Decode) and decode_cmd.batch_ids == [1, 2]
@@ -128,7 +128,7 @@ def test_waiting_served_ratio_defers_small_arrivals() -> None:
     for i in range(4):
         h.submit(f"r{i}", max_new_tokens=50)
     (_, command), = h.step()
-    ids = [r.request_id for r in command.batch.requests]
+    ids = [r.seq_id for r in command.batch.requests]
     h.submit("late", max_new_tokens=50)
     kinds = []
     for _ in range(4):
@@ -142,8 +142,8 @@ def test_waiting_served_ratio_defers_small_arrivals() -> None:
 def test_overload_answers_at_once() -> None:
     """Beyond max_concurrent_requests the client gets an overloaded error event."""
     h = Harness(max_concurrent_requests=1)
-    h.hub.on_client_frame(CLIENT, encode(m.Generate("a", "x", None, m.GenerateParameters())))
-    h.hub.on_client_frame(CLIENT, encode(m.Generate("b", "x", None, m.GenerateParameters())))
+    h.scheduler.on_client_frame(CLIENT, encode(m.Generate("a", "x", None, m.GenerateParameters())))
+    h.scheduler.on_client_frame(CLIENT, encode(m.Generate("b", "x", None, m.GenerateParameters())))
     (client, reply), = h.messages_to("frontend")
     assert client == CLIENT and reply.events[0].request_id == "b"
     assert reply.events[0].error_type == "overloaded"
@@ -156,15 +156,15 @@ def test_cancel_running_request_filters_it() -> None:
     h.submit("r1")
     h.submit("r2")
     (_, prefill), = h.step()
-    ids = [r.request_id for r in prefill.batch.requests]
-    h.hub.on_client_frame(CLIENT, encode(m.Cancel("r1")))
+    ids = [r.seq_id for r in prefill.batch.requests]
+    h.scheduler.on_client_frame(CLIENT, encode(m.Cancel("r1")))
     (_, forget), = h.messages_to("detokenize")
     assert forget == m.Forget([m.RequestKey(CLIENT, "r1")])
     h.answer_step(WORKER_A, prefill, 1, ids)
     (_, job), = h.messages_to("detokenize")
     assert [s.key.request_id for s in job.steps] == ["r2"]
     (_, filter_cmd), = h.messages_to("workers")
-    assert isinstance(filter_cmd, m.Filter) and filter_cmd.request_ids == [ids[1]]
+    assert isinstance(filter_cmd, m.Filter) and filter_cmd.seq_ids == [ids[1]]
 
 
 def test_stop_sequence_hit_from_tokenizer() -> None:
@@ -173,17 +173,17 @@ def test_stop_sequence_hit_from_tokenizer() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1")
     (_, prefill), = h.step()
-    rid = prefill.batch.requests[0].request_id
+    rid = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, 1, [rid])
     (_, job), = h.messages_to("detokenize")
     (_, decode_cmd), = h.messages_to("workers")
-    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch(
+    h.scheduler.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch(
         [m.ClientOutput(CLIENT, b"opaque")], [m.RequestKey(CLIENT, "r1")], job.job_id)))
     assert h.take("frontend") == [[CLIENT, b"opaque"]]
     h.answer_step(WORKER_A, decode_cmd, 1, [rid])
     assert h.messages_to("detokenize") == []  # the token after the hit is dropped
     (_, filter_cmd), = h.messages_to("workers")
-    assert isinstance(filter_cmd, m.Filter) and filter_cmd.request_ids == []
+    assert isinstance(filter_cmd, m.Filter) and filter_cmd.seq_ids == []
 
 
 def test_worker_heartbeats_from_its_liveness_socket_keep_it() -> None:
@@ -194,14 +194,14 @@ def test_worker_heartbeats_from_its_liveness_socket_keep_it() -> None:
     h.add_worker(WORKER_B)
     liveness = WORKER_A + b"/liveness"
     for worker in (WORKER_A, WORKER_B):
-        h.hub.batcher.workers[worker].last_seen -= 10.0  # both silent for 10 s, twenty intervals
-    h.hub.on_worker_frame(liveness, encode(m.Heartbeat(f"nonce-of-{WORKER_A.decode()}")))
-    h.hub.on_worker_frame(b"stranger", encode(m.Heartbeat("nonce-of-nobody")))
+        h.scheduler.batcher.workers[worker].last_seen -= 10.0  # both silent for 10 s, twenty intervals
+    h.scheduler.on_worker_frame(liveness, encode(m.Heartbeat(f"nonce-of-{WORKER_A.decode()}")))
+    h.scheduler.on_worker_frame(b"stranger", encode(m.Heartbeat("nonce-of-nobody")))
     assert [(peer, type(msg)) for peer, msg in h.messages_to("workers")] == [
         (liveness, m.Heartbeat), (b"stranger", m.Heartbeat)]
-    h.hub.tick(time.monotonic())
-    assert WORKER_A in h.hub.batcher.workers and WORKER_B not in h.hub.batcher.workers
-    assert b"stranger" not in h.hub.batcher.workers and liveness not in h.hub.batcher.workers
+    h.scheduler.tick(time.monotonic())
+    assert WORKER_A in h.scheduler.batcher.workers and WORKER_B not in h.scheduler.batcher.workers
+    assert b"stranger" not in h.scheduler.batcher.workers and liveness not in h.scheduler.batcher.workers
 
 
 def test_dropped_worker_is_told_to_hello_again_and_serves_its_requests_once() -> None:
@@ -212,22 +212,22 @@ def test_dropped_worker_is_told_to_hello_again_and_serves_its_requests_once() ->
     h.add_worker(WORKER_A)
     h.submit("r1", max_new_tokens=5)
     (_, old_prefill), = h.step()
-    h.hub.batcher.workers[WORKER_A].last_seen -= 10.0
-    h.hub.tick(time.monotonic())
-    assert WORKER_A not in h.hub.batcher.workers
+    h.scheduler.batcher.workers[WORKER_A].last_seen -= 10.0
+    h.scheduler.tick(time.monotonic())
+    assert WORKER_A not in h.scheduler.batcher.workers
     liveness = WORKER_A + b"/liveness"
-    h.hub.on_worker_frame(liveness, encode(m.Heartbeat(f"nonce-of-{WORKER_A.decode()}")))
+    h.scheduler.on_worker_frame(liveness, encode(m.Heartbeat(f"nonce-of-{WORKER_A.decode()}")))
     assert h.messages_to("workers") == [(liveness, m.Heartbeat("nonce-1", False))]
     h.add_worker(WORKER_A)  # its Hello, the warmup
     (_, new_prefill), = h.step()
     assert isinstance(new_prefill, m.Prefill) and new_prefill.batch.requests == old_prefill.batch.requests
-    rid = new_prefill.batch.requests[0].request_id
+    rid = new_prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, old_prefill, 1, [rid])  # the frozen worker's late answer
     assert h.take("detokenize") == []
     h.answer_step(WORKER_A, new_prefill, 2, [rid])
     (_, job), = h.messages_to("detokenize")
-    assert [step.generation.request_id for step in job.steps] == [rid]
-    h.hub.on_worker_frame(liveness, encode(m.Heartbeat(f"nonce-of-{WORKER_A.decode()}")))
+    assert [step.generation.seq_id for step in job.steps] == [rid]
+    h.scheduler.on_worker_frame(liveness, encode(m.Heartbeat(f"nonce-of-{WORKER_A.decode()}")))
     assert (liveness, m.Heartbeat("nonce-1", True)) in h.messages_to("workers")
 
 
@@ -237,12 +237,12 @@ def test_lost_worker_requests_resume_on_another() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1", max_new_tokens=5)
     (_, prefill), = h.step()
-    rid = prefill.batch.requests[0].request_id
+    rid = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, 1, [rid])
     h.take("workers")
     h.take("detokenize")
     h.add_worker(WORKER_B)
-    h.hub.batcher.lose(WORKER_A, "test")
+    h.scheduler.batcher.on_worker_lost(WORKER_A, "test")
     (worker, resumed), = h.step()
     assert worker == WORKER_B and isinstance(resumed, m.Prefill)
     request = resumed.batch.requests[0]
@@ -250,12 +250,12 @@ def test_lost_worker_requests_resume_on_another() -> None:
 
 
 def test_worker_failure_fails_only_that_batch() -> None:
-    """CommandFailed on a prefill fails its requests with a generation error; the hub goes on."""
+    """CommandFailed on a prefill fails its requests with a generation error; the scheduler goes on."""
     h = Harness()
     h.add_worker(WORKER_A)
     h.submit("r1")
     (_, prefill), = h.step()
-    h.hub.on_worker_frame(WORKER_A, encode(m.CommandFailed(prefill.command_id, "out of memory", [])))
+    h.scheduler.on_worker_frame(WORKER_A, encode(m.CommandFailed(prefill.command_id, "out of memory", [])))
     (client, reply), = h.messages_to("frontend")
     assert reply.events[0].error_type == "generation" and "out of memory" in reply.events[0].error
     h.submit("r2")
@@ -267,21 +267,21 @@ def test_worker_failure_fails_only_that_batch() -> None:
 def test_bad_client_frame_gets_error_reply(frame: bytes) -> None:
     """Malformed or misdirected frames from a client get an ErrorReply and change nothing."""
     h = Harness()
-    h.hub.on_client_frame(CLIENT, frame)
+    h.scheduler.on_client_frame(CLIENT, frame)
     (_, reply), = h.messages_to("frontend")
     assert isinstance(reply, m.ErrorReply)
-    assert len(h.hub.table) == 0
+    assert len(h.scheduler.table) == 0
 
 
 def test_health_and_stats() -> None:
     """Health is false without a ready worker; Stats count queue and running requests."""
     h = Harness()
-    h.hub.on_client_frame(CLIENT, encode(m.Query("q1", "health")))
+    h.scheduler.on_client_frame(CLIENT, encode(m.Query("q1", "health")))
     (_, health), = h.messages_to("frontend")
     assert health == m.HealthReply("q1", False, "no worker is ready")
     h.add_worker(WORKER_A)
     h.submit("r1")
-    h.hub.on_client_frame(CLIENT, encode(m.Query("q2", "stats")))
+    h.scheduler.on_client_frame(CLIENT, encode(m.Query("q2", "stats")))
     (_, stats), = h.messages_to("frontend")
     assert stats.num_queued == 1 and stats.num_running == 0 and stats.num_workers == 1
 
@@ -303,17 +303,17 @@ def test_lost_tokenizer_encode_jobs_are_sent_again() -> None:
     """When a tokenizer goes silent, unanswered encode jobs are pushed again; a late duplicate is forgotten
     by the tokenizer that made it, never by the owner (which may have encoded the job twice)."""
     h = Harness(heartbeat_interval_ms=100, heartbeat_misses=2)
-    h.hub.on_client_frame(CLIENT, encode(m.Generate("r1", "x", None, m.GenerateParameters())))
+    h.scheduler.on_client_frame(CLIENT, encode(m.Generate("r1", "x", None, m.GenerateParameters())))
     (job,) = h.take("tokenize")
-    h.hub.tick(h.hub.tokenizers.last_seen[TOKENIZER] + 1.0)
+    h.scheduler.tick(h.scheduler.tokenizers.last_seen[TOKENIZER] + 1.0)
     assert h.take("tokenize") == [job]
     key = m.RequestKey(CLIENT, "r1")
     answer = m.Encoded(key, [1], m.SamplingParameters(), 2, False, 0, False, b"tokenizer-2")
-    h.hub.on_tokenized_frame(encode(answer))
-    h.hub.on_tokenized_frame(encode(answer))  # the owner had the job twice: its state stays
+    h.scheduler.on_tokenized_frame(encode(answer))
+    h.scheduler.on_tokenized_frame(encode(answer))  # the owner had the job twice: its state stays
     assert h.messages_to("detokenize") == []
-    h.hub.on_tokenized_frame(encode(dataclasses.replace(answer, tokenizer_id=TOKENIZER)))  # the lost one, late
-    assert h.messages_to("detokenize") == [(TOKENIZER, m.Forget([key]))] and len(h.hub.queue) == 1
+    h.scheduler.on_tokenized_frame(encode(dataclasses.replace(answer, tokenizer_id=TOKENIZER)))  # the lost one, late
+    assert h.messages_to("detokenize") == [(TOKENIZER, m.Forget([key]))] and len(h.scheduler.queue) == 1
 
 
 def test_lost_tokenizer_requests_are_adopted() -> None:
@@ -323,17 +323,17 @@ def test_lost_tokenizer_requests_are_adopted() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1", max_new_tokens=10)
     (_, prefill), = h.step()
-    rid = prefill.batch.requests[0].request_id
+    rid = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, 1, [rid])  # token 1 -> tokenizer-1
     (_, first_job), = h.messages_to("detokenize")
-    h.hub.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch([], [], first_job.job_id)))  # token 1 acknowledged
+    h.scheduler.on_tokenizer_frame(TOKENIZER, encode(m.TextBatch([], [], first_job.job_id)))  # token 1 acknowledged
     (_, decode_cmd), = h.messages_to("workers")
     h.answer_step(WORKER_A, decode_cmd, 1, [rid])  # token 2 -> never answered
     h.take("detokenize")
-    h.hub.on_tokenizer_frame(b"tokenizer-2", encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
+    h.scheduler.on_tokenizer_frame(b"tokenizer-2", encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
     h.take("detokenize")
-    h.hub.tokenizers.last_seen[TOKENIZER] -= 10.0
-    h.hub.tick(h.hub.tokenizers.last_seen[b"tokenizer-2"] + 0.1)
+    h.scheduler.tokenizers.last_seen[TOKENIZER] -= 10.0
+    h.scheduler.tick(h.scheduler.tokenizers.last_seen[b"tokenizer-2"] + 0.1)
     sent = h.messages_to("detokenize")
     assert [(t, type(msg).__name__) for t, msg in sent] == [(b"tokenizer-2", "Adopt"),
                                                             (b"tokenizer-2", "DetokenizeJob")]
@@ -350,20 +350,20 @@ def test_a_tokenizer_back_from_a_stall_streams_nothing_twice() -> None:
     h.add_worker(WORKER_A)
     h.submit("r1", max_new_tokens=10)
     (_, prefill), = h.step()
-    rid = prefill.batch.requests[0].request_id
+    rid = prefill.batch.requests[0].seq_id
     h.answer_step(WORKER_A, prefill, 1, [rid])
     (_, stale_job), = h.messages_to("detokenize")  # sent to tokenizer-1, which freezes
-    h.hub.on_tokenizer_frame(b"tokenizer-2", encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
+    h.scheduler.on_tokenizer_frame(b"tokenizer-2", encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t2")))
     h.take("detokenize")
-    h.hub.tokenizers.last_seen[TOKENIZER] -= 10.0
-    h.hub.tick(h.hub.tokenizers.last_seen[b"tokenizer-2"] + 0.1)
+    h.scheduler.tokenizers.last_seen[TOKENIZER] -= 10.0
+    h.scheduler.tick(h.scheduler.tokenizers.last_seen[b"tokenizer-2"] + 0.1)
     (_, adopt), (_, resent_job) = h.messages_to("detokenize")
     key = m.RequestKey(CLIENT, "r1")
     stale = m.TextBatch([m.ClientOutput(CLIENT, b"token 1, stale")], [], stale_job.job_id)
-    h.hub.on_tokenizer_frame(TOKENIZER, encode(stale))  # it resumes and answers the old job
+    h.scheduler.on_tokenizer_frame(TOKENIZER, encode(stale))  # it resumes and answers the old job
     assert h.take("frontend") == []
     assert h.messages_to("detokenize") == [(TOKENIZER, m.Forget([key]))]
     fresh = m.TextBatch([m.ClientOutput(CLIENT, b"token 1")], [], resent_job.job_id)
-    h.hub.on_tokenizer_frame(b"tokenizer-2", encode(fresh))
+    h.scheduler.on_tokenizer_frame(b"tokenizer-2", encode(fresh))
     assert h.take("frontend") == [[CLIENT, b"token 1"]]
-    assert h.hub.table.by_key(key).num_acknowledged == 1
+    assert h.scheduler.table.by_key(key).num_acknowledged == 1

@@ -1,0 +1,119 @@
+"""The worker's side of a request: the requests and batches it steps, what each step outputs, what it reports."""
+
+from __future__ import annotations
+
+from common.codec import record
+from common.messages.events import FinishReason
+from common.messages.parameters import SamplingParameters
+
+__all__ = ["WorkerRequest", "SeqUpdate", "Batch", "CachedBatch", "Generation", "Timings", "WorkerInfo"]
+
+
+@record
+class WorkerRequest:
+    """One request as the worker sees it: ids in, ids out, no text.
+
+    `seq_id` is the scheduler's integer id for the request (unique per scheduler run).
+    On a paged worker the scheduler owns the KV blocks (TGI v3's router): `block_ids` is the
+    request's block table so far, `cache_len` how many of `input_ids` already have their keys
+    and values in those blocks, and `chunk_len` how many of the rest this step computes (None:
+    all of them; a longer prompt is prefilled in chunks over several steps).
+    """
+
+    seq_id: int
+    input_ids: list[int]
+    sampling: SamplingParameters
+    max_new_tokens: int
+    ignore_eos: bool = False
+    top_n_tokens: int = 0
+    prefill_logprobs: bool = False
+    block_ids: list[int] = ()  # type: ignore[assignment]
+    cache_len: int = 0
+    chunk_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.block_ids, tuple):
+            object.__setattr__(self, "block_ids", list(self.block_ids))
+
+
+@record
+class SeqUpdate:
+    """A paged step's news about a cached request: blocks added to the end of its block table,
+    and, while its prompt is still being prefilled, how many prompt tokens this step computes
+    (None: the request decodes one token)."""
+
+    seq_id: int
+    new_block_ids: list[int]
+    chunk_len: int | None = None
+
+
+@record
+class Batch:
+    """A new batch for Prefill; `max_tokens` is its token budget (inputs + new tokens)."""
+
+    batch_id: int
+    requests: list[WorkerRequest]
+    max_tokens: int
+
+
+@record
+class CachedBatch:
+    """The worker's summary of a batch it keeps cached after a step."""
+
+    batch_id: int
+    seq_ids: list[int]
+    max_tokens: int
+
+    @property
+    def size(self) -> int:
+        return len(self.seq_ids)
+
+
+@record
+class Generation:
+    """One request's output of one step: the chosen token, and on finish the reason.
+
+    `prefill_ids`/`prefill_logprobs` come once, with a request's first token, when asked for
+    (the first prefill logprob is NaN: nothing predicts the first prompt token).
+    """
+
+    seq_id: int
+    token_id: int
+    logprob: float
+    finish_reason: FinishReason | None = None
+    generated_tokens: int = 0
+    seed: int | None = None
+    top_ids: list[int] = ()  # type: ignore[assignment]
+    top_logprobs: list[float] = ()  # type: ignore[assignment]
+    prefill_ids: list[int] | None = None
+    prefill_logprobs: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("top_ids", "top_logprobs"):
+            if isinstance(getattr(self, name), tuple):
+                object.__setattr__(self, name, list(getattr(self, name)))
+
+
+@record
+class Timings:
+    """Where a worker step spent its time, in nanoseconds, and what its speculation proposed and
+    how many of those tokens were accepted."""
+
+    forward_ns: int = 0
+    decode_ns: int = 0
+    concatenate_ns: int = 0
+    total_ns: int = 0
+    num_proposed: int = 0
+    num_accepted: int = 0
+
+
+@record
+class WorkerInfo:
+    """What a worker tells the scheduler about its model when it registers."""
+
+    model_id: str
+    dtype: str
+    device: str
+    eos_token_ids: list[int]
+    vocab_size: int
+    max_position_embeddings: int
