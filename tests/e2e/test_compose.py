@@ -84,6 +84,21 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory):
         assert codes == [0] * len(processes), codes
 
 
+def wait_until_all_ready(scheduler_url: str, num_workers: int, num_tokenizers: int) -> None:
+    """Until every worker is warmed up and every tokenizer registered (the scheduler's stats)."""
+    client = ZtgiClient(scheduler_url)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            stats = client.stats()
+            if stats.num_workers == num_workers and stats.num_tokenizers == num_tokenizers:
+                return
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.5)
+    finally:
+        client.close()
+
+
 def wait_healthy(urls: list[str], processes: list[subprocess.Popen]) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -101,6 +116,7 @@ def wait_healthy(urls: list[str], processes: list[subprocess.Popen]) -> None:
 def test_compose_topology_serves_on_every_replica(compose_stack) -> None:
     """Two gateways, two tokenizers, two workers from docker-compose.yml: all serve, both workers used."""
     gateway_urls, scheduler_url = compose_stack
+    wait_until_all_ready(scheduler_url, num_workers=2, num_tokenizers=2)  # /health needs only one worker
     body = {"inputs": "The capital of France is", "parameters": {"max_new_tokens": 8}}
     expected = requests.post(gateway_urls[0] + "/generate", json=body, timeout=120).json()["generated_text"]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
