@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 import torch
 
 from common.messages import CachedBatch, Generation, SeqUpdate, Timings, Warmup, WarmupResult, WorkerInfo, WorkerRequest
-from common.model_source import ModelNotFoundError
+from common.model_source import ModelNotFoundError, resolve_model
 from services.worker.config import KV_CACHES
 from services.worker.loading import LoadedModel, load
 from services.worker.paged import families
@@ -106,6 +106,8 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
     if draft_model_id is not None and not speculate:
         raise ValueError("--draft-model-id needs --speculate N > 0: the number of tokens the draft proposes "
                          "per step (4 is a common choice)")
+    if draft_model_id is not None:
+        _draft_source(draft_model_id)  # a missing draft fails before the model loads
     loaded = load(model_id, dtype, device, quantize)
     if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
         draft = _load_draft(draft_model_id, dtype, device, quantize) if draft_model_id is not None else None
@@ -119,6 +121,13 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
     if float32_decode_attention:
         logger.warning("--float32-decode-attention applies to the paged KV cache only; ignored")
     return PaddedModel(loaded, backend)
+
+
+def _draft_source(draft_model_id: str) -> None:
+    try:
+        resolve_model(draft_model_id)
+    except ModelNotFoundError as exc:
+        raise ModelNotFoundError(f"--draft-model-id {draft_model_id!r}: {exc}") from None
 
 
 def _load_draft(draft_model_id: str, dtype: str, device: str, quantize: str) -> LoadedModel:
