@@ -36,8 +36,9 @@ class WorkerConfig(PeerConfig):
     block_size: int = dataclasses.field(default=16, metadata={"help": "paged KV cache: tokens per block"})
     speculate: int = dataclasses.field(default=0, metadata={
         "help": "paged KV cache: propose up to this many tokens per request per step from the request's own "
-                "prompt and output (prompt lookup) and verify them in the step's one forward; greedy output "
-                "is unchanged, sampling keeps its distribution; backs off on large batches (0: off)"})
+                "prompt and output (prompt lookup, or the draft model of --draft-model-id) and verify them in "
+                "the step's one forward; greedy output is unchanged, sampling keeps its distribution; backs off "
+                "on large batches (0: off)"})
     draft_model_id: str | None = dataclasses.field(default=None, metadata={
         "help": "paged KV cache, with --speculate N: a small model with the same tokenizer (a local directory "
                 "or .gguf, loaded like the model) proposes the N tokens greedily instead of prompt lookup; it "

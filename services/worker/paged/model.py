@@ -71,7 +71,9 @@ class PagedModel:
                                               draft.device, draft.dtype)
         logger.info("draft model %s (%d layers) proposes up to %d tokens a step", draft.name, draft.num_layers,
                     speculate)
-        return DraftProposer(draft, self.block_size, linear)
+        proposer = DraftProposer(draft, self.block_size, linear)
+        proposer.forward_pass.attention.float32_decode = self.forward_pass.attention.float32_decode
+        return proposer
 
     def info(self) -> WorkerInfo:
         return self.loaded.info()
