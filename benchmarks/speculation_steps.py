@@ -119,13 +119,32 @@ def time_proposals(model, num_speculative: int, num_pairs: int) -> None:
           f"verifying step {statistics.median(verifying) * 1000:.1f} ms", flush=True)
 
 
+TINY_RANDOM = "tiny-random"
+
+
+def tiny_random_draft() -> str:
+    """A 1-layer random Llama of SmolLM2's vocabulary (hidden size 32) in a temporary directory: a
+    draft whose compute is next to nothing, so its proposing time is the mechanism's own cost."""
+    import tempfile
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = tempfile.mkdtemp(prefix="tiny-draft-")
+    torch.manual_seed(1)
+    LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+                     ).save_pretrained(directory)
+    return directory
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--speculate", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--pairs", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--draft-model-id", help="also count and time proposals by this draft model")
+    parser.add_argument("--draft-model-id", help=f"also count and time proposals by this draft model "
+                        f"({TINY_RANDOM}: a random one of next to no compute, built here)")
     parser.add_argument("--repeats", type=int, default=3, help="part three (with a draft): rounds of requests")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -137,8 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     model.allocate_pool(1024)
     count_steps(model, tokenizer, args.max_new_tokens)
     if args.draft_model_id:
+        draft_model_id = tiny_random_draft() if args.draft_model_id == TINY_RANDOM else args.draft_model_id
         drafted = load_paged_model(source.path, dtype="float32", device="cpu", speculate=args.speculate,
-                                   draft_model_id=args.draft_model_id)
+                                   draft_model_id=draft_model_id)
         drafted.allocate_pool(1024)
         print(f"with the draft model {args.draft_model_id}:", flush=True)
         count_steps(drafted, tokenizer, args.max_new_tokens)
