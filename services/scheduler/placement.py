@@ -15,7 +15,7 @@ landed on a holder of its prefix (the `ztgi_placement_requests` metric).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Literal, Protocol
+from typing import Literal
 
 from services.scheduler.request import Request
 from services.scheduler.worker_slot import WorkerSlot
@@ -28,19 +28,9 @@ MAX_LOOKAHEAD = 64  # queued requests a worker looks through for ones placed on 
 Outcome = Literal["holder", "not_holder", "no_holder"]
 
 
-class PlacementPolicy(Protocol):
-    """For one worker's admission, over the ready paged workers: which queued requests it takes."""
-
-    slots: list[WorkerSlot]
-    running: dict[bytes, list[Request]]
-
-    def candidates(self, queue: Iterable[Request]) -> Iterator[Request]: ...
-
-    def owner(self, request: Request) -> WorkerSlot: ...
-
-
-class Placement:
-    """Cache-aware: for one worker's admission, which queued requests it takes now."""
+class PlacementPolicy:
+    """For one worker's admission, over the ready paged workers (and the requests each runs):
+    which queued requests are this worker's. A policy says whose each request is (`owner`)."""
 
     def __init__(self, slot: WorkerSlot, slots: list[WorkerSlot], running: dict[bytes, list[Request]]) -> None:
         self.slot = slot
@@ -57,6 +47,13 @@ class Placement:
             if self.owner(request) is self.slot:
                 self.loads[self.slot.identity] += 1
                 yield request
+
+    def owner(self, request: Request) -> WorkerSlot:
+        raise NotImplementedError
+
+
+class Placement(PlacementPolicy):
+    """Cache-aware: the holder of the longest prefix, unless much busier."""
 
     def owner(self, request: Request) -> WorkerSlot:
         """The worker that should run `request` now."""

@@ -11,33 +11,18 @@ room, so a full or stuck worker never holds a request back while another could r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-
-from services.scheduler.placement import MAX_LOOKAHEAD
+from services.scheduler.placement import PlacementPolicy
 from services.scheduler.request import Request
 from services.scheduler.worker_slot import WorkerSlot
 
 
-class RoundRobinPlacement:
-    """For one worker's admission: the queued requests whose turn is this worker's."""
+class RoundRobinPlacement(PlacementPolicy):
+    """Each request's turn by its arrival, unless that worker has no room for it now."""
 
     def __init__(self, slot: WorkerSlot, slots: list[WorkerSlot], running: dict[bytes, list[Request]],
                  max_batch_size: int | None = None) -> None:
-        self.slot = slot
-        self.slots = slots
-        self.running = running
+        super().__init__(slot, slots, running)
         self.max_batch_size = max_batch_size
-        self.loads = {s.identity: len(running.get(s.identity, ())) for s in slots}
-
-    def candidates(self, queue: Iterable[Request]) -> Iterator[Request]:
-        """The queued requests this worker may take, in queue order; each one yielded is counted
-        as taken (the caller takes it or stops)."""
-        for index, request in enumerate(queue):
-            if index >= MAX_LOOKAHEAD:
-                return
-            if self.owner(request) is self.slot:
-                self.loads[self.slot.identity] += 1
-                yield request
 
     def owner(self, request: Request) -> WorkerSlot:
         """The worker whose turn `request` is, unless that one has no room for it now."""
