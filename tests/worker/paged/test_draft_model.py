@@ -236,3 +236,28 @@ def test_a_bad_draft_is_refused(tiny_model_dir, tmp_path) -> None:
                    draft_model_id=tiny_model_dir)
     with pytest.raises(ConfigError, match="--draft-model-id needs --speculate"):
         WorkerConfig(draft_model_id=tiny_model_dir)
+
+
+def test_a_draft_of_a_shorter_context_proposes_within_it(tiny_paged_model, tiny_model_dir) -> None:
+    """A draft whose context ends at 24 positions (the target's at 2048): it runs and proposes only
+    within them, and past them the request goes on one token a step, with the same tokens."""
+    draft = load(tiny_model_dir, "float32", "cpu")
+    draft.config.max_position_embeddings = 24
+    model = PagedModel(tiny_paged_model.loaded, tiny_paged_model.block_size, speculate=4, draft=draft)
+    model.allocate_pool(256)
+    batch: PagedBatch | None = batch_of(model, [request(1, PROMPT, 12, ignore_eos=True)])
+    got: dict = {}
+    drafted_at = []
+    while batch is not None:
+        assert model.speculator is not None
+        model.speculator.propose(batch)
+        sequence = batch.sequences[0]
+        if sequence.draft:
+            drafted_at.append(len(sequence.tokens))
+            assert len(sequence.tokens) + len(sequence.draft) - 1 <= 24
+        assert sequence.num_draft_computed <= 24
+        generations, batch, _ = model.step(batch, time.perf_counter_ns())
+        got.setdefault(1, []).extend(g.token_id for g in generations)
+    assert drafted_at and max(drafted_at) <= 24
+    assert got == token_ids(run_to_end(tiny_paged_model, batch_of(tiny_paged_model, [request(1, PROMPT, 12,
+                                                                                             ignore_eos=True)])))
