@@ -53,8 +53,8 @@ class PagedModel:
                     ", decode attention in float32" if float32_decode_attention else "")
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
-        self.draft = self._draft_proposer(draft, speculate) if draft is not None else None
-        self.speculator = Speculator(speculate, block_size, self.draft) if speculate else None
+        self.draft_model = self._draft_proposer(draft, speculate) if draft is not None else None
+        self.speculator = Speculator(speculate, block_size, self.draft_model) if speculate else None
 
     def _draft_proposer(self, draft: LoadedModel, speculate: int) -> DraftProposer:
         """The draft model's proposer; ValueError where it cannot propose for this model."""
@@ -92,7 +92,7 @@ class PagedModel:
     @property
     def bytes_per_block(self) -> int:
         """Memory of one block: the target's keys and values, and the draft model's."""
-        draft = self.draft.kv_shape.bytes_per_block if self.draft is not None else 0
+        draft = self.draft_model.kv_shape.bytes_per_block if self.draft_model is not None else 0
         return self.kv_shape.bytes_per_block + draft
 
     def allocate_pool(self, num_blocks: int) -> None:
@@ -100,8 +100,8 @@ class PagedModel:
         addresses both)."""
         self.pool = None  # the old pool's memory goes first
         self.pool = KVPool(self.kv_shape, num_blocks, self.device)
-        if self.draft is not None:
-            self.draft.allocate_pool(num_blocks)
+        if self.draft_model is not None:
+            self.draft_model.allocate_pool(num_blocks)
 
     def warmup(self, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: int | None,
                step_target_ms: int) -> WarmupResult:

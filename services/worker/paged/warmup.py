@@ -87,8 +87,8 @@ def _pool_blocks(model, command: Warmup, memory_budget_mb: int) -> int:
     bytes_per_block = model.bytes_per_block
     if model.device.type == "cuda":
         model.pool = None
-        if model.draft is not None:
-            model.draft.pool = None
+        if model.draft_model is not None:
+            model.draft_model.pool = None
         torch.cuda.synchronize(model.device)
         free, _ = torch.cuda.mem_get_info(model.device)
         free += torch.cuda.memory_reserved(model.device) - torch.cuda.memory_allocated(model.device)

@@ -185,8 +185,8 @@ def test_rejection_sampling_with_the_draft_keeps_the_target_distribution(tiny_pa
     batch = batch_of(model, [request(seed + 1, prompt, 3, ignore_eos=True, seed=seed, **sampling)
                              for seed in range(900)])
     model.generate_token(batch)  # the prefill: each request samples its first token; the draft runs the prompts
-    assert model.draft is not None
-    model.draft.propose(batch, [(sequence, 1) for sequence in batch.sequences], len(batch))
+    assert model.draft_model is not None
+    model.draft_model.propose(batch, [(sequence, 1) for sequence in batch.sequences], len(batch))
     generations, _, _ = model.step(batch, time.perf_counter_ns())
     by_request: dict = {}
     for generation in generations:
@@ -207,13 +207,13 @@ def test_rejection_sampling_with_the_draft_keeps_the_target_distribution(tiny_pa
 
 def test_warmup_counts_the_draft_pool_in_each_block(drafted) -> None:
     """On CPU the memory budget pays for both pools: as many blocks in each, the target's and the draft's."""
-    assert drafted.draft is not None
+    assert drafted.draft_model is not None
     engine = Engine(drafted, memory_budget_mb=1, cpu_warmup_prefill_tokens=64)
     result = engine.warmup(Warmup(1, 100, 200, 400, None))
     assert isinstance(result, WarmupResult)
-    per_block = drafted.kv_shape.bytes_per_block + drafted.draft.kv_shape.bytes_per_block
+    per_block = drafted.kv_shape.bytes_per_block + drafted.draft_model.kv_shape.bytes_per_block
     assert result.num_blocks == 2**20 // per_block == drafted.num_blocks
-    assert drafted.draft.pool is not None and drafted.draft.pool.num_blocks == result.num_blocks
+    assert drafted.draft_model.pool is not None and drafted.draft_model.pool.num_blocks == result.num_blocks
     drafted.allocate_pool(TEST_POOL_BLOCKS)  # the other tests' pool
 
 
