@@ -163,7 +163,8 @@ class PagedModel:
             return self.speculator.choose(batch, sampled, inputs.sample_logits, logits)
         chooser = batch.chooser if sampled == list(range(len(batch))) else batch.chooser.select(sampled)
         history = batch.token_history(sampled) if chooser.needs_history else ()
-        scores = logits.index_select(0, torch.tensor(inputs.sample_logits, device=logits.device))
+        scores = logits if inputs.sample_logits == list(range(logits.shape[0])) else logits.index_select(
+            0, torch.tensor(inputs.sample_logits, device=logits.device))  # a copy only when rows differ
         next_ids, logprobs = chooser(scores, *history)
         return [[row] for row in step_rows(next_ids, logprobs, [batch.sequences[i].request.top_n_tokens
                                                                 for i in sampled])]
