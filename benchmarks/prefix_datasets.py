@@ -5,6 +5,9 @@
 - `multi_turn.jsonl`: 16 conversations of 6 turns, turn-major (every conversation's turn k before
   any turn k+1): each prompt is the transcript so far, so a turn's prompt starts with the one before.
   The assistant replies in the transcripts are fixed text, not what the model answered.
+
+`two_documents` builds the placement benchmark's workload (benchmarks/placement.py) in memory:
+questions on two documents, interleaved.
 """
 
 from __future__ import annotations
@@ -24,11 +27,22 @@ def _sentences(rng: random.Random, num_words: int) -> str:
     return " ".join(" ".join(words[i:i + 12]).capitalize() + "." for i in range(0, num_words, 12))
 
 
+def _question(rng: random.Random, number: int, document: str) -> str:
+    return (f"Document:\n{document}\n\nQuestion {number}: in one sentence, what does the document say "
+            f"about the {rng.choice(WORDS)} and the {rng.choice(WORDS)}?\nAnswer:")
+
+
 def shared_prefix(rng: random.Random) -> list[dict]:
     document = _sentences(rng, DOCUMENT_WORDS)
-    return [{"prompt": f"Document:\n{document}\n\nQuestion {i + 1}: in one sentence, what does the document say "
-                       f"about the {rng.choice(WORDS)} and the {rng.choice(WORDS)}?\nAnswer:",
-             "max_new_tokens": 32} for i in range(32)]
+    return [{"prompt": _question(rng, i + 1, document), "max_new_tokens": 32} for i in range(32)]
+
+
+def two_documents(rng: random.Random, num_requests: int, pattern: str, document_words: int) -> list[tuple[int, str]]:
+    """Questions on two documents, each request its own: (document 0 or 1, prompt). `pattern`
+    interleaves them: `alternate` (A B A B ...) or `random` (each request's document drawn)."""
+    documents = [_sentences(rng, document_words) for _ in range(2)]
+    picks = [i % 2 if pattern == "alternate" else rng.randrange(2) for i in range(num_requests)]
+    return [(d, _question(rng, i + 1, documents[d])) for i, d in enumerate(picks)]
 
 
 def multi_turn(rng: random.Random, num_conversations: int = 16, num_turns: int = 6) -> list[dict]:

@@ -54,6 +54,7 @@ class InfoReply:
     block_size: int = 0  # paged: tokens per KV block
     num_blocks: int = 0  # paged: KV blocks over all workers
     speculate: int = 0  # tokens proposed per request per step (TGI's `speculate`)
+    placement: str = "cache-aware"  # how several paged workers share the queue (--placement)
 
 
 @record

@@ -119,6 +119,7 @@ def info_json(info: InfoReply, config: GatewayConfig) -> dict[str, Any]:
         "block_size": info.block_size,
         "num_blocks": info.num_blocks,
         "speculate": info.speculate,
+        "placement": info.placement,
     }
 
 

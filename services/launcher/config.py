@@ -7,6 +7,7 @@ import dataclasses
 from common.config import require
 from common.model_source import DEFAULT_MODEL_ID
 from common.service_config import LogConfig, RequestLimits
+from services.scheduler.placement import CACHE_AWARE, PLACEMENTS
 from services.worker.config import KV_CACHES
 
 
@@ -41,6 +42,7 @@ class LaunchConfig(LogConfig, RequestLimits):
     waiting_served_ratio: float = 0.3
     max_waiting_tokens: int = 20
     prefix_caching: bool = True  # paged workers reuse the KV blocks of cached prompt prefixes
+    placement: str = CACHE_AWARE  # several paged workers: cache-aware or round-robin (the scheduler's flag)
     pipeline_decode: bool = False  # the scheduler sends a batch's next Decode before the last answer is back
     run_dir: str | None = None
     heartbeat_interval_ms: int = 1000
@@ -61,6 +63,8 @@ class LaunchConfig(LogConfig, RequestLimits):
             require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         require(0 < self.port < 65536, f"--port {self.port} is not a TCP port")
         require(self.kv_cache in KV_CACHES, f"--kv-cache {self.kv_cache!r} must be one of {', '.join(KV_CACHES)}")
+        require(self.placement in PLACEMENTS,
+                f"--placement {self.placement!r} must be one of {', '.join(PLACEMENTS)}")
         require(self.startup_timeout_s > 0, "--startup-timeout-s must be positive")
         require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
                 "--heartbeat-interval-ms and --heartbeat-misses must be positive")
@@ -80,7 +84,7 @@ class LaunchConfig(LogConfig, RequestLimits):
                  "memory_budget_mb", "max_concurrent_requests",
                  "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",
                  "max_waiting_tokens",
-                 "pipeline_decode", "prefix_caching", "heartbeat_interval_ms", "heartbeat_misses",
+                 "pipeline_decode", "prefix_caching", "placement", "heartbeat_interval_ms", "heartbeat_misses",
                  "no_worker_timeout_s", "drain_timeout_s", "health_window_s")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
                if getattr(self, name) is not None}

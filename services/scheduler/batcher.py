@@ -55,10 +55,11 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.outbox import Outbox
 from services.scheduler.paged_batcher import PagedBatcher, PagedStep
-from services.scheduler.placement import Placement
+from services.scheduler.placement import ROUND_ROBIN, Placement, PlacementPolicy, placement_outcome
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_table import RequestTable
+from services.scheduler.round_robin_placement import RoundRobinPlacement
 from services.scheduler.sliding_window import free_blocks_behind_window
 from services.scheduler.worker_pool import WorkerPool
 from services.scheduler.worker_slot import CommandKind, InFlight, WorkerSlot
@@ -338,20 +339,26 @@ class Batcher:
         step = self.paged.plan(running, slot.allocator, budget, may_admit, placement)
         if step.admitted:
             self.metrics.record_prefix_hits(step.admitted)
+            if placement is not None and self.config.prefix_caching:
+                self.metrics.record_placements(placement_outcome(r, slot, placement) for r in step.admitted)
         if step.victims:
             self._preempt(slot, step.victims)
         elif not step.is_empty:
             self._send_paged_step(slot, step)
 
-    def _placement(self, slot: WorkerSlot) -> Placement | None:
-        """Cache-aware placement, when prefix caching is on and several paged workers serve."""
+    def _placement(self, slot: WorkerSlot) -> PlacementPolicy | None:
+        """With several paged workers: `--placement round-robin`, or cache-aware when prefix
+        caching is on (off: each worker admits from the queue's head when it has room)."""
         slots = [s for s in self.workers.ready() if s.is_paged]
-        if not self.config.prefix_caching or len(slots) < 2 or not self.queue:
+        round_robin = self.config.placement == ROUND_ROBIN
+        if len(slots) < 2 or not self.queue or not (round_robin or self.config.prefix_caching):
             return None
         running: dict[bytes, list[Request]] = {}
         for request in self.table:
             if request.status is RequestStatus.RUNNING and request.worker_id is not None:
                 running.setdefault(request.worker_id, []).append(request)
+        if round_robin:
+            return RoundRobinPlacement(slot, slots, running, self.config.max_batch_size)
         return Placement(slot, slots, running)
 
     def _preempt(self, slot: WorkerSlot, victims: list[Request]) -> None:

@@ -8,6 +8,7 @@ from common import curve
 from common.config import require
 from common.endpoints import Endpoints
 from common.service_config import ServiceConfig
+from services.scheduler.placement import CACHE_AWARE, PLACEMENTS
 
 DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096
 
@@ -38,6 +39,11 @@ class SchedulerConfig(ServiceConfig):
         "help": "paged workers keep full KV blocks indexed by their tokens after use: a request reuses "
                 "the longest cached prefix of its input (shared system prompts, earlier chat turns) and "
                 "prefills only the rest; with several workers it goes to the one holding its prefix"})
+    placement: str = dataclasses.field(default=CACHE_AWARE, metadata={
+        "help": "how several paged workers share the queue: cache-aware (a request goes to the worker "
+                "holding the longest prefix of its input unless that one is much busier; with prefix "
+                "caching off, each worker takes the queue's head) or round-robin (the i-th request to "
+                "arrive goes to ready worker i mod n, whatever they cache)"})
     speculate: int = dataclasses.field(default=0, metadata={
         "help": "paged workers propose up to this many tokens per request per step (the workers' own "
                 "--speculate): each decoding request gets blocks for them when the pool has them free"})
@@ -68,6 +74,8 @@ class SchedulerConfig(ServiceConfig):
                     f"--max-total-tokens ({self.max_total_tokens})")
         if self.max_batch_size is not None:
             require(self.max_batch_size > 0, "--max-batch-size must be positive")
+        require(self.placement in PLACEMENTS,
+                f"--placement {self.placement!r} must be one of {', '.join(PLACEMENTS)}")
         require(0 <= self.speculate <= 16, f"--speculate must be between 0 and 16, got {self.speculate}")
         require(0.0 <= self.waiting_served_ratio, "--waiting-served-ratio must be >= 0")
         require(self.max_waiting_tokens > 0, "--max-waiting-tokens must be positive")

@@ -128,6 +128,10 @@ class SchedulerMetrics:
         self.prefix_cache_hit_tokens = Family(
             "ztgi_prefix_cache_hit_tokens", "counter",
             "Input tokens whose KV came from the prefix cache instead of being computed")
+        self.placement_requests = Family(
+            "ztgi_placement_requests", "counter",
+            "Requests admitted on one of several paged workers, by outcome: on a holder of the longest prefix "
+            "of its input (holder), not (not_holder), or no worker held any of it (no_holder)")
         self.speculative_proposed_tokens = Family(
             "ztgi_speculative_proposed_tokens", "counter", "Tokens proposed for verification (--speculate)")
         self.speculative_accepted_tokens = Family(
@@ -202,6 +206,11 @@ class SchedulerMetrics:
         for request in admitted:
             self.prefix_cache_queried_tokens.inc(float(request.prefill_len))
             self.prefix_cache_hit_tokens.inc(float(request.num_computed))
+
+    def record_placements(self, outcomes: Iterable[str]) -> None:
+        """Where each newcomer of a step landed, against where its prefix was (`placement_outcome`)."""
+        for outcome in outcomes:
+            self.placement_requests.inc(outcome=outcome)
 
     def record_filter(self, duration_s: float) -> None:
         self.batch_filter_duration.observe(duration_s)

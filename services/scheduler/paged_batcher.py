@@ -11,8 +11,9 @@ cached blocks of the longest prefix of its input (their tokens compared) and com
 rest, at least its last token; the blocks it fills are indexed for the requests after it.
 With speculation (`speculate`) a decoding request also gets, from free blocks only, room for the
 tokens its worker may propose; how many it computes is known from the worker's answer.
-With several workers a request waits for the one holding its prefix (`Placement`) unless that
-one is much busier. Decisions only: the batcher sends the commands.
+With several workers a placement policy says which queued requests are this worker's
+(`Placement`: the one holding its prefix unless much busier; or `RoundRobinPlacement`).
+Decisions only: the batcher sends the commands.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import dataclasses
 
 from services.scheduler.block_allocator import BlockAllocator
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.placement import Placement
+from services.scheduler.placement import PlacementPolicy
 from services.scheduler.queue import RequestQueue
 from services.scheduler.request import Request
 
@@ -52,7 +53,7 @@ class PagedBatcher:
         self.queue = queue
 
     def plan(self, running: list[Request], allocator: BlockAllocator, budget: int, may_admit: bool,
-             placement: Placement | None = None) -> PagedStep:
+             placement: PlacementPolicy | None = None) -> PagedStep:
         """`running`: the worker's requests in admission order. Allocates the blocks the step needs.
         `placement` (several workers) says which queued requests this worker may take."""
         step = PagedStep()
@@ -104,7 +105,7 @@ class PagedBatcher:
         return used
 
     def _admit(self, step: PagedStep, size: int, allocator: BlockAllocator, budget: int, used: int,
-               placement: Placement | None) -> None:
+               placement: PlacementPolicy | None) -> None:
         """From the front of the queue while tokens, blocks and the batch size allow (skipping the
         requests `placement` keeps for another worker). A request takes the blocks of its whole
         input at once, so its later chunks never wait for blocks."""

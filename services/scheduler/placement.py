@@ -6,21 +6,31 @@ blocks: cached in that worker's prefix cache, or being computed there by a reque
 one's blocks are even full). Another worker takes it anyway when the holder is much busier (it
 runs at least twice as many requests, and `MIN_IMBALANCE` more). A request no worker holds any
 of goes to the least busy worker.
+
+`--placement round-robin` picks `RoundRobinPlacement` instead (round_robin_placement.py); both
+are a `PlacementPolicy`, and `placement_outcome` says of either's choice whether the request
+landed on a holder of its prefix (the `ztgi_placement_requests` metric).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Literal
 
 from services.scheduler.request import Request
 from services.scheduler.worker_slot import WorkerSlot
 
+CACHE_AWARE, ROUND_ROBIN = "cache-aware", "round-robin"
+PLACEMENTS = (CACHE_AWARE, ROUND_ROBIN)
 MIN_IMBALANCE = 4  # a holder this many requests busier (and twice as busy) loses a request to another
 MAX_LOOKAHEAD = 64  # queued requests a worker looks through for ones placed on it
 
+Outcome = Literal["holder", "not_holder", "no_holder"]
 
-class Placement:
-    """For one worker's admission: which queued requests it takes now."""
+
+class PlacementPolicy:
+    """For one worker's admission, over the ready paged workers (and the requests each runs):
+    which queued requests are this worker's. A policy says whose each request is (`owner`)."""
 
     def __init__(self, slot: WorkerSlot, slots: list[WorkerSlot], running: dict[bytes, list[Request]]) -> None:
         self.slot = slot
@@ -39,9 +49,16 @@ class Placement:
                 yield request
 
     def owner(self, request: Request) -> WorkerSlot:
+        raise NotImplementedError
+
+
+class Placement(PlacementPolicy):
+    """Cache-aware: the holder of the longest prefix, unless much busier."""
+
+    def owner(self, request: Request) -> WorkerSlot:
         """The worker that should run `request` now."""
         tokens = request.tokens
-        matches = {s.identity: self.num_matched_blocks(s, tokens) for s in self.slots}
+        matches = {s.identity: num_matched_blocks(s, tokens, self.running) for s in self.slots}
         load = self.loads
         least_busy = min(self.slots, key=lambda s: (load[s.identity], s is not self.slot))
         holder = max(self.slots, key=lambda s: (matches[s.identity], -load[s.identity], s is self.slot))
@@ -53,15 +70,27 @@ class Placement:
     def _much_busier(load: int, other: int) -> bool:
         return load >= 2 * other + MIN_IMBALANCE
 
-    def num_matched_blocks(self, slot: WorkerSlot, tokens: list[int]) -> int:
-        """Whole blocks of `tokens` the worker holds: cached, or in a request it runs now."""
-        allocator = slot.allocator
-        assert allocator is not None
-        best = len(allocator.match(tokens))
-        size = allocator.block_size
-        for other in self.running.get(slot.identity, ()):
-            best = max(best, _common_blocks(tokens, other.tokens, size, best))
-        return best
+
+def placement_outcome(request: Request, chosen: WorkerSlot, policy: PlacementPolicy) -> Outcome:
+    """Whether `chosen` holds as many whole blocks of the request's prefix as any worker (as the
+    policy saw them before this step): `no_holder` when none holds any."""
+    tokens = request.tokens
+    matches = {s.identity: num_matched_blocks(s, tokens, policy.running) for s in policy.slots}
+    best = max(matches.values(), default=0)
+    if best == 0:
+        return "no_holder"
+    return "holder" if matches.get(chosen.identity, 0) == best else "not_holder"
+
+
+def num_matched_blocks(slot: WorkerSlot, tokens: list[int], running: dict[bytes, list[Request]]) -> int:
+    """Whole blocks of `tokens` the worker holds: cached, or in a request it runs now."""
+    allocator = slot.allocator
+    assert allocator is not None
+    best = len(allocator.match(tokens))
+    size = allocator.block_size
+    for other in running.get(slot.identity, ()):
+        best = max(best, _common_blocks(tokens, other.tokens, size, best))
+    return best
 
 
 def _common_blocks(tokens: list[int], other: list[int], size: int, at_least: int) -> int:

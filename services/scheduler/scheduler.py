@@ -327,6 +327,7 @@ class Scheduler:
             block_size=max((w.allocator.block_size for w in workers if w.allocator), default=0),
             num_blocks=sum(w.allocator.num_blocks for w in workers if w.allocator),
             speculate=config.speculate,
+            placement=config.placement,
         )
 
     def _prefill_token_budget(self, workers: list[WorkerSlot]) -> int:

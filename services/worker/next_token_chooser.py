@@ -109,6 +109,7 @@ class NextTokenChooser:
         """Next token ids `[batch]` and the log-softmax of the processed scores `[batch, vocab]`.
 
         `token_ids`/`token_mask` (each row's tokens so far) are needed only for penalties.
+        `scores` must be the step's own: grammar masks are added into its constrained rows in place.
         """
         scores = self.process(scores, token_ids, token_mask)
         next_ids = self.choose(scores)

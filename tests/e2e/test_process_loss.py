@@ -68,12 +68,15 @@ def streams_killing(server: LaunchedServer, service: str, freeze_s: float | None
 @pytest.mark.slow
 def test_kill_worker_streams_resume_on_the_other(tmp_path) -> None:
     """All 8 streams complete after kill -9 of a worker, each equal to its undisturbed greedy text
-    (up to a float near-tie: tests/e2e/greedy_parity.py)."""
+    (up to a float near-tie: tests/e2e/greedy_parity.py), with the default placement (round-robin
+    losing a worker: tests/scheduler/test_placement.py)."""
+    placement = "cache-aware"
     # float32: a resumed stream re-prefills its prompt + tokens so far in a chunk, whose logits differ
     # from the decode steps' in the last bits (bfloat16's rounding would part texts far more often)
     server = LaunchedServer(str(tmp_path / "run"), "--num-workers", "2", "--max-batch-prefill-tokens", "4096",
-                            "--dtype", "float32")
+                            "--dtype", "float32", "--placement", placement)
     try:
+        assert requests.get(server.url + "/info", timeout=10).json()["placement"] == placement
         expected = undisturbed(server)
         for reference, resumed in zip(expected, streams_killing(server, "worker")):
             assert_same_greedy(reference, resumed)

@@ -30,3 +30,16 @@ def test_drain_must_end_before_the_kill() -> None:
     """A drain longer than the launcher waits before killing a child is refused with both flags named."""
     with pytest.raises(ConfigError, match="--drain-timeout-s .* --shutdown-timeout-s"):
         LaunchConfig(drain_timeout_s=30.0, shutdown_timeout_s=30.0)
+
+
+def test_placement_reaches_the_scheduler_and_a_bad_one_is_refused() -> None:
+    """`--placement round-robin` travels as ZTGI_PLACEMENT (the scheduler's own flag reads it);
+    an unknown policy is refused with the choices named, by the launcher and by the scheduler."""
+    from services.scheduler.config import SchedulerConfig
+
+    env = parse_config(LaunchConfig, ["--placement", "round-robin"]).shared_environment("ipc:///tmp/x")
+    assert env["ZTGI_PLACEMENT"] == "round-robin"
+    assert parse_config(SchedulerConfig, []).placement == "cache-aware"
+    for cls in (LaunchConfig, SchedulerConfig):
+        with pytest.raises(ConfigError, match="--placement 'random' must be one of cache-aware, round-robin"):
+            parse_config(cls, ["--placement", "random"])

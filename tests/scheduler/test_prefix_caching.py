@@ -25,23 +25,26 @@ def expected_tokens(prompt: list[int], max_new: int) -> list[int]:
 class Harness:
     """A scheduler, a tokenizer identity and paged worker peers, stepped by hand."""
 
-    def __init__(self, num_workers: int = 1, num_blocks: int = 200, step_tokens: int = 64,
-                 prefix_caching: bool = True) -> None:
+    def __init__(self, num_workers: int = 1, num_blocks: int | list[int] = 200, step_tokens: int = 64,
+                 prefix_caching: bool = True, placement: str = "cache-aware") -> None:
         config = SchedulerConfig(max_concurrent_requests=128, max_input_tokens=100, max_total_tokens=200,
-                                 prefix_caching=prefix_caching)
+                                 prefix_caching=prefix_caching, placement=placement)
         self.scheduler = Scheduler(config, "nonce")
         self.scheduler.on_tokenizer_frame(TOKENIZER, encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t")))
         self.peers: dict[bytes, PagedPeer] = {}
-        for i in range(num_workers):
+        pools = num_blocks if isinstance(num_blocks, list) else [num_blocks] * num_workers
+        for i, pool in enumerate(pools):
             identity = f"worker-{i}".encode()
-            self.peers[identity] = PagedPeer(num_blocks, step_tokens)
+            self.peers[identity] = PagedPeer(pool, step_tokens)
             self.scheduler.on_worker_frame(identity, encode(m.Hello("worker", m.PROTOCOL_VERSION, f"w{i}", INFO)))
             warmup = decode(self.scheduler.outbox.workers.pop()[-1])
             self.scheduler.on_worker_frame(identity, encode(m.WarmupResult(
-                warmup.command_id, num_blocks * BLOCK_SIZE, num_blocks, BLOCK_SIZE, step_tokens)))
+                warmup.command_id, pool * BLOCK_SIZE, pool, BLOCK_SIZE, step_tokens)))
         self.tokens: dict[str, list[int]] = {}
         self.cached: dict[str, int] = {}
-        self.placed: dict[str, bytes] = {}
+        self.placed: dict[str, bytes] = {}  # the first worker each request was prefilled on
+        self.placements: dict[str, list[bytes]] = {}  # every worker it was (re)started on, in order
+        self.dead: set[bytes] = set()  # workers that answer nothing any more
 
     def submit(self, request_id: str, prompt: list[int], max_new: int) -> None:
         key = m.RequestKey(CLIENT, request_id)
@@ -59,12 +62,21 @@ class Harness:
         commands = [(frames[0], decode(frames[-1])) for frames in self.scheduler.outbox.workers]
         self.scheduler.outbox.workers.clear()
         for identity, command in commands:
+            if identity in self.dead:
+                continue
             if isinstance(command, m.Prefill):
                 for r in command.batch.requests:
-                    self.placed.setdefault(self.scheduler.table.get(r.seq_id).key.request_id, identity)
+                    rid = self.scheduler.table.get(r.seq_id).key.request_id
+                    self.placed.setdefault(rid, identity)
+                    self.placements.setdefault(rid, []).append(identity)
             self.scheduler.on_worker_frame(identity, encode(self.peers[identity].run(command)))
         self._collect()
-        return bool(commands)
+        return any(identity not in self.dead for identity, _ in commands)
+
+    def kill(self, identity: bytes) -> None:
+        """The worker dies: it answers nothing more, and the scheduler sees its connection close."""
+        self.dead.add(identity)
+        self.scheduler.on_worker_disconnected(identity)
 
     def run(self, max_steps: int = 10_000) -> None:
         for _ in range(max_steps):

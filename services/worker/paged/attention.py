@@ -97,9 +97,7 @@ def decode_groups(block_tables: list[list[int]], context_lens: list[int], block_
 def _group(block_tables: list[list[int]], context_lens: list[int], start: int, block_size: int,
            device: torch.device) -> DecodeGroup:
     width = max(len(table) for table in block_tables)
-    table = torch.zeros((len(block_tables), width), dtype=torch.int64)
-    for row, blocks in enumerate(block_tables):
-        table[row, :len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
+    table = torch.tensor([blocks + [0] * (width - len(blocks)) for blocks in block_tables], dtype=torch.int64)
     lengths = torch.tensor(context_lens, dtype=torch.int64)
     mask = torch.arange(width * block_size)[None, :] < lengths[:, None]
     return DecodeGroup(start, start + len(block_tables), to_device(table, device),

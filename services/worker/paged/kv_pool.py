@@ -8,6 +8,9 @@ copied when batches are filtered or joined: only block tables move. The pool is 
 the first time a request gets it (`prepare`), because attention reads whole blocks and masks the
 slots past a request's length: masked garbage that happens to be NaN would still poison the
 softmax's products, where stale finite values of an earlier request weigh exactly nothing.
+The scheduler hands out never-used blocks in ascending order, so `prepare` zeroes the next
+`ZERO_AHEAD` never-used blocks with each fresh one: one fill per layer tensor for dozens of
+blocks, not one per block as requests grow.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import dataclasses
 
 import torch
 
+ZERO_AHEAD = 64  # never-used blocks zeroed along with a fresh one
 
 @dataclasses.dataclass(frozen=True)
 class KVShape:
@@ -51,11 +55,15 @@ class KVPool:
         self.prepare([PADDING_BLOCK])
 
     def prepare(self, block_ids: list[int]) -> None:
-        """Zeroes the blocks among `block_ids` that were never used (ids must be in the pool)."""
-        fresh = [b for b in block_ids if not self._ready[b]]
+        """Zeroes the blocks among `block_ids` that were never used, with the never-used ones up to
+        `ZERO_AHEAD` after each (ids must be in the pool)."""
+        fresh = {b for b in block_ids if not self._ready[b]}
         if not fresh:
             return
-        index = torch.tensor(fresh, dtype=torch.int64, device=self.keys[0].device)
+        ready = self._ready
+        for block in list(fresh):
+            fresh.update(b for b in range(block + 1, min(block + ZERO_AHEAD, self.num_blocks)) if not ready[b])
+        index = torch.tensor(sorted(fresh), dtype=torch.int64, device=self.keys[0].device)
         for tensor in (*self.keys, *self.values):
             tensor.index_fill_(0, index, 0)
         for block in fresh:

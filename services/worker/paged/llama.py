@@ -43,9 +43,9 @@ class PagedLlamaForward:
         w = self.weights
         num_tokens = x.shape[0]
         hidden = rms_norm(x, layer.attention_norm, w.eps)
-        q, k, v = layer.qkv(hidden).split(
-            [w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim, w.num_kv_heads * w.head_dim], dim=-1)
-        q = rotate(q.view(num_tokens, w.num_heads, w.head_dim), cos, sin)
-        k = rotate(k.view(num_tokens, w.num_kv_heads, w.head_dim), cos, sin)
-        v = v.view(num_tokens, w.num_kv_heads, w.head_dim)
+        qkv = layer.qkv(hidden)
+        num_qk_heads = w.num_heads + w.num_kv_heads  # queries and keys side by side: one rotation for both
+        qk = rotate(qkv[:, :num_qk_heads * w.head_dim].view(num_tokens, num_qk_heads, w.head_dim), cos, sin)
+        q, k = qk[:, :w.num_heads], qk[:, w.num_heads:]
+        v = qkv[:, num_qk_heads * w.head_dim:].view(num_tokens, w.num_kv_heads, w.head_dim)
         return layer.output(self.attention(index, q, k, v, pool, inputs))

@@ -40,31 +40,36 @@ class StepInputs:
 
 def build_step_inputs(batch: PagedBatch, pool: KVPool) -> StepInputs | None:
     """The step's inputs, decodes first; None when no sequence has anything to run. ValueError
-    (nothing changed) when a sequence's blocks cannot hold its tokens or are not in the pool."""
+    (nothing changed) when a sequence's blocks cannot hold its tokens or are not in the pool.
+    Every per-token list is built in Python and becomes a tensor in one call: a few small tensor
+    ops per sequence would cost more than the lists."""
     block_size, device = pool.block_size, pool.keys[0].device
     decodes, prefills = _planned(batch, block_size, pool.num_blocks)
-    for index, _, _ in decodes + prefills:
-        pool.prepare(batch.sequences[index].block_ids)
     if not decodes and not prefills:
         return None
-    entries, row = [], 0
-    for index, start, count in decodes + prefills:
-        entries.append(Entry(index, start, count, row))
-        row += count
     sequences = batch.sequences
-    input_ids = [t for e in entries for t in sequences[e.index].step_tokens(e.start, e.count)]
-    positions = torch.cat([torch.arange(e.start, e.start + e.count) for e in entries])
-    slots = torch.cat([_slots(sequences[e.index], e, block_size) for e in entries])
-    attention = _attention_inputs(sequences, entries[:len(decodes)], entries[len(decodes):], slots,
-                                  block_size, device)
+    entries: list[Entry] = []
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    for index, start, count in decodes + prefills:
+        sequence = sequences[index]
+        pool.prepare(sequence.block_ids)
+        entries.append(Entry(index, start, count, len(input_ids)))
+        input_ids.extend(sequence.step_tokens(start, count))
+        positions.extend(range(start, start + count))
+        slots.extend(_slots(sequence.block_ids, start, count, block_size))
+    attention = _attention_inputs(sequences, entries[:len(decodes)], entries[len(decodes):],
+                                  _int64(slots, device), block_size, device)
     logit_rows, sampled, sample_logits, logprob_logits = _logit_rows(sequences, entries)
     return StepInputs(
-        entries=entries,
-        input_ids=to_device(torch.tensor(input_ids, dtype=torch.int64), device),
-        positions=to_device(positions, device),
-        attention=attention,
-        logit_rows=to_device(torch.tensor(logit_rows, dtype=torch.int64), device),
+        entries=entries, input_ids=_int64(input_ids, device), positions=_int64(positions, device),
+        attention=attention, logit_rows=_int64(logit_rows, device),
         sampled=sampled, sample_logits=sample_logits, logprob_logits=logprob_logits)
+
+
+def _int64(values: list[int], device: torch.device) -> torch.Tensor:
+    return to_device(torch.tensor(values, dtype=torch.int64), device)
 
 
 def _planned(batch: PagedBatch, block_size: int,
@@ -83,18 +88,25 @@ def _planned(batch: PagedBatch, block_size: int,
 
 
 def _check_blocks(sequence: Sequence, needed: int, block_size: int, num_blocks: int) -> None:
-    where = f"request {sequence.seq_id}"
     if sequence.capacity(block_size) < needed:
-        raise ValueError(f"{where}: its {len(sequence.block_ids)} KV blocks hold "
+        raise ValueError(f"request {sequence.seq_id}: its {len(sequence.block_ids)} KV blocks hold "
                          f"{sequence.capacity(block_size)} tokens, the step needs {needed}")
     if sequence.block_ids and not 0 <= min(sequence.block_ids) <= max(sequence.block_ids) < num_blocks:
-        raise ValueError(f"{where}: block ids must be in [0, {num_blocks}), got {sequence.block_ids}")
+        raise ValueError(f"request {sequence.seq_id}: block ids must be in [0, {num_blocks}), "
+                         f"got {sequence.block_ids}")
 
 
-def _slots(sequence: Sequence, entry: Entry, block_size: int) -> torch.Tensor:
-    positions = torch.arange(entry.start, entry.start + entry.count)
-    table = torch.tensor(sequence.block_ids[:-(-(entry.start + entry.count) // block_size)], dtype=torch.int64)
-    return table[positions // block_size] * block_size + positions % block_size
+def _slots(block_ids: list[int], start: int, count: int, block_size: int) -> list[int]:
+    """The pool slots of positions `[start, start + count)`, a block's run at a time."""
+    slots: list[int] = []
+    position, end = start, start + count
+    while position < end:
+        block, offset = divmod(position, block_size)
+        take = min(block_size - offset, end - position)
+        first = block_ids[block] * block_size + offset
+        slots.extend(range(first, first + take))
+        position += take
+    return slots
 
 
 def _attention_inputs(sequences: list[Sequence], decodes: list[Entry], prefills: list[Entry], slots: torch.Tensor,
@@ -103,10 +115,10 @@ def _attention_inputs(sequences: list[Sequence], decodes: list[Entry], prefills:
     if decodes:
         tables = [sequences[e.index].block_ids[:e.start // block_size + 1] for e in decodes]
         groups = decode_groups(tables, [e.start + 1 for e in decodes], block_size, device)
-    spans = [PrefillSpan(e.row, e.row + e.count, e.start, to_device(torch.tensor(
-        sequences[e.index].block_ids[:-(-(e.start + e.count) // block_size)], dtype=torch.int64), device))
-        for e in prefills]
-    return AttentionInputs(to_device(slots, device), groups, spans)
+    spans = [PrefillSpan(e.row, e.row + e.count, e.start,
+                         _int64(sequences[e.index].block_ids[:-(-(e.start + e.count) // block_size)], device))
+             for e in prefills]
+    return AttentionInputs(slots, groups, spans)
 
 
 def _logit_rows(sequences: list[Sequence],
