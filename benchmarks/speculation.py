@@ -2,14 +2,15 @@
 
     python -m benchmarks.speculation --speculate 4 --dtype float32 --repeats 3 --output spec.json
 
-Two `ztgi launch` servers run at once on free ports, one with `--speculate N` and one without
-(each otherwise idle while the other works). Part one, one stream at a time: input-grounded
-chat prompts (a code edit, a copy, a reformat), each sent greedily to both in turn, the order
-swapped every repeat (A B, B A, ...); each server's output tokens/s is the median over repeats of
-its tokens over its wall time, and the texts must be identical. Part two, `--concurrency`
-(default 32) requests at a time over the mixed set (`benchmarks/data/mixed.jsonl`, `--ignore-eos`
-so both generate the same tokens), the two servers again in turn per repeat. The figures go to
-stdout as a table and, with `--output`, to a JSON file. On a shared CPU set
+Two `ztgi launch` servers run at once on free ports, one with `--speculate N` and one without (each
+otherwise idle while the other works); with `--draft-model-id`, a third proposes with that draft
+model instead of prompt lookup (`draft`), the order rotating every repeat. Part one, one stream at a
+time: input-grounded chat prompts (a code edit, a copy, a reformat), each sent greedily to every
+server in turn, the order rotated every repeat (A B C, B C A, ...); each server's output tokens/s is the median
+over repeats of its tokens over its wall time, and the texts must be identical. Part two,
+`--concurrency` (default 32) requests at a time over the mixed set (`benchmarks/data/mixed.jsonl`,
+`--ignore-eos` so both generate the same tokens), the servers again in turn per repeat. The
+figures go to stdout as a table and, with `--output`, to a JSON file. On a shared CPU set
 `ZTGI_CPU_IDLE_CLASS=false ZTGI_CPU_NICE=0`, or the workers yield to everything else.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import statistics
 import sys
@@ -73,47 +75,82 @@ def concurrent_run(url: str, prompts: list[Prompt], concurrency: int) -> tuple[i
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--speculate", type=int, default=4)
+    parser.add_argument("--draft-model-id", help="a third server proposes with this draft model (`draft`)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", default=",".join(GROUNDED), help="one-stream part: which of the prompts")
     parser.add_argument("--max-new-tokens", type=int, default=160, help="one-stream part: tokens per answer")
     parser.add_argument("--concurrency", type=int, default=32, help="part two's requests at a time (0: skip it)")
     parser.add_argument("--max-requests", type=int, default=64, help="part two: the first this many of the mixed set")
     parser.add_argument("--output", help="JSON file for the figures")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = set(args.prompts.split(",")) - set(GROUNDED)
+    if unknown:
+        parser.error(f"--prompts: unknown {', '.join(sorted(unknown))} (known: {', '.join(GROUNDED)})")
+    return args
+
+
+def systems(args: argparse.Namespace) -> dict[str, list[str]]:
+    """Each server's flags: `off`, `on` (prompt lookup) and, with a draft model, `draft`."""
+    flags = ["--dtype", args.dtype]
+    out = {"off": flags, "on": [*flags, "--speculate", str(args.speculate)]}
+    if args.draft_model_id:
+        out["draft"] = [*out["on"], "--draft-model-id", args.draft_model_id]
+    return out
+
+
+def turns(names: list[str], repeat: int) -> list[str]:
+    """The servers' order in a repeat: rotated by one each time (A B C, B C A, ...)."""
+    shift = repeat % len(names)
+    return names[shift:] + names[:shift]
+
+
+def one_stream_part(servers: dict[str, str], args: argparse.Namespace) -> dict:
+    results = {}
+    names = list(servers)
+    for name in args.prompts.split(","):
+        runs: dict[str, list[tuple[str, int, float]]] = {system: [] for system in names}
+        for repeat in range(args.repeats + 1):  # the first round warms every server up and is not counted
+            for system in turns(names, repeat):
+                runs[system].append(one_stream(servers[system], GROUNDED[name], args.max_new_tokens))
+        texts = {run[0] for system in runs for run in runs[system]}
+        rates = {system: statistics.median(t / s for _, t, s in runs[system][1:]) for system in names}
+        results[name] = {
+            "identical_texts": len(texts) == 1, "tokens": runs["off"][1][1],
+            "runs": {system: [t / s for _, t, s in runs[system][1:]] for system in names},
+            **{f"{system}_tokens_per_s": rates[system] for system in names},
+            **{f"{system}_ratio": rates[system] / rates["off"] for system in names if system != "off"},
+            "ratio": rates["on"] / rates["off"]}
+        others = "  ".join(f"{system} {rates[system]:6.1f} tok/s x{rates[system] / rates['off']:.2f}"
+                           for system in names if system != "off")
+        print(f"{name:10s} tokens {runs['off'][1][1]:4d}  off {rates['off']:6.1f} tok/s  {others}  "
+              f"identical texts: {len(texts) == 1}", flush=True)
+    return results
+
+
+def concurrent_part(servers: dict[str, str], args: argparse.Namespace) -> dict:
+    prompts = load_dataset(MIXED_DATASET_PATH)[:args.max_requests]
+    names = list(servers)
+    throughputs: dict[str, list[float]] = {system: [] for system in names}
+    for repeat in range(args.repeats):
+        for system in turns(names, repeat):
+            tokens, seconds = concurrent_run(servers[system], prompts, args.concurrency)
+            throughputs[system].append(tokens / seconds)
+    rates = {system: statistics.median(throughputs[system]) for system in names}
+    print(f"mixed x{args.concurrency}: " + "  ".join(f"{system} {rates[system]:6.1f} tok/s" for system in names)
+          + f"  on/off x{rates['on'] / rates['off']:.2f}", flush=True)
+    return {"concurrency": args.concurrency, "requests": len(prompts), "runs": throughputs,
+            **{f"{system}_tokens_per_s": rates[system] for system in names}, "ratio": rates["on"] / rates["off"]}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    flags = ["--dtype", args.dtype]
-    with LaunchedServer(flags) as off, LaunchedServer([*flags, "--speculate", str(args.speculate)]) as on:
-        servers = {"off": off.url, "on": on.url}
-        results = {"speculate": args.speculate, "dtype": args.dtype, "one_stream": {}, "concurrent": {}}
-        for name, text in GROUNDED.items():
-            runs: dict[str, list[tuple[str, int, float]]] = {"off": [], "on": []}
-            for repeat in range(args.repeats + 1):  # the first round warms both up and is not counted
-                for system in (("off", "on") if repeat % 2 else ("on", "off")):
-                    runs[system].append(one_stream(servers[system], text, args.max_new_tokens))
-            texts = {run[0] for system in runs for run in runs[system]}
-            rates = {system: statistics.median(t / s for _, t, s in runs[system][1:]) for system in runs}
-            results["one_stream"][name] = {
-                "identical_texts": len(texts) == 1, "tokens": runs["on"][1][1],
-                "runs": {system: [t / s for _, t, s in runs[system][1:]] for system in runs},
-                "off_tokens_per_s": rates["off"], "on_tokens_per_s": rates["on"], "ratio": rates["on"] / rates["off"]}
-            print(f"{name:10s} tokens {runs['on'][1][1]:4d}  off {rates['off']:6.1f} tok/s  on {rates['on']:6.1f} "
-                  f"tok/s  x{rates['on'] / rates['off']:.2f}  identical texts: {len(texts) == 1}", flush=True)
+    with contextlib.ExitStack() as stack:
+        servers = {system: stack.enter_context(LaunchedServer(flags)).url for system, flags in systems(args).items()}
+        results = {"speculate": args.speculate, "dtype": args.dtype, "draft_model_id": args.draft_model_id,
+                   "one_stream": one_stream_part(servers, args), "concurrent": {}}
         if args.concurrency:
-            prompts = load_dataset(MIXED_DATASET_PATH)[:args.max_requests]
-            throughputs: dict[str, list[float]] = {"off": [], "on": []}
-            for repeat in range(args.repeats):
-                for system in (("off", "on") if repeat % 2 == 0 else ("on", "off")):
-                    tokens, seconds = concurrent_run(servers[system], prompts, args.concurrency)
-                    throughputs[system].append(tokens / seconds)
-            off_rate, on_rate = statistics.median(throughputs["off"]), statistics.median(throughputs["on"])
-            results["concurrent"] = {"concurrency": args.concurrency, "requests": len(prompts), "runs": throughputs,
-                                     "off_tokens_per_s": off_rate, "on_tokens_per_s": on_rate,
-                                     "ratio": on_rate / off_rate}
-            print(f"mixed x{args.concurrency}: off {off_rate:6.1f} tok/s  on {on_rate:6.1f} tok/s  "
-                  f"x{on_rate / off_rate:.2f}", flush=True)
+            results["concurrent"] = concurrent_part(servers, args)
     if args.output:
         with open(args.output, "w") as f:
             json.dump(results, f, indent=2)

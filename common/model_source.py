@@ -54,6 +54,8 @@ def resolve_model(model_id: str = DEFAULT_MODEL_ID) -> ModelSource:
         if not os.path.isfile(os.path.join(model_id, "config.json")):
             raise ModelNotFoundError(f"directory {model_id!r} has no config.json: not a model directory")
         return ModelSource(model_id, model_id)
+    if model_id.startswith(("/", "./", "../", "~")):  # a path, never a Hub id
+        raise ModelNotFoundError(f"{model_id!r} does not exist: no such model directory or .gguf file")
     return ModelSource(_hub_snapshot(model_id), model_id)
 
 

@@ -32,8 +32,30 @@ def tiny_model_dir(smollm2: ModelSource, tmp_path_factory: pytest.TempPathFactor
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(directory)
+    _copy_tokenizer(smollm2.path, directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(smollm2: ModelSource, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 1-layer random-weight Llama of its own head shape with SmolLM2's tokenizer: a draft model
+    (`--draft-model-id`) for SmolLM2 or the tiny model; its proposals are mostly rejected."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = str(tmp_path_factory.mktemp("tiny-draft"))
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
+    )
+    torch.manual_seed(1)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    _copy_tokenizer(smollm2.path, directory)
+    return directory
+
+
+def _copy_tokenizer(source_dir: str, directory: str) -> None:
     for name in TOKENIZER_FILES:
-        source = os.path.join(smollm2.path, name)
+        source = os.path.join(source_dir, name)
         if os.path.exists(source):
             shutil.copy(source, directory)
-    return directory

@@ -12,9 +12,11 @@ from services.worker.backend import Model
 SCHEDULER_OPTIONS = ("max_input_tokens", "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
                      "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode")
 WORKER_OPTIONS = ("kv_cache", "block_size", "step_target_ms", "memory_budget_mb", "cpu_warmup_prefill_tokens",
-                  "speculate")
+                  "speculate", "draft_model_id")
 VLLM_NAMES = {"max_model_len": "max_total_tokens", "max_num_seqs": "max_batch_size",
-              "max_num_batched_tokens": "max_batch_prefill_tokens"}
+              "max_num_batched_tokens": "max_batch_prefill_tokens", "speculative_model": "draft_model_id",
+              "num_speculative_tokens": "speculate"}
+ALIASES = {**VLLM_NAMES, "draft_model": "draft_model_id"}
 DEFAULT_MAX_TOTAL_TOKENS = SchedulerConfig.max_total_tokens
 
 
@@ -29,15 +31,16 @@ class EngineOptions:
     memory_budget_mb: int = 4096
     cpu_warmup_prefill_tokens: int | None = 512
     speculate: int = 0
+    draft_model_id: str | None = None
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> EngineOptions:
         """TypeError for a name neither the server nor vLLM has (before any model is loaded)."""
-        named = {VLLM_NAMES.get(name, name): value for name, value in options.items()}
+        named = {ALIASES.get(name, name): value for name, value in options.items()}
         unknown = sorted(name for name in options
-                         if VLLM_NAMES.get(name, name) not in SCHEDULER_OPTIONS + WORKER_OPTIONS)
+                         if ALIASES.get(name, name) not in SCHEDULER_OPTIONS + WORKER_OPTIONS)
         if unknown:
-            known = ", ".join(SCHEDULER_OPTIONS + WORKER_OPTIONS + tuple(VLLM_NAMES))
+            known = ", ".join(SCHEDULER_OPTIONS + WORKER_OPTIONS + tuple(ALIASES))
             raise TypeError(f"unknown engine option {', '.join(map(repr, unknown))}; known: {known}")
         worker = {name: named.pop(name) for name in WORKER_OPTIONS if name in named}
         return cls(named, **worker)

@@ -78,8 +78,10 @@ class LLM:
     names (`max_total_tokens`, `max_input_tokens`, `max_batch_prefill_tokens`,
     `max_batch_total_tokens`, `max_batch_size`, `waiting_served_ratio`, `max_waiting_tokens`,
     `pipeline_decode`) and the worker's (`kv_cache` paged, padded or auto; `block_size`,
-    `step_target_ms`, `memory_budget_mb`, `cpu_warmup_prefill_tokens`, `speculate`), or vLLM's for the same
-    limit (`max_model_len`, `max_num_seqs`, `max_num_batched_tokens`).
+    `step_target_ms`, `memory_budget_mb`, `cpu_warmup_prefill_tokens`, `speculate`, `draft_model_id`
+    or `draft_model`: a small model with the same tokenizer that proposes the `speculate` tokens),
+    or vLLM's for the same limit (`max_model_len`, `max_num_seqs`, `max_num_batched_tokens`,
+    `num_speculative_tokens`, `speculative_model`).
     """
 
     def __init__(self, model: str = DEFAULT_MODEL_ID, dtype: str = "auto", device: str = "auto",
@@ -87,7 +89,7 @@ class LLM:
         options = EngineOptions.parse(engine_options)
         self.model = load_model(model, _checked("dtype", dtype, DTYPES), _checked("device", device, DEVICES), backend,
                                 _checked("kv_cache", options.kv_cache, KV_CACHES), options.block_size,
-                                speculate=options.speculate)
+                                speculate=options.speculate, draft_model_id=options.draft_model_id)
         config = options.scheduler_config(self.model)
         self.tokenizer = load_tokenizer(model)
         limits = ParameterLimits(max_best_of=1, max_stop_sequences=MAX_STOP_STRINGS, max_top_n_tokens=MAX_LOGPROBS,

@@ -34,6 +34,7 @@ class LaunchConfig(LogConfig, RequestLimits):
     float32_decode_attention: bool = False  # paged, CPU, bfloat16: the worker's decode attention in float32
     step_target_ms: int = 500  # paged: the step length warmup sizes the default token budget for
     speculate: int = 0  # paged: tokens proposed per request per step by prompt lookup, verified in one forward
+    draft_model_id: str | None = None  # paged, with speculate: a small model with the same tokenizer proposes instead
     memory_budget_mb: int | None = None  # the worker's KV budget on CPU (none: the worker's default)
     max_concurrent_requests: int = 128
     max_batch_prefill_tokens: int | None = None  # none: each paged worker's measured step size
@@ -62,6 +63,8 @@ class LaunchConfig(LogConfig, RequestLimits):
         for name in ("num_workers", "num_tokenizers", "num_gateways", "block_size", "step_target_ms"):
             require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         require(0 < self.port < 65536, f"--port {self.port} is not a TCP port")
+        require(self.draft_model_id is None or self.speculate > 0,
+                "--draft-model-id needs --speculate N > 0: the number of tokens the draft proposes per step")
         require(self.kv_cache in KV_CACHES, f"--kv-cache {self.kv_cache!r} must be one of {', '.join(KV_CACHES)}")
         require(self.placement in PLACEMENTS,
                 f"--placement {self.placement!r} must be one of {', '.join(PLACEMENTS)}")
@@ -80,7 +83,7 @@ class LaunchConfig(LogConfig, RequestLimits):
         """ZTGI_* variables for every child: the settings more than one service reads."""
         shared_bases = (f.name for base in (LogConfig, RequestLimits) for f in dataclasses.fields(base))
         names = (*shared_bases, "model_id", "dtype", "device", "backend", "kv_cache", "quantize", "block_size",
-                 "step_target_ms", "speculate", "float32_decode_attention",
+                 "step_target_ms", "speculate", "draft_model_id", "float32_decode_attention",
                  "memory_budget_mb", "max_concurrent_requests",
                  "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",
                  "max_waiting_tokens",

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 import torch
 
 from common.messages import CachedBatch, Generation, SeqUpdate, Timings, Warmup, WarmupResult, WorkerInfo, WorkerRequest
+from common.model_source import ModelNotFoundError, resolve_model
 from services.worker.config import KV_CACHES
-from services.worker.loading import load
+from services.worker.loading import LoadedModel, load
 from services.worker.paged import families
 
 if TYPE_CHECKING:
@@ -95,21 +96,45 @@ def resolve_kv_cache(kv_cache: str, backend: str, config: object) -> str:
 
 def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
                kv_cache: str = "auto", block_size: int = 16, quantize: str = "none", speculate: int = 0,
-               float32_decode_attention: bool = False) -> Model:
+               float32_decode_attention: bool = False, draft_model_id: str | None = None) -> Model:
     """The model behind the layout `kv_cache` picks; ValueError/TypeError/ModelNotFoundError.
-    `speculate` (proposed tokens per step) needs the paged layout."""
+    `speculate` (proposed tokens per step) needs the paged layout, and so does a draft model
+    (`draft_model_id`, loaded like the model, on its device and dtype), which needs `speculate`."""
     from services.worker.model import PaddedModel
     from services.worker.paged.model import PagedModel
 
+    if draft_model_id is not None and not speculate:
+        raise ValueError("--draft-model-id needs --speculate N > 0: the number of tokens the draft proposes "
+                         "per step (4 is a common choice)")
+    if draft_model_id is not None:
+        _draft_source(draft_model_id)  # a missing draft fails before the model loads
     loaded = load(model_id, dtype, device, quantize)
     if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
-        return PagedModel(loaded, block_size, speculate, float32_decode_attention)
+        draft = _load_draft(draft_model_id, dtype, device, quantize) if draft_model_id is not None else None
+        return PagedModel(loaded, block_size, speculate, float32_decode_attention, draft)
+    if draft_model_id is not None:
+        raise ValueError("--draft-model-id needs the paged KV cache, and this model runs on the padded one "
+                         "(--kv-cache padded, or a model the paged forward cannot serve)")
     if speculate:
         raise ValueError(f"--speculate {speculate} needs the paged KV cache, and this model runs on the padded one "
                          "(--kv-cache padded, or a model the paged forward cannot serve): use --speculate 0")
     if float32_decode_attention:
         logger.warning("--float32-decode-attention applies to the paged KV cache only; ignored")
     return PaddedModel(loaded, backend)
+
+
+def _draft_source(draft_model_id: str) -> None:
+    try:
+        resolve_model(draft_model_id)
+    except ModelNotFoundError as exc:
+        raise ModelNotFoundError(f"--draft-model-id {draft_model_id!r}: {exc}") from None
+
+
+def _load_draft(draft_model_id: str, dtype: str, device: str, quantize: str) -> LoadedModel:
+    try:
+        return load(draft_model_id, dtype, device, quantize)
+    except ModelNotFoundError as exc:
+        raise ModelNotFoundError(f"--draft-model-id {draft_model_id!r}: {exc}") from None
 
 
 def load_padded_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
@@ -123,11 +148,11 @@ def load_padded_model(model_id: str, dtype: str = "auto", device: str = "auto", 
 
 
 def load_paged_model(model_id: str, dtype: str = "auto", device: str = "auto", block_size: int = 16,
-                     quantize: str = "none", speculate: int = 0) -> PagedModel:
+                     quantize: str = "none", speculate: int = 0, draft_model_id: str | None = None) -> PagedModel:
     """`load_model` with `kv_cache="paged"`, typed as what it is (benchmarks use the layout's own calls)."""
     from services.worker.paged.model import PagedModel
 
     model = load_model(model_id, dtype, device, kv_cache="paged", block_size=block_size, quantize=quantize,
-                       speculate=speculate)
+                       speculate=speculate, draft_model_id=draft_model_id)
     assert isinstance(model, PagedModel)
     return model

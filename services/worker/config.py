@@ -36,8 +36,13 @@ class WorkerConfig(PeerConfig):
     block_size: int = dataclasses.field(default=16, metadata={"help": "paged KV cache: tokens per block"})
     speculate: int = dataclasses.field(default=0, metadata={
         "help": "paged KV cache: propose up to this many tokens per request per step from the request's own "
-                "prompt and output (prompt lookup) and verify them in the step's one forward; greedy output "
-                "is unchanged, sampling keeps its distribution; backs off on large batches (0: off)"})
+                "prompt and output (prompt lookup, or the draft model of --draft-model-id) and verify them in "
+                "the step's one forward; greedy output is unchanged, sampling keeps its distribution; backs off "
+                "on large batches (0: off)"})
+    draft_model_id: str | None = dataclasses.field(default=None, metadata={
+        "help": "paged KV cache, with --speculate N: a small model with the same tokenizer (a local directory "
+                "or .gguf, loaded like the model) proposes the N tokens greedily instead of prompt lookup; it "
+                "runs in the worker with a KV pool of its own under the same block tables"})
     step_target_ms: int = dataclasses.field(default=500, metadata={
         "help": "paged KV cache: warmup times a prefill chunk and announces how many tokens fit in a step "
                 "of this length; the scheduler's default per-step token budget"})
@@ -71,6 +76,8 @@ class WorkerConfig(PeerConfig):
         require(self.kv_cache in KV_CACHES, f"--kv-cache {self.kv_cache!r} must be one of {', '.join(KV_CACHES)}")
         require(self.block_size >= 1, "--block-size must be >= 1")
         require(0 <= self.speculate <= 16, f"--speculate must be between 0 and 16, got {self.speculate}")
+        require(self.draft_model_id is None or self.speculate > 0,
+                "--draft-model-id needs --speculate N > 0: the number of tokens the draft proposes per step")
         require(self.step_target_ms >= 1, "--step-target-ms must be >= 1")
         require(self.worker_index >= 0, "--worker-index must be >= 0")
         require(self.memory_budget_mb > 0, "--memory-budget-mb (KV cache budget on CPU) must be positive")

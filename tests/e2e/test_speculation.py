@@ -26,12 +26,16 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def reference(smollm2) -> dict[str, tuple[str, list[int], list[float], str]]:
+    return greedy_reference(smollm2.path)
+
+
+def greedy_reference(model_path: str) -> dict[str, tuple[str, list[int], list[float], str]]:
     """transformers' greedy `generate` on each chat prompt: the prompt text, the ids, their logprobs
     and the text."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(smollm2.path)
-    model = AutoModelForCausalLM.from_pretrained(smollm2.path, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     out = {}
     for ask in ASKS:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": ask}], add_generation_prompt=True,

@@ -186,3 +186,15 @@ def test_speculate_gives_the_same_replies(llm, smollm2) -> None:
                      [{"role": "user", "content": "What is 2+2?"}]]
     expected = [o.outputs[0].token_ids for o in llm.chat(conversations, GREEDY, use_tqdm=False)]
     assert [o.outputs[0].token_ids for o in speculating.chat(conversations, GREEDY, use_tqdm=False)] == expected
+
+
+def test_a_draft_model_gives_the_same_replies(llm, smollm2, tiny_draft_dir) -> None:
+    """`LLM(speculate=4, draft_model=...)` (here SmolLM2 its own draft, so most proposals are
+    accepted): the same replies; a draft without `speculate` is refused before anything loads."""
+    drafted = LLM(smollm2.path, dtype="float32", device="cpu", speculate=4, draft_model=smollm2.path)
+    conversations = [[{"role": "user", "content": "Repeat exactly: def add(a, b):\n    return a + b\n"}],
+                     [{"role": "user", "content": "What is 2+2?"}]]
+    expected = [o.outputs[0].token_ids for o in llm.chat(conversations, GREEDY, use_tqdm=False)]
+    assert [o.outputs[0].token_ids for o in drafted.chat(conversations, GREEDY, use_tqdm=False)] == expected
+    with pytest.raises(ValueError, match="--draft-model-id needs --speculate"):
+        LLM(smollm2.path, dtype="float32", device="cpu", speculative_model=tiny_draft_dir)

@@ -5,7 +5,9 @@ tokens already have their keys and values in the pool (`num_computed`). A step f
 running sequence the tokens it has not computed yet: one for a decoding request; for a request
 whose prompt is still being prefilled, the chunk the scheduler asked for (`chunk_len`, None for
 the whole rest). With speculation a decoding sequence also feeds its `draft`, the tokens proposed
-for after its last one. Filter and concatenate move Python objects and block tables only.
+for after its last one (a draft model keeps keys of its own in a second pool, under the same
+block table, for its first `num_draft_computed` tokens). Filter and concatenate move Python
+objects and block tables only.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Sequence:
     draft: list[int] = dataclasses.field(default_factory=list)  # this step's proposed tokens (speculation)
     lookup: PromptLookup = dataclasses.field(default_factory=PromptLookup)
     acceptance: float = 1.0  # recent share of its proposed tokens that were accepted
+    num_draft_computed: int = 0  # tokens whose keys are in the draft model's pool (--draft-model-id)
 
     @property
     def seq_id(self) -> int:

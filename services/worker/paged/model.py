@@ -13,7 +13,9 @@ from common.messages import Generation, Timings, Warmup, WarmupResult, WorkerInf
 from services.worker import quantized_linear
 from services.worker.generations import step_rows, top_of_row
 from services.worker.loading import LoadedModel
+from services.worker.paged import families
 from services.worker.paged.batch import PagedBatch
+from services.worker.paged.draft_proposer import DraftProposer
 from services.worker.paged.families import layer_windows, paged_forward
 from services.worker.paged.kv_pool import KVPool, KVShape
 from services.worker.paged.speculator import Speculator
@@ -30,7 +32,7 @@ class PagedModel:
     batch_type: ClassVar[type[PagedBatch]] = PagedBatch
 
     def __init__(self, loaded: LoadedModel, block_size: int = 16, speculate: int = 0,
-                 float32_decode_attention: bool = False) -> None:
+                 float32_decode_attention: bool = False, draft: LoadedModel | None = None) -> None:
         if block_size < 1:
             raise ValueError(f"--block-size must be >= 1, got {block_size}")
         self.loaded = loaded
@@ -51,7 +53,27 @@ class PagedModel:
                     ", decode attention in float32" if float32_decode_attention else "")
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
-        self.speculator = Speculator(speculate, block_size) if speculate else None
+        self.draft_model = self._draft_proposer(draft, speculate) if draft is not None else None
+        self.speculator = Speculator(speculate, block_size, self.draft_model) if speculate else None
+
+    def _draft_proposer(self, draft: LoadedModel, speculate: int) -> DraftProposer:
+        """The draft model's proposer; ValueError where it cannot propose for this model."""
+        if not speculate:
+            raise ValueError("--draft-model-id needs --speculate N > 0: the number of tokens the draft proposes "
+                             "per step (4 is a common choice)")
+        if draft.vocab_size != self.vocab_size:
+            raise ValueError(f"the draft model {draft.name} has a vocabulary of {draft.vocab_size} tokens and "
+                             f"{self.name} one of {self.vocab_size}: a draft must share the target's tokenizer")
+        if not families.supports(draft.module.config):
+            raise ValueError(f"the draft model {draft.name}: {families.unsupported_reason(draft.module.config)}")
+        with torch.inference_mode():
+            linear = quantized_linear.factory(draft.quantize, draft.module, draft.gguf_file, "native",
+                                              draft.device, draft.dtype)
+        logger.info("draft model %s (%d layers) proposes up to %d tokens a step", draft.name, draft.num_layers,
+                    speculate)
+        proposer = DraftProposer(draft, self.block_size, linear)
+        proposer.forward_pass.attention.float32_decode = self.forward_pass.attention.float32_decode
+        return proposer
 
     def info(self) -> WorkerInfo:
         return self.loaded.info()
@@ -67,9 +89,19 @@ class PagedModel:
     def num_blocks(self) -> int:
         return self.pool.num_blocks if self.pool is not None else 0
 
+    @property
+    def bytes_per_block(self) -> int:
+        """Memory of one block: the target's keys and values, and the draft model's."""
+        draft = self.draft_model.kv_shape.bytes_per_block if self.draft_model is not None else 0
+        return self.kv_shape.bytes_per_block + draft
+
     def allocate_pool(self, num_blocks: int) -> None:
+        """The target's pool and the draft model's, the same number of blocks each (one block table
+        addresses both)."""
         self.pool = None  # the old pool's memory goes first
         self.pool = KVPool(self.kv_shape, num_blocks, self.device)
+        if self.draft_model is not None:
+            self.draft_model.allocate_pool(num_blocks)
 
     def warmup(self, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: int | None,
                step_target_ms: int) -> WarmupResult:

@@ -1,17 +1,18 @@
 """Speculative decoding on the paged engine: propose, verify in the step's one forward, accept.
 
-Before a step each decoding sequence may get a draft (`PromptLookup`: what followed its last
-tokens earlier in its prompt and output). The step feeds the last chosen token and the draft
-like a prefill chunk, so every position has logits. The chooser then runs over one row per
-position, as if the draft had been accepted up to there (penalties see that history), and the
-draft is accepted while it agrees with the chosen tokens; the first disagreement is itself the
-next token, and when all agree the last position gives one more. A greedy request thus gets
-exactly the tokens it gets without speculation. A sampling request draws each position's token
-from its own generator as it would one step at a time (the exponential race over the processed
-distribution): a proposed token x is accepted with probability p(x), and on rejection the token
-is drawn from p with x removed, renormalised, which is rejection sampling for a deterministic
-proposer, so the target distribution is kept. The generator is then set to where it would be
-after the emitted tokens alone, so a seeded request gives the same tokens with or without
+Before a step each decoding sequence may get a draft from the proposer: prompt lookup (what followed
+its last tokens earlier in its prompt and output, `prompt_lookup.py`) or a draft model
+(`draft_proposer.py`, `--draft-model-id`); both propose deterministically, given the tokens. The
+step feeds the last chosen token and the draft like a prefill chunk, so every position has logits.
+The chooser then runs over one row per position, as if the draft had been accepted up to there
+(penalties see that history), and the draft is accepted while it agrees with the chosen tokens; the
+first disagreement is itself the next token, and when all agree the last position gives one more. A
+greedy request thus gets exactly the tokens it gets without speculation. A sampling request draws
+each position's token from its own generator as it would one step at a time (the exponential race
+over the processed distribution): a proposed token x is accepted with probability p(x), and on
+rejection the token is drawn from p with x removed, renormalised, which is rejection sampling for a
+deterministic proposer, so the target distribution is kept. The generator is then set to where it
+would be after the emitted tokens alone, so a seeded request gives the same tokens with or without
 speculation, whatever shares its batch. Grammar-constrained requests do not speculate.
 
 Back-off: proposals cost compute in the verifying forward, and pay only while a step's cost is
@@ -26,6 +27,7 @@ it tries again.
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 import torch
 
@@ -46,14 +48,39 @@ class StepCounts:
     num_accepted: int = 0
 
 
+class Proposer(Protocol):
+    """Where a step's drafts come from."""
+
+    def propose(self, batch: PagedBatch, asks: list[tuple[Sequence, int]], budget: int) -> None:
+        """Sets the draft of each asked sequence (in the order given, best first), at most its count
+        of tokens and `budget` tokens in all; may also prepare for later steps (a draft model runs
+        over the batch's prefill chunks)."""
+
+    def settle(self, sequence: Sequence, num_accepted: int) -> None:
+        """After the step: `num_accepted` of the sequence's draft (still set) were accepted."""
+
+
+class PromptLookupProposer:
+    """Proposals from each sequence's own n-gram index (`Sequence.lookup`)."""
+
+    def propose(self, batch: PagedBatch, asks: list[tuple[Sequence, int]], budget: int) -> None:
+        for sequence, count in asks:
+            sequence.draft = sequence.lookup.propose(sequence.tokens, min(count, budget))
+            budget -= len(sequence.draft)
+
+    def settle(self, sequence: Sequence, num_accepted: int) -> None:
+        pass
+
+
 class Speculator:
     """Makes each step's drafts and turns the verifying rows into accepted tokens."""
 
-    def __init__(self, num_speculative: int, block_size: int) -> None:
+    def __init__(self, num_speculative: int, block_size: int, proposer: Proposer | None = None) -> None:
         if num_speculative < 0:
             raise ValueError(f"--speculate must be >= 0, got {num_speculative}")
         self.num_speculative = num_speculative
         self.block_size = block_size
+        self.proposer: Proposer = proposer if proposer is not None else PromptLookupProposer()
         self.counts = StepCounts()
         self._rewind: dict[int, torch.Tensor] = {}  # sequence -> its generator's state before the step
         self._vocab_size = 0
@@ -68,10 +95,10 @@ class Speculator:
             sequence.draft = []
         if len(decoding) > MAX_SPECULATING_ROWS:
             return
-        for sequence in sorted(decoding, key=lambda s: -s.acceptance):
-            count = min(self._draft_len(sequence), MAX_PROPOSED_TOKENS - self.counts.num_proposed)
-            sequence.draft = sequence.lookup.propose(sequence.tokens, count)
-            self.counts.num_proposed += len(sequence.draft)
+        asks = [(sequence, self._draft_len(sequence)) for sequence in sorted(decoding, key=lambda s: -s.acceptance)]
+        self.proposer.propose(batch, [(sequence, count) for sequence, count in asks if count > 0],
+                              MAX_PROPOSED_TOKENS)
+        self.counts.num_proposed = sum(len(sequence.draft) for sequence in decoding)
 
     def _draft_len(self, sequence: Sequence) -> int:
         """How many tokens the sequence may propose: within its blocks and its remaining tokens."""
@@ -120,6 +147,7 @@ class Speculator:
         sequence = batch.sequences[index]
         num_accepted = min(num_emitted, len(sequence.draft) + 1) - 1
         self.counts.num_accepted += num_accepted
+        self.proposer.settle(sequence, num_accepted)
         sequence.acceptance = 0.5 * sequence.acceptance + 0.5 * num_accepted / len(sequence.draft)
         sequence.num_computed = len(sequence.tokens) - 1
         state = self._rewind.pop(index, None)

@@ -1,7 +1,8 @@
 """Warmup of a paged worker: run the real step path, time it, then size and allocate the pool.
 
 The pool gets `max_batch_total_tokens` when the scheduler sets it; otherwise on CUDA 90% of the
-memory free after the warmup steps, on CPU `--memory-budget-mb`. A timed prefill chunk sets
+memory free after the warmup steps, on CPU `--memory-budget-mb` (a draft model's pool, with as
+many blocks, is counted in each block's bytes). A timed prefill chunk sets
 `max_step_tokens`, the most tokens one step should carry for a step to take about
 `--step-target-ms` on this hardware: the scheduler's chunked-prefill budget defaults to it, so a
 long prompt never holds the running streams for longer than that.
@@ -83,9 +84,11 @@ def _max_step_tokens(tokens_per_second: float, step_target_ms: int) -> int:
 def _pool_blocks(model, command: Warmup, memory_budget_mb: int) -> int:
     if command.max_batch_total_tokens:
         return math.ceil(command.max_batch_total_tokens / model.block_size)
-    bytes_per_block = model.kv_shape.bytes_per_block
+    bytes_per_block = model.bytes_per_block
     if model.device.type == "cuda":
         model.pool = None
+        if model.draft_model is not None:
+            model.draft_model.pool = None
         torch.cuda.synchronize(model.device)
         free, _ = torch.cuda.mem_get_info(model.device)
         free += torch.cuda.memory_reserved(model.device) - torch.cuda.memory_allocated(model.device)
