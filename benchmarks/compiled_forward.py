@@ -18,6 +18,8 @@ weights passed as inputs, so every layer reuses one graph per shape. The variant
   among its candidates)
 - `eager-float32-decode`: eager with `--float32-decode-attention` (bfloat16 decode rows attend in
   float32; the same as `eager` in float32)
+- `eager-per-head-decode`: eager with each query head of a decode row attending on its own (one
+  kernel call per query head, as before grouped-query decode attention)
 
 The step shapes: decode batches (one token per request over `--context` cached tokens each) and one
 prefill chunk. Each variant first runs every shape twice (compiles; the time is printed, with
@@ -44,7 +46,8 @@ from services.worker.llama_forward import rms_norm, rotate
 from services.worker.paged.batch import PagedBatch
 from services.worker.paged.step_inputs import StepInputs, build_step_inputs
 
-VARIANTS = ("eager", "compiled", "compiled-static", "compiled-plain", "autotune-plain", "eager-float32-decode")
+VARIANTS = ("eager", "compiled", "compiled-static", "compiled-plain", "autotune-plain", "eager-float32-decode",
+            "eager-per-head-decode")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +128,9 @@ def variant_forward(model, variant: str) -> Callable[..., torch.Tensor]:
     if variant == "eager":
         return forward
     if variant == "eager-float32-decode":
-        return _with_float32_decode(forward)
+        return _with_attention_flag(forward, "float32_decode", True)
+    if variant == "eager-per-head-decode":
+        return _with_attention_flag(forward, "group_query_heads", False)
     packed = not variant.endswith("-plain")
     parts = DenseParts(forward, packed)
     dynamic = variant in ("compiled", "compiled-plain")
@@ -143,13 +148,15 @@ def variant_forward(model, variant: str) -> Callable[..., torch.Tensor]:
     return run
 
 
-def _with_float32_decode(forward) -> Callable[..., torch.Tensor]:
+def _with_attention_flag(forward, name: str, value: bool) -> Callable[..., torch.Tensor]:
+    """The eager forward with one of its attention's switches set for the call."""
     def run(*args):
-        forward.attention.float32_decode = True
+        before = getattr(forward.attention, name)
+        setattr(forward.attention, name, value)
         try:
             return forward(*args)
         finally:
-            forward.attention.float32_decode = False
+            setattr(forward.attention, name, before)
     return run
 
 

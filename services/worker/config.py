@@ -50,10 +50,10 @@ class WorkerConfig(PeerConfig):
         "help": "keep the linear weights quantized on CPU (native forward): int8 (one scale per row), int4 "
                 "(a scale and offset per 32 inputs; a GGUF's Q4_0/Q4_1 blocks as stored), or none"})
     float32_decode_attention: bool = dataclasses.field(default=False, metadata={
-        "help": "paged KV cache on CPU, bfloat16/float16 weights: decode attention in float32 (several times "
-                "faster than torch's bfloat16 CPU kernel for one query per row, BENCHMARKS.md); its logits "
-                "differ from the bfloat16 kernel's by rounding, so greedy texts can part from transformers' "
-                "in bfloat16 at near-ties"})
+        "help": "paged KV cache on CPU, bfloat16/float16 weights: decode attention in float32 (no faster than "
+                "the default's grouped bfloat16 decode attention, BENCHMARKS.md); its logits differ from the "
+                "bfloat16 kernel's by rounding, so greedy texts can part from transformers' in bfloat16 at "
+                "near-ties"})
     worker_index: int = 0
     memory_budget_mb: int = 4096
     cpu_warmup_prefill_tokens: int | None = 512

@@ -118,6 +118,7 @@ class PagedAttention:
         self.softcap = softcap
         self._workspace: dict[str, torch.Tensor] = {}
         self.float32_decode = False  # --float32-decode-attention: decode rows on CPU in float32
+        self.group_query_heads = True  # decode rows: a key head's query heads in one block of queries
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: KVPool,
                  inputs: AttentionInputs) -> torch.Tensor:
@@ -140,10 +141,26 @@ class PagedAttention:
         mask = group.mask
         if group.num_keys is not None:  # the attention kernel then sums over the same keys as a contiguous cache
             keys, values, mask = keys[:, :, :group.num_keys], values[:, :, :group.num_keys], mask[..., :group.num_keys]
-        queries = q.unsqueeze(2)
+        dtype = q.dtype
         if self.float32_decode and q.device.type == "cpu" and q.dtype != torch.float32:
-            queries, keys, values = queries.float(), keys.float(), values.float()
-        return self._attend(queries, keys, values, mask).squeeze(2).to(q.dtype)
+            q, keys, values = q.float(), keys.float(), values.float()
+        return self._attend_one_query(q, keys, values, mask).to(dtype)
+
+    def _attend_one_query(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          mask: torch.Tensor) -> torch.Tensor:
+        """Each row's one query `q` `[rows, heads, d]` over its keys `[rows, kv_heads, keys, d]`.
+
+        With grouped-query attention the query heads that share a key head go in as that head's
+        block of queries (`[rows, kv_heads, groups, d]`): the same sums per query, one kernel call
+        per key head instead of one per query head, and on CPU torch's bfloat16 kernel is many
+        times faster for a few queries than for one (BENCHMARKS.md, issue 23)."""
+        rows = q.shape[0]
+        if not (self.gqa and self.group_query_heads) or self.softcap is not None:
+            return self._attend(q.unsqueeze(2), k, v, mask).squeeze(2)
+        groups = self.num_heads // self.num_kv_heads
+        folded = q.reshape(rows, self.num_kv_heads, groups, self.head_dim)
+        out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask, scale=self.scale)
+        return out.view(rows, self.num_heads, self.head_dim)
 
     def _prefill(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: KVPool,
                  span: PrefillSpan) -> torch.Tensor:

@@ -137,6 +137,8 @@ class PagedModel:
         generations = self._advance(batch, inputs, logits)
         next_batch = None if batch.all_stopped else batch
         done = time.perf_counter_ns()
+        if logger.isEnabledFor(logging.DEBUG):
+            _log_step(inputs, forward_done - started, done - started)
         counts = self.speculator.counts if self.speculator is not None else None
         return generations, next_batch, Timings(
             forward_ns=forward_done - started, decode_ns=done - forward_done, total_ns=done - started,
@@ -218,6 +220,15 @@ class PagedModel:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter_ns()
+
+
+def _log_step(inputs: StepInputs, forward_ns: int, total_ns: int) -> None:
+    """What a step carried and how long it took (DEBUG): the long steps behind an ITL tail."""
+    spans = inputs.attention.prefills
+    context = max((e.start + e.count for e in inputs.entries), default=0)
+    logger.debug("step: %d decode rows, %d prefill tokens in %d chunks, longest context %d; forward %.1f ms, "
+                 "total %.1f ms", inputs.num_tokens - sum(s.end - s.start for s in spans),
+                 sum(s.end - s.start for s in spans), len(spans), context, forward_ns / 1e6, total_ns / 1e6)
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

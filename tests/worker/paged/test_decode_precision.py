@@ -1,4 +1,5 @@
-"""`--float32-decode-attention`: bfloat16 decode rows on CPU attend in float32, the rest unchanged."""
+"""Decode attention on CPU: `--float32-decode-attention` (bfloat16 decode rows attend in float32, the
+rest unchanged) and the query heads of a key head attending as one block."""
 
 from __future__ import annotations
 
@@ -68,3 +69,16 @@ def test_flag_reaches_the_paged_model_from_worker_and_launcher(tiny_model_dir: s
     assert not load_model(tiny_model_dir, "bfloat16", "cpu", kv_cache="paged").forward_pass.attention.float32_decode
     env = LaunchConfig(float32_decode_attention=True).shared_environment("tcp://127.0.0.1:5554")
     assert env["ZTGI_FLOAT32_DECODE_ATTENTION"] == "True"
+
+
+def test_query_heads_of_a_key_head_attend_as_one_block_as_each_head_alone():
+    """Decode rows' query heads that share a key head go in as one block of queries: the same
+    attention as one call per query head, up to the kernel's summation order."""
+    for dtype, tolerance in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        pool, inputs, q, k, v = _step(dtype)
+        grouped, per_head = PagedAttention(HEADS, KV_HEADS, HEAD_DIM), PagedAttention(HEADS, KV_HEADS, HEAD_DIM)
+        per_head.group_query_heads = False
+        got, expected = grouped(0, q, k, v, pool, inputs), per_head(0, q, k, v, pool, inputs)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.float(), expected.float(), rtol=tolerance, atol=tolerance)
+        torch.testing.assert_close(got[3:], expected[3:], rtol=0, atol=0)  # the prefill rows: unchanged
