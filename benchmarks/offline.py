@@ -65,8 +65,9 @@ class OfflineConfig(BaselineConfig):
     static_repeats: int | None = dataclasses.field(default=None, metadata=_help(
         "run static batching in the first N repeats only (default: every repeat); it is the slow one"))
     progress: bool = dataclasses.field(default=False, metadata=_help("LLM.generate's progress bar"))
-    kv_cache: str = dataclasses.field(default="padded", metadata=_help(
-        "LLM's KV cache layout (paged, padded or auto); the engine alone runs padded"))
+    kv_cache: str = dataclasses.field(default="auto", metadata=_help(
+        "LLM's KV cache layout (paged, padded or auto: what LLM() picks, paged for SmolLM2); the engine "
+        "alone runs padded"))
     num_threads: int | None = dataclasses.field(default=None, metadata=_help(
         "torch CPU threads for every system (default: torch's, every core)"))
 
