@@ -22,33 +22,25 @@ def smollm2() -> ModelSource:
 @pytest.fixture(scope="session")
 def tiny_model_dir(smollm2: ModelSource, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A 2-layer random-weight Llama with SmolLM2's real tokenizer and vocabulary (fast tests)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    directory = str(tmp_path_factory.mktemp("tiny-model"))
-    config = LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(directory)
-    _copy_tokenizer(smollm2.path, directory)
-    return directory
+    return _random_llama(smollm2, str(tmp_path_factory.mktemp("tiny-model")), seed=0, hidden_size=64,
+                         intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 
 
 @pytest.fixture(scope="session")
 def tiny_draft_dir(smollm2: ModelSource, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A 1-layer random-weight Llama of its own head shape with SmolLM2's tokenizer: a draft model
     (`--draft-model-id`) for SmolLM2 or the tiny model; its proposals are mostly rejected."""
+    return _random_llama(smollm2, str(tmp_path_factory.mktemp("tiny-draft")), seed=1, hidden_size=32,
+                         intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+
+
+def _random_llama(smollm2: ModelSource, directory: str, seed: int, **sizes: int) -> str:
+    """A random-weight Llama of `sizes` with SmolLM2's vocabulary and tokenizer, saved in `directory`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    directory = str(tmp_path_factory.mktemp("tiny-draft"))
-    config = LlamaConfig(
-        vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
-    )
-    torch.manual_seed(1)
+    config = LlamaConfig(vocab_size=49152, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+                         pad_token_id=2, tie_word_embeddings=True, **sizes)
+    torch.manual_seed(seed)
     LlamaForCausalLM(config).save_pretrained(directory)
     _copy_tokenizer(smollm2.path, directory)
     return directory
