@@ -37,6 +37,15 @@ class PlacementPolicy:
         self.slots = slots
         self.running = running
         self.loads = {s.identity: len(running.get(s.identity, ())) for s in slots}
+        self._matches: dict[int, dict[bytes, int]] = {}  # seq_id -> worker -> blocks of its prefix held
+
+    def matches(self, request: Request) -> dict[bytes, int]:
+        """Whole blocks of the request's prefix each worker holds, counted once per admission."""
+        matches = self._matches.get(request.seq_id)
+        if matches is None:
+            matches = self._matches[request.seq_id] = {
+                s.identity: num_matched_blocks(s, request.tokens, self.running) for s in self.slots}
+        return matches
 
     def candidates(self, queue: Iterable[Request]) -> Iterator[Request]:
         """The queued requests this worker may take, in queue order; each one yielded is counted
@@ -57,8 +66,7 @@ class Placement(PlacementPolicy):
 
     def owner(self, request: Request) -> WorkerSlot:
         """The worker that should run `request` now."""
-        tokens = request.tokens
-        matches = {s.identity: num_matched_blocks(s, tokens, self.running) for s in self.slots}
+        matches = self.matches(request)
         load = self.loads
         least_busy = min(self.slots, key=lambda s: (load[s.identity], s is not self.slot))
         holder = max(self.slots, key=lambda s: (matches[s.identity], -load[s.identity], s is self.slot))
@@ -74,8 +82,7 @@ class Placement(PlacementPolicy):
 def placement_outcome(request: Request, chosen: WorkerSlot, policy: PlacementPolicy) -> Outcome:
     """Whether `chosen` holds as many whole blocks of the request's prefix as any worker (as the
     policy saw them before this step): `no_holder` when none holds any."""
-    tokens = request.tokens
-    matches = {s.identity: num_matched_blocks(s, tokens, policy.running) for s in policy.slots}
+    matches = policy.matches(request)
     best = max(matches.values(), default=0)
     if best == 0:
         return "no_holder"
