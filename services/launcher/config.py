@@ -8,7 +8,7 @@ from common.config import require
 from common.model_source import DEFAULT_MODEL_ID
 from common.service_config import LogConfig, RequestLimits
 from services.scheduler.placement import CACHE_AWARE, PLACEMENTS
-from services.worker.config import KV_CACHES
+from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, KV_CACHES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +30,7 @@ class LaunchConfig(LogConfig, RequestLimits):
     backend: str = "auto"  # the worker's forward: native (ztgi's own, Llama), transformers, or auto
     kv_cache: str = "auto"  # the worker's KV layout: paged, padded, or auto (paged where it fits)
     quantize: str = "none"  # the worker's linear weights: none (float), int8 or int4 (CPU, native forward)
+    quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS  # with quantize: float weights above these rows
     block_size: int = 16  # paged KV cache: tokens per block
     float32_decode_attention: bool = False  # paged, CPU, bfloat16: the worker's decode attention in float32
     step_target_ms: int = 500  # paged: the step length warmup sizes the default token budget for
@@ -65,6 +66,8 @@ class LaunchConfig(LogConfig, RequestLimits):
         require(0 < self.port < 65536, f"--port {self.port} is not a TCP port")
         require(self.draft_model_id is None or self.speculate > 0,
                 "--draft-model-id needs --speculate N > 0: the number of tokens the draft proposes per step")
+        require(self.quantized_max_rows is None or self.quantized_max_rows >= 1,
+                "--quantized-max-rows must be at least 1, or none")
         require(self.kv_cache in KV_CACHES, f"--kv-cache {self.kv_cache!r} must be one of {', '.join(KV_CACHES)}")
         require(self.placement in PLACEMENTS,
                 f"--placement {self.placement!r} must be one of {', '.join(PLACEMENTS)}")
@@ -83,7 +86,7 @@ class LaunchConfig(LogConfig, RequestLimits):
         """ZTGI_* variables for every child: the settings more than one service reads."""
         shared_bases = (f.name for base in (LogConfig, RequestLimits) for f in dataclasses.fields(base))
         names = (*shared_bases, "model_id", "dtype", "device", "backend", "kv_cache", "quantize", "block_size",
-                 "step_target_ms", "speculate", "draft_model_id", "float32_decode_attention",
+                 "quantized_max_rows", "step_target_ms", "speculate", "draft_model_id", "float32_decode_attention",
                  "memory_budget_mb", "max_concurrent_requests",
                  "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",
                  "max_waiting_tokens",
@@ -91,5 +94,7 @@ class LaunchConfig(LogConfig, RequestLimits):
                  "no_worker_timeout_s", "drain_timeout_s", "health_window_s")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
                if getattr(self, name) is not None}
+        if self.quantized_max_rows is None:  # none is not the worker's default: say it
+            env["ZTGI_QUANTIZED_MAX_ROWS"] = "none"
         env["ZTGI_SCHEDULER_URL"] = scheduler_url
         return env

@@ -16,7 +16,7 @@ import torch
 
 from common.messages import CachedBatch, Generation, SeqUpdate, Timings, Warmup, WarmupResult, WorkerInfo, WorkerRequest
 from common.model_source import ModelNotFoundError, resolve_model
-from services.worker.config import KV_CACHES
+from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, KV_CACHES
 from services.worker.loading import LoadedModel, load
 from services.worker.paged import families
 
@@ -96,7 +96,8 @@ def resolve_kv_cache(kv_cache: str, backend: str, config: object) -> str:
 
 def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
                kv_cache: str = "auto", block_size: int = 16, quantize: str = "none", speculate: int = 0,
-               float32_decode_attention: bool = False, draft_model_id: str | None = None) -> Model:
+               float32_decode_attention: bool = False, draft_model_id: str | None = None,
+               quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS) -> Model:
     """The model behind the layout `kv_cache` picks; ValueError/TypeError/ModelNotFoundError.
     `speculate` (proposed tokens per step) needs the paged layout, and so does a draft model
     (`draft_model_id`, loaded like the model, on its device and dtype), which needs `speculate`."""
@@ -108,9 +109,10 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
                          "per step (4 is a common choice)")
     if draft_model_id is not None:
         _draft_source(draft_model_id)  # a missing draft fails before the model loads
-    loaded = load(model_id, dtype, device, quantize)
+    loaded = load(model_id, dtype, device, quantize, quantized_max_rows)
     if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
-        draft = _load_draft(draft_model_id, dtype, device, quantize) if draft_model_id is not None else None
+        draft = (_load_draft(draft_model_id, dtype, device, quantize, quantized_max_rows)
+                 if draft_model_id is not None else None)
         return PagedModel(loaded, block_size, speculate, float32_decode_attention, draft)
     if draft_model_id is not None:
         raise ValueError("--draft-model-id needs the paged KV cache, and this model runs on the padded one "
@@ -130,9 +132,10 @@ def _draft_source(draft_model_id: str) -> None:
         raise ModelNotFoundError(f"--draft-model-id {draft_model_id!r}: {exc}") from None
 
 
-def _load_draft(draft_model_id: str, dtype: str, device: str, quantize: str) -> LoadedModel:
+def _load_draft(draft_model_id: str, dtype: str, device: str, quantize: str,
+                quantized_max_rows: int | None) -> LoadedModel:
     try:
-        return load(draft_model_id, dtype, device, quantize)
+        return load(draft_model_id, dtype, device, quantize, quantized_max_rows)
     except ModelNotFoundError as exc:
         raise ModelNotFoundError(f"--draft-model-id {draft_model_id!r}: {exc}") from None
 

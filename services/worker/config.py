@@ -13,6 +13,7 @@ DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "native", "transformers")
 KV_CACHES = ("auto", "paged", "padded")
 QUANTIZE = ("none", "int8", "int4")
+DEFAULT_QUANTIZED_MAX_ROWS = 16  # where int4 and bfloat16 decode steps measured even (BENCHMARKS.md)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,10 @@ class WorkerConfig(PeerConfig):
     quantize: str = dataclasses.field(default="none", metadata={
         "help": "keep the linear weights quantized on CPU (native forward): int8 (one scale per row), int4 "
                 "(a scale and offset per 32 inputs; a GGUF's Q4_0/Q4_1 blocks as stored), or none"})
+    quantized_max_rows: int | None = dataclasses.field(default=DEFAULT_QUANTIZED_MAX_ROWS, metadata={
+        "help": "with --quantize: steps of up to this many rows (decode) multiply by the quantized weights, "
+                "larger ones (prefill chunks) by a packed float copy kept beside them, faster there; none: "
+                "the quantized weights for every step and no float copy (the memory quantizing saves)"})
     float32_decode_attention: bool = dataclasses.field(default=False, metadata={
         "help": "paged KV cache on CPU, bfloat16/float16 weights: decode attention in float32 (no faster than "
                 "the default's grouped bfloat16 decode attention, BENCHMARKS.md); its logits differ from the "
@@ -73,6 +78,8 @@ class WorkerConfig(PeerConfig):
         require(self.device in DEVICES, f"--device {self.device!r} must be one of {', '.join(DEVICES)}")
         require(self.backend in BACKENDS, f"--backend {self.backend!r} must be one of {', '.join(BACKENDS)}")
         require(self.quantize in QUANTIZE, f"--quantize {self.quantize!r} must be one of {', '.join(QUANTIZE)}")
+        require(self.quantized_max_rows is None or self.quantized_max_rows >= 1,
+                "--quantized-max-rows must be at least 1, or none")
         require(self.kv_cache in KV_CACHES, f"--kv-cache {self.kv_cache!r} must be one of {', '.join(KV_CACHES)}")
         require(self.block_size >= 1, "--block-size must be >= 1")
         require(0 <= self.speculate <= 16, f"--speculate must be between 0 and 16, got {self.speculate}")

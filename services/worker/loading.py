@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from common.messages import WorkerInfo
 from common.model_source import resolve_model
 from services.worker import dtype_choice
+from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS
 from services.worker.transformers_module import TransformersConfig, TransformersModule
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     quantize: str = "none"  # --quantize: the linear weights the native forwards build (quantized_linear)
     gguf_file: str | None = None  # the GGUF file the weights came from, if any (its 4-bit blocks, as stored)
+    quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS  # --quantized-max-rows (quantized_linear)
 
     @property
     def vocab_size(self) -> int:
@@ -80,7 +82,8 @@ class LoadedModel:
             max_position_embeddings=self.max_position_embeddings)
 
 
-def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str = "none") -> LoadedModel:
+def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str = "none",
+         quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS) -> LoadedModel:
     """Loads the weights; ValueError for a bad device, ModelNotFoundError for an unknown model."""
     source = resolve_model(model_id)
     resolved_device = resolve_device(device)
@@ -91,7 +94,7 @@ def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str
     module.eval()
     loaded = LoadedModel(source.name, resolved_device, resolved_dtype, module,
                          module.config.get_text_config(decoder=True), frozenset(_eos_token_ids(module)),
-                         quantize, source.gguf_file)
+                         quantize, source.gguf_file, quantized_max_rows)
     logger.info("loaded %s on %s (%s) in %.1f s; eos %s", loaded.name, resolved_device,
                 str(resolved_dtype)[6:], time.monotonic() - started, sorted(loaded.eos_token_ids))
     return loaded

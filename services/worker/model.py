@@ -58,7 +58,7 @@ class PaddedModel:
         with torch.inference_mode():
             module = loaded.module
             linear = quantized_linear.factory(loaded.quantize, module, loaded.gguf_file, self.backend, self.device,
-                                              self.dtype)
+                                              self.dtype, loaded.quantized_max_rows)
             self.forward_pass = (LlamaForward(module, linear) if self.backend == "native"
                                  else TransformersForward(module))
         logger.info("padded KV cache, %s forward, %s weights", self.backend, linear.describe())

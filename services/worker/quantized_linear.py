@@ -14,6 +14,14 @@ From a GGUF file whose blocks are Q4_0 or Q4_1, `--quantize int4` takes the 4-bi
 block scales as they are in the file (no de-quantizing and re-quantizing): the layer computes with
 the very weights the file holds. Any other tensor is quantized from its float weights.
 
+Quantized kernels pay where a step is memory-bound: a decode step of a few rows reads every weight
+once for little arithmetic, so fewer bytes per weight are time saved. A prefill chunk of hundreds
+of rows is compute-bound, and there torch's quantized kernels, which widen the weights tile by tile,
+are slower than oneDNN's packed float product. So by default a quantized layer keeps a packed float
+copy of its weights too and sends steps of more than `quantized_max_rows` rows to it (`RowDispatch`,
+as GPU int4 kernels hand large batches to a de-quantized GEMM); `--quantized-max-rows none` keeps
+only the quantized weights, for the memory they save.
+
 What each format costs and how far its greedy texts drift from float weights: BENCHMARKS.md
 ("Quantized weights").
 """
@@ -27,7 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from services.worker.config import QUANTIZE
+from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, QUANTIZE
 from services.worker.packed_linear import PackedLinear
 from services.worker.transformers_module import TransformersModule
 
@@ -154,6 +162,18 @@ def _round_up_to(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return rounded
 
 
+class RowDispatch:
+    """The quantized layer for calls of up to `max_rows` rows, the packed float layer above."""
+
+    def __init__(self, quantized: Int8Linear | Int4Linear, dense: PackedLinear, max_rows: int) -> None:
+        self.quantized, self.dense = quantized, dense
+        self.in_features, self.out_features = quantized.in_features, quantized.out_features
+        self.max_elements = max_rows * self.in_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.quantized if x.numel() <= self.max_elements else self.dense)(x)
+
+
 # -- GGUF blocks ------------------------------------------------------------------------------------
 
 GGUF_NAMES = {  # transformers' Llama parameter -> GGUF tensor (blk.N. prefix)
@@ -216,12 +236,15 @@ def _unpermute_order(num_rows: int, num_heads: int) -> torch.Tensor:
 # -- the forward's layer factory ---------------------------------------------------------------------
 
 def factory(quantize: str, model: TransformersModule, gguf_file: str | None, backend: str, device: torch.device,
-            dtype: torch.dtype) -> LinearFactory:
-    """The native forward's layer factory for `--quantize`; ValueError where it cannot run."""
+            dtype: torch.dtype, max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS) -> LinearFactory:
+    """The native forward's layer factory for `--quantize` (quantized weights for calls of up to
+    `max_rows` rows, a float copy above; None: quantized only); ValueError where it cannot run."""
     check_supported(quantize, device, dtype)
     if quantize != "none" and backend != "native":
         raise ValueError(f"--quantize {quantize} needs the native forward (--backend native), not {backend}")
-    return LinearFactory(quantize, model, gguf_file, dtype)
+    if max_rows is not None and max_rows < 1:
+        raise ValueError(f"--quantized-max-rows must be at least 1, or none, not {max_rows}")
+    return LinearFactory(quantize, model, gguf_file, dtype, max_rows)
 
 
 class LinearFactory:
@@ -230,13 +253,15 @@ class LinearFactory:
 
     `none`: the float weights packed for oneDNN (`PackedLinear`); `int8`: `Int8Linear` for the
     decoder blocks; `int4`: `Int4Linear` for them (from the GGUF's own 4-bit blocks where the file
-    has them). The lm_head stays `PackedLinear` in every mode.
+    has them); with `max_rows`, each quantized layer in a `RowDispatch` beside the packed float one.
+    The lm_head stays `PackedLinear` in every mode.
     """
 
     def __init__(self, quantize: str = "none", model: TransformersModule | None = None, gguf_file: str | None = None,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, max_rows: int | None = None) -> None:
         self.quantize = quantize
         self.dtype = dtype
+        self.max_rows = max_rows
         self.names: dict[int, str] = {}
         if model is not None:
             self.names = {p.data_ptr(): name for name, p in model.named_parameters(remove_duplicate=False)}
@@ -252,17 +277,21 @@ class LinearFactory:
         names = [self.names.get(w.data_ptr(), "") for w in weights]
         if self.quantize == "none" or any(name in HEAD_NAMES for name in names):
             return PackedLinear(weight)
+        kind, layer = self._quantized(weight, names)
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        return layer if self.max_rows is None else RowDispatch(layer, PackedLinear(weight), self.max_rows)
+
+    def _quantized(self, weight: torch.Tensor, names: list[str]) -> tuple[str, Int8Linear | Int4Linear]:
         if self.quantize == "int8":
-            return self._count("int8", Int8Linear.from_float(weight, self.dtype))
+            return "int8", Int8Linear.from_float(weight, self.dtype)
         parts = [self.gguf.group_codes(name) for name in names] if self.gguf is not None else []
         stored = [part for part in parts if part is not None]
         if parts and len(stored) == len(parts):
-            return self._count("int4 (GGUF blocks)", Int4Linear(GroupCodes.concat(stored), self.dtype))
-        return self._count("int4", Int4Linear.from_float(weight, self.dtype))
-
-    def _count(self, kind: str, layer):
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-        return layer
+            return "int4 (GGUF blocks)", Int4Linear(GroupCodes.concat(stored), self.dtype)
+        return "int4", Int4Linear.from_float(weight, self.dtype)
 
     def describe(self) -> str:
-        return ", ".join(f"{count} {kind}" for kind, count in self.counts.items()) or "float"
+        kinds = ", ".join(f"{count} {kind}" for kind, count in self.counts.items())
+        if not kinds:
+            return "float"
+        return kinds if self.max_rows is None else f"{kinds} (float above {self.max_rows} rows)"

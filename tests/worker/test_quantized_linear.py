@@ -19,6 +19,7 @@ from services.worker.quantized_linear import (
     Int4Linear,
     Int8Linear,
     LinearFactory,
+    RowDispatch,
     _unpermute_order,
     quantize_int4,
 )
@@ -211,8 +212,60 @@ def test_paged_model_builds_quantized_layers_and_matches_padded(tiny_model_dir):
     """The paged forward takes the same layers: int4 weights give the padded backend's tokens."""
     padded = load_model(tiny_model_dir, dtype="float32", device="cpu", kv_cache="padded", quantize="int4")
     paged = load_model(tiny_model_dir, dtype="float32", device="cpu", kv_cache="paged", quantize="int4")
-    assert isinstance(paged.forward_pass.weights.layers[0].gate_up, Int4Linear)
+    gate_up = paged.forward_pass.weights.layers[0].gate_up
+    assert isinstance(gate_up, RowDispatch) and isinstance(gate_up.quantized, Int4Linear)
     paged.allocate_pool(64)
     requests = [request(1, [1, 504, 3458, 282], 5, ignore_eos=True), request(2, [9690, 17], 3, ignore_eos=True)]
     assert (token_ids(run_to_end(paged, batch_of(paged, requests)))
             == token_ids(run_to_end(padded, batch_of(padded, requests))))
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_row_dispatch_sends_small_calls_to_the_quantized_weights_and_large_ones_to_float(tiny_reference, quantize):
+    """With `max_rows`, a call of up to that many rows is the quantized layer's product and a larger
+    one the packed float weights' (prefill chunks, where the quantized kernels are slower); without
+    it the layer is the quantized one alone, and no float copy is kept."""
+    mlp = tiny_reference.model.layers[0].mlp
+    weights = (mlp.gate_proj.weight, mlp.up_proj.weight)
+    layer = LinearFactory(quantize, tiny_reference, None, torch.float32, max_rows=4)(*weights)
+    assert isinstance(layer, RowDispatch)
+    bare = LinearFactory(quantize, tiny_reference, None, torch.float32)(*weights)
+    assert isinstance(bare, Int8Linear if quantize == "int8" else Int4Linear)
+    dense = PackedLinear(torch.cat(weights))
+    x = torch.randn(9, mlp.gate_proj.in_features, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(layer(x[:4]), bare(x[:4])) and not torch.equal(layer(x[:4]), dense(x[:4]))
+    assert torch.equal(layer(x[None, :4]), bare(x[None, :4]))
+    assert torch.equal(layer(x[:5]), dense(x[:5])) and torch.equal(layer(x), dense(x))
+
+
+def test_quantized_max_rows_reaches_the_layers_and_the_log_line(tiny_model_dir):
+    """The default keeps a float copy above 16 rows; `None` keeps the quantized weights alone; the
+    loaded model carries the choice to the forward's layers."""
+    from services.worker.quantized_linear import factory
+
+    default = load_model(tiny_model_dir, dtype="bfloat16", device="cpu", kv_cache="paged", quantize="int8")
+    qkv = default.forward_pass.weights.layers[0].qkv
+    assert isinstance(qkv, RowDispatch) and qkv.max_elements == 16 * qkv.in_features
+    alone = load_model(tiny_model_dir, dtype="bfloat16", device="cpu", kv_cache="paged", quantize="int8",
+                       quantized_max_rows=None)
+    assert isinstance(alone.forward_pass.weights.layers[0].qkv, Int8Linear)
+    linear = factory("int4", alone.loaded.module, None, "native", torch.device("cpu"), torch.bfloat16, 8)
+    linear(_weight(64, 64))
+    assert linear.describe() == "1 int4 (float above 8 rows)"
+    with pytest.raises(ValueError, match="--quantized-max-rows"):
+        factory("int4", alone.loaded.module, None, "native", torch.device("cpu"), torch.bfloat16, 0)
+
+
+def test_quantized_max_rows_flag_and_environment(monkeypatch):
+    """--quantized-max-rows N or none reaches the worker, and the launcher passes none on as none
+    (not as an absent variable, which would be the worker's default)."""
+    assert parse_config(WorkerConfig, []).quantized_max_rows == 16
+    assert parse_config(WorkerConfig, ["--quantized-max-rows", "none"]).quantized_max_rows is None
+    assert parse_config(WorkerConfig, ["--quantized-max-rows", "4"]).quantized_max_rows == 4
+    launch = parse_config(LaunchConfig, ["--quantized-max-rows", "none"])
+    assert launch.shared_environment("tcp://x:1")["ZTGI_QUANTIZED_MAX_ROWS"] == "none"
+    monkeypatch.setenv("ZTGI_QUANTIZED_MAX_ROWS", "none")
+    assert parse_config(WorkerConfig, []).quantized_max_rows is None
+    for config in (WorkerConfig, LaunchConfig):
+        with pytest.raises(ConfigError, match="--quantized-max-rows"):
+            parse_config(config, ["--quantized-max-rows", "0"])

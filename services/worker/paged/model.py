@@ -46,7 +46,7 @@ class PagedModel:
         self.kv_shape = KVShape(loaded.num_layers, block_size, loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
         with torch.inference_mode():
             linear = quantized_linear.factory(loaded.quantize, loaded.module, loaded.gguf_file, "native",
-                                              self.device, self.dtype)
+                                              self.device, self.dtype, loaded.quantized_max_rows)
             self.forward_pass = paged_forward(loaded.module, linear)
         self.forward_pass.attention.float32_decode = float32_decode_attention
         logger.info("paged KV cache, %s weights%s", linear.describe(),
@@ -68,7 +68,7 @@ class PagedModel:
             raise ValueError(f"the draft model {draft.name}: {families.unsupported_reason(draft.module.config)}")
         with torch.inference_mode():
             linear = quantized_linear.factory(draft.quantize, draft.module, draft.gguf_file, "native",
-                                              draft.device, draft.dtype)
+                                              draft.device, draft.dtype, draft.quantized_max_rows)
         logger.info("draft model %s (%d layers) proposes up to %d tokens a step", draft.name, draft.num_layers,
                     speculate)
         proposer = DraftProposer(draft, self.block_size, linear)
