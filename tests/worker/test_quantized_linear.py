@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from common.config import ConfigError, parse_config
 from services.launcher.config import LaunchConfig
 from services.worker.backend import load_model
-from services.worker.config import WorkerConfig
+from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, WorkerConfig
 from services.worker.packed_linear import PackedLinear
 from services.worker.quantized_linear import (
     GROUP_SIZE,
@@ -239,13 +239,13 @@ def test_row_dispatch_sends_small_calls_to_the_quantized_weights_and_large_ones_
 
 
 def test_quantized_max_rows_reaches_the_layers_and_the_log_line(tiny_model_dir):
-    """The default keeps a float copy above 16 rows; `None` keeps the quantized weights alone; the
+    """The default keeps a float copy above 8 rows; `None` keeps the quantized weights alone; the
     loaded model carries the choice to the forward's layers."""
     from services.worker.quantized_linear import factory
 
     default = load_model(tiny_model_dir, dtype="bfloat16", device="cpu", kv_cache="paged", quantize="int8")
     qkv = default.forward_pass.weights.layers[0].qkv
-    assert isinstance(qkv, RowDispatch) and qkv.max_elements == 16 * qkv.in_features
+    assert isinstance(qkv, RowDispatch) and qkv.max_elements == DEFAULT_QUANTIZED_MAX_ROWS * qkv.in_features
     alone = load_model(tiny_model_dir, dtype="bfloat16", device="cpu", kv_cache="paged", quantize="int8",
                        quantized_max_rows=None)
     assert isinstance(alone.forward_pass.weights.layers[0].qkv, Int8Linear)
@@ -259,7 +259,7 @@ def test_quantized_max_rows_reaches_the_layers_and_the_log_line(tiny_model_dir):
 def test_quantized_max_rows_flag_and_environment(monkeypatch):
     """--quantized-max-rows N or none reaches the worker, and the launcher passes none on as none
     (not as an absent variable, which would be the worker's default)."""
-    assert parse_config(WorkerConfig, []).quantized_max_rows == 16
+    assert parse_config(WorkerConfig, []).quantized_max_rows == DEFAULT_QUANTIZED_MAX_ROWS
     assert parse_config(WorkerConfig, ["--quantized-max-rows", "none"]).quantized_max_rows is None
     assert parse_config(WorkerConfig, ["--quantized-max-rows", "4"]).quantized_max_rows == 4
     launch = parse_config(LaunchConfig, ["--quantized-max-rows", "none"])
