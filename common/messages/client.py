@@ -55,6 +55,8 @@ class InfoReply:
     num_blocks: int = 0  # paged: KV blocks over all workers
     speculate: int = 0  # tokens proposed per request per step (TGI's `speculate`)
     placement: str = "cache-aware"  # how several paged workers share the queue (--placement)
+    quantize: str = "none"  # the workers' linear weights (--quantize)
+    draft_model_id: str | None = None  # the model proposing tokens (--draft-model-id), if any
 
 
 @record

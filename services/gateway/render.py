@@ -120,6 +120,8 @@ def info_json(info: InfoReply, config: GatewayConfig) -> dict[str, Any]:
         "num_blocks": info.num_blocks,
         "speculate": info.speculate,
         "placement": info.placement,
+        "quantize": info.quantize,
+        "draft_model_id": info.draft_model_id,
     }
 
 

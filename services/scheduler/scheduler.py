@@ -328,6 +328,8 @@ class Scheduler:
             num_blocks=sum(w.allocator.num_blocks for w in workers if w.allocator),
             speculate=config.speculate,
             placement=config.placement,
+            quantize=info.quantize if info else "none",
+            draft_model_id=info.draft_model_id if info else None,
         )
 
     def _prefill_token_budget(self, workers: list[WorkerSlot]) -> int:

@@ -24,11 +24,12 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_draft_dir: str):
     assert launched.stop() == 0, launched.log
 
 
-def test_greedy_with_a_draft_equals_transformers(server: LaunchedServer, smollm2) -> None:
+def test_greedy_with_a_draft_equals_transformers(server: LaunchedServer, smollm2, tiny_draft_dir: str) -> None:
     """Copy and edit prompts: ids and logprobs equal transformers' greedy generate (what speculation
     off gives, tests/e2e/test_greedy_parity.py), streamed one event per token, while the draft's
-    proposals are verified (the metrics count them); /info shows `speculate`."""
-    assert server.get("/info").json()["speculate"] == 4
+    proposals are verified (the metrics count them); /info shows `speculate` and the draft."""
+    info = server.get("/info").json()
+    assert (info["speculate"], info["draft_model_id"]) == (4, tiny_draft_dir)
     before = scrape(server)
     for prompt, ids, logprobs, text in greedy_reference(smollm2.path).values():
         body = generate(server, prompt, max_new_tokens=NUM_NEW_TOKENS)

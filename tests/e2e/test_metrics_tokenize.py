@@ -91,6 +91,7 @@ def test_paged_pool_in_info_and_metrics(server: LaunchedServer) -> None:
     block gauges add up (every block free again once the requests are done)."""
     info = server.get("/info").json()
     assert (info["kv_cache"], info["block_size"]) == ("paged", 16) and info["num_blocks"] > 0
+    assert (info["quantize"], info["draft_model_id"]) == ("none", None)
     server.post("/generate", {"inputs": "Hello", "parameters": {"max_new_tokens": 3}})
     metrics = scrape(server)
     total = sum(v for (name, _), v in metrics.items() if name == "ztgi_kv_blocks_total")

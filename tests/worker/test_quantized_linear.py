@@ -246,6 +246,7 @@ def test_quantized_max_rows_reaches_the_layers_and_the_log_line(tiny_model_dir):
     default = load_model(tiny_model_dir, dtype="bfloat16", device="cpu", kv_cache="paged", quantize="int8")
     qkv = default.forward_pass.weights.layers[0].qkv
     assert isinstance(qkv, RowDispatch) and qkv.max_elements == DEFAULT_QUANTIZED_MAX_ROWS * qkv.in_features
+    assert default.info().quantize == "int8"  # the worker tells the scheduler, /info shows it
     alone = load_model(tiny_model_dir, dtype="bfloat16", device="cpu", kv_cache="paged", quantize="int8",
                        quantized_max_rows=None)
     assert isinstance(alone.forward_pass.weights.layers[0].qkv, Int8Linear)

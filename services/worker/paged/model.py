@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -76,7 +77,10 @@ class PagedModel:
         return proposer
 
     def info(self) -> WorkerInfo:
-        return self.loaded.info()
+        info = self.loaded.info()
+        if self.draft_model is None:
+            return info
+        return dataclasses.replace(info, draft_model_id=self.draft_model.loaded.name)
 
     @property
     def kv_window(self) -> int | None:
