@@ -8,7 +8,11 @@ running request needs a block and none is free, the most recently admitted reque
 its blocks are freed and it goes back to the front of the queue, to resume from prompt + tokens
 so far (nothing lost, nothing streamed twice). With prefix caching a newcomer first takes the
 cached blocks of the longest prefix of its input (their tokens compared) and computes only the
-rest, at least its last token; the blocks it fills are indexed for the requests after it.
+rest, at least its last token; the blocks it fills are indexed for the requests after it. A
+newcomer whose uncached prefix a prompt being prefilled on the worker is computing right now
+(admitted in this step or an earlier one) waits for those blocks to be cached instead of computing
+them a second time, as SGLang's in-batch prefix check does: a burst of requests with one new system
+prompt computes it once.
 With speculation (`speculate`) a decoding request also gets, from free blocks only, room for the
 tokens its worker may propose; how many it computes is known from the worker's answer.
 With several workers a placement policy says which queued requests are this worker's
@@ -28,6 +32,8 @@ from services.scheduler.request import Request
 
 RESERVE_FRACTION = 0.01  # admissions leave this share of blocks free for running requests to grow
 MAX_SPECULATING_REQUESTS = 8  # the worker's back-off: above this many decodes it proposes nothing
+MIN_SHARED_BLOCKS = 2  # a newcomer waits for a prefilling prompt's blocks when it shares this many uncached
+MAX_WAITING_SKIPPED = 64  # admission stops after passing over this many such newcomers in one step
 
 
 @dataclasses.dataclass
@@ -111,12 +117,20 @@ class PagedBatcher:
         input at once, so its later chunks never wait for blocks."""
         reserve = int(allocator.num_blocks * RESERVE_FRACTION) if size else 0
         max_size = self.config.max_batch_size
+        prefilling = [r for r in step.running if r.seq_id in step.chunks]  # prompts being computed
+        num_waiting = 0
         queued = list(self.queue)  # a snapshot: admitted requests leave the queue as we go
         for request in (queued if placement is None else placement.candidates(queued)):
             if used >= budget or (max_size is not None and size >= max_size):
                 return
             prefill_len = request.input_length
-            hit = allocator.match(request.tokens) if self._may_reuse(request) else []
+            reuses = allocator.cache is not None and self._may_reuse(request)
+            hit = allocator.match(request.tokens) if reuses else []
+            if reuses and _computing_its_prefix(request, len(hit), prefilling, allocator.block_size):
+                num_waiting += 1
+                if num_waiting > MAX_WAITING_SKIPPED:  # a long queue behind one prefix: look no further
+                    return
+                continue
             needed = allocator.blocks_for(prefill_len) - len(hit)
             if needed > allocator.num_free - allocator.num_unheld(hit) - reserve:
                 return
@@ -129,6 +143,7 @@ class PagedBatcher:
                 request.num_cached_tokens = cache_len
             chunk = min(prefill_len - cache_len, budget - used)
             step.admitted.append(request)
+            prefilling.append(request)
             step.chunks[request.seq_id] = chunk
             step.num_new[request.seq_id] = chunk
             used += chunk
@@ -139,3 +154,15 @@ class PagedBatcher:
         """Prefill logprobs need every prompt token's logits: such a request computes them all."""
         assert request.encoded is not None
         return not (request.encoded.prefill_logprobs and not request.generated_ids)
+
+
+def _computing_its_prefix(request: Request, num_hit: int, prefilling: list[Request], block_size: int) -> bool:
+    """Whether one of the `prefilling` requests is computing the next MIN_SHARED_BLOCKS blocks of
+    `request`'s prompt after its `num_hit` cached ones: the same tokens from the start, in blocks
+    of its prompt not yet cached. Waiting a step or two for them then saves computing them twice."""
+    end = (num_hit + MIN_SHARED_BLOCKS) * block_size
+    tokens = request.tokens
+    if end > len(tokens) - 1:  # match() leaves the last token to compute: nothing to share
+        return False
+    return any(other.num_indexed_blocks * block_size < end <= other.prefill_len and other.tokens[:end] == tokens[:end]
+               for other in prefilling)

@@ -141,7 +141,8 @@ def _run(requests: list[tuple[int, int]], num_blocks: int, step_tokens: int = 64
                     scheduler.on_worker_frame(WORKER, encode(peer.run(command)))
         key = m.RequestKey(CLIENT, f"r{i}")
         scheduler.on_client_frame(CLIENT, encode(m.Generate(key.request_id, "x", None, m.GenerateParameters())))
-        scheduler.on_tokenized_frame(encode(m.Encoded(key, list(range(10, 10 + num_input)), m.SamplingParameters(),
+        prompt = list(range(10 + i, 10 + i + num_input))  # prompts part at their first token: no shared prefix
+        scheduler.on_tokenized_frame(encode(m.Encoded(key, prompt, m.SamplingParameters(),
                                                 max_new, False, 0, False, TOKENIZER)))
     scheduler.outbox.tokenize.clear()
     generated: dict[str, int] = {}

@@ -111,6 +111,39 @@ def test_shared_prefix_requests_reuse_the_cache_and_answer_as_without_it() -> No
     assert harness.scheduler.metrics.prefix_cache_hit_tokens.values[()] == 7 * 60
 
 
+def test_a_burst_sharing_an_uncached_prefix_computes_it_once() -> None:
+    """Eight requests with one new document arrive together, with room in the step for all: the
+    first computes the document and the others wait for its blocks instead of computing them
+    too (in-batch prefix check); a request sharing nothing is admitted at once beside the first.
+    Every answer equals the uncached one."""
+    prompts = {f"q{i}": DOCUMENT + [60 + i, 61 + i, 62] for i in range(8)}
+    other = [90 - (i % 40) for i in range(40)]
+    harness = Harness(step_tokens=1024)
+    for rid, prompt in prompts.items():
+        harness.submit(rid, prompt, 5)
+    harness.submit("other", other, 5)
+    harness.step()
+    assert set(harness.placements) == {"q0", "other"}
+    harness.run()
+    assert harness.tokens == {**{rid: expected_tokens(p, 5) for rid, p in prompts.items()},
+                              "other": expected_tokens(other, 5)}
+    full_blocks = (len(prompts["q1"]) - 1) // BLOCK_SIZE * BLOCK_SIZE
+    assert harness.cached["q0"] == harness.cached["other"] == 0
+    assert all(harness.cached[rid] == full_blocks for rid in list(prompts)[1:])
+
+
+def test_a_prefix_too_short_to_share_does_not_hold_a_request_back() -> None:
+    """Sharing less than two uncached blocks is not worth a wait: both are admitted together."""
+    shared = DOCUMENT[:BLOCK_SIZE + 2]  # one full block and a bit
+    harness = Harness(step_tokens=1024)
+    harness.submit("a", shared + [1, 2, 3], 3)
+    harness.submit("b", shared + [4, 5, 6], 3)
+    harness.step()
+    assert set(harness.placements) == {"a", "b"}
+    harness.run()
+    assert harness.tokens["b"] == expected_tokens(shared + [4, 5, 6], 3)
+
+
 def test_without_prefix_caching_every_prompt_is_computed() -> None:
     """--no-prefix-caching: the same requests, no cached tokens, the same answers."""
     prompts = {f"q{i}": DOCUMENT + [60 + i] for i in range(4)}
