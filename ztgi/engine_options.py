@@ -8,11 +8,12 @@ from typing import Any
 
 from services.scheduler.config import DEFAULT_MAX_BATCH_PREFILL_TOKENS, SchedulerConfig
 from services.worker.backend import Model
+from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS
 
 SCHEDULER_OPTIONS = ("max_input_tokens", "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
                      "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode")
 WORKER_OPTIONS = ("kv_cache", "block_size", "step_target_ms", "memory_budget_mb", "cpu_warmup_prefill_tokens",
-                  "speculate", "draft_model_id")
+                  "speculate", "draft_model_id", "quantize", "quantized_max_rows")
 VLLM_NAMES = {"max_model_len": "max_total_tokens", "max_num_seqs": "max_batch_size",
               "max_num_batched_tokens": "max_batch_prefill_tokens", "speculative_model": "draft_model_id",
               "num_speculative_tokens": "speculate"}
@@ -32,6 +33,8 @@ class EngineOptions:
     cpu_warmup_prefill_tokens: int | None = 512
     speculate: int = 0
     draft_model_id: str | None = None
+    quantize: str = "none"
+    quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> EngineOptions:

@@ -79,7 +79,8 @@ class LLM:
     `max_batch_total_tokens`, `max_batch_size`, `waiting_served_ratio`, `max_waiting_tokens`,
     `pipeline_decode`) and the worker's (`kv_cache` paged, padded or auto; `block_size`,
     `step_target_ms`, `memory_budget_mb`, `cpu_warmup_prefill_tokens`, `speculate`, `draft_model_id`
-    or `draft_model`: a small model with the same tokenizer that proposes the `speculate` tokens),
+    or `draft_model`: a small model with the same tokenizer that proposes the `speculate` tokens,
+    `quantize` none, int8 or int4 with `quantized_max_rows`: CPU weights kept quantized),
     or vLLM's for the same limit (`max_model_len`, `max_num_seqs`, `max_num_batched_tokens`,
     `num_speculative_tokens`, `speculative_model`).
     """
@@ -89,7 +90,8 @@ class LLM:
         options = EngineOptions.parse(engine_options)
         self.model = load_model(model, _checked("dtype", dtype, DTYPES), _checked("device", device, DEVICES), backend,
                                 _checked("kv_cache", options.kv_cache, KV_CACHES), options.block_size,
-                                speculate=options.speculate, draft_model_id=options.draft_model_id)
+                                quantize=options.quantize, speculate=options.speculate,
+                                draft_model_id=options.draft_model_id, quantized_max_rows=options.quantized_max_rows)
         config = options.scheduler_config(self.model)
         self.tokenizer = load_tokenizer(model)
         limits = ParameterLimits(max_best_of=1, max_stop_sequences=MAX_STOP_STRINGS, max_top_n_tokens=MAX_LOGPROBS,

@@ -188,6 +188,24 @@ def test_speculate_gives_the_same_replies(llm, smollm2) -> None:
     assert [o.outputs[0].token_ids for o in speculating.chat(conversations, GREEDY, use_tqdm=False)] == expected
 
 
+def test_quantized_weights_in_process(tiny_model_dir) -> None:
+    """`LLM(quantize="int4")`: the forward's blocks hold 4-bit weights (a float copy for steps of
+    more than `quantized_max_rows` rows) and greedy replies come back whole; `quantized_max_rows=None`
+    keeps the 4-bit weights alone and, with every step of this batch within 8 rows either way, gives
+    the same tokens."""
+    from services.worker.quantized_linear import Int4Linear, RowDispatch
+
+    quantized = LLM(tiny_model_dir, dtype="bfloat16", device="cpu", quantize="int4")
+    alone = LLM(tiny_model_dir, dtype="bfloat16", device="cpu", quantize="int4", quantized_max_rows=None)
+    assert isinstance(quantized.model.forward_pass.weights.layers[0].qkv, RowDispatch)
+    assert isinstance(alone.model.forward_pass.weights.layers[0].qkv, Int4Linear)
+    prompts = [[1, 504, 3458], [9690, 17]]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    replies = [o.outputs[0].token_ids for o in quantized.generate(prompts, params, use_tqdm=False)]
+    assert [len(r) for r in replies] == [6, 6]
+    assert [o.outputs[0].token_ids for o in alone.generate(prompts, params, use_tqdm=False)] == replies
+
+
 def test_a_draft_model_gives_the_same_replies(llm, smollm2, tiny_draft_dir) -> None:
     """`LLM(speculate=4, draft_model=...)` (here SmolLM2 its own draft, so most proposals are
     accepted): the same replies; a draft without `speculate` is refused before anything loads."""

@@ -98,3 +98,7 @@ def test_bad_engine_options(smollm2) -> None:
         LLM(smollm2.path, max_batch_sise=4)
     with pytest.raises(ValueError, match="float8"):
         LLM(smollm2.path, dtype="float8")
+    with pytest.raises(ValueError, match="--quantize 'int2'"):
+        LLM(smollm2.path, quantize="int2")
+    with pytest.raises(ValueError, match="--quantized-max-rows"):
+        LLM(smollm2.path, dtype="bfloat16", quantize="int4", quantized_max_rows=0)
