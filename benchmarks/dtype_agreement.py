@@ -39,6 +39,10 @@ class DtypeAgreementConfig(BaselineConfig):
     output_tokens: int | None = 32
     reference_dtype: str = dataclasses.field(default=REFERENCE_DTYPE, metadata={
         "help": "the dtype of the reference run (always float weights)"})
+    quantized_max_rows: int | None = dataclasses.field(default=None, metadata={
+        "help": "with --quantize: the server's float copy above this many rows; none (the default here): "
+                "the quantized weights in every step, their drift at its largest (this benchmark runs "
+                "every prompt in one batch, so a row limit would leave it float weights throughout)"})
 
 
 def generate(model: PaddedModel, input_ids: Sequence[list[int]],
@@ -81,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     input_ids, max_new_tokens = [r.input_ids for r in requests], [r.max_new_tokens for r in requests]
     reference = generate(load_padded_model(config.model_id, config.reference_dtype, config.device),
                          input_ids, max_new_tokens)
-    other = generate(load_padded_model(config.model_id, config.dtype, config.device, quantize=config.quantize),
+    other = generate(load_padded_model(config.model_id, config.dtype, config.device, quantize=config.quantize,
+                                       quantized_max_rows=config.quantized_max_rows),
                      input_ids, max_new_tokens)
     result = {"dtype": config.dtype, "quantize": config.quantize, "reference": config.reference_dtype,
               **agreement(reference, other)}

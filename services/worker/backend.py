@@ -141,11 +141,13 @@ def _load_draft(draft_model_id: str, dtype: str, device: str, quantize: str,
 
 
 def load_padded_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
-                      quantize: str = "none") -> PaddedModel:
+                      quantize: str = "none",
+                      quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS) -> PaddedModel:
     """`load_model` with `kv_cache="padded"`, typed as what it is (benchmarks use the layout's own calls)."""
     from services.worker.model import PaddedModel
 
-    model = load_model(model_id, dtype, device, backend, "padded", quantize=quantize)
+    model = load_model(model_id, dtype, device, backend, "padded", quantize=quantize,
+                       quantized_max_rows=quantized_max_rows)
     assert isinstance(model, PaddedModel)
     return model
 
