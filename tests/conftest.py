@@ -8,6 +8,12 @@ import shutil
 import pytest
 import torch
 
+# Servers the tests launch keep the intra-op thread count they start with: a float32 decode step's
+# matrix-vector products sum in another order on one thread than on two, and the bit-exact greedy
+# comparisons with transformers (which runs on every core) must not depend on what else the box is
+# doing at that moment. tests/worker/test_thread_governor.py tests the adaptive policy itself.
+os.environ.setdefault("ZTGI_CPU_ADAPTIVE_THREADS", "false")
+
 from common.model_source import ModelSource, resolve_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")

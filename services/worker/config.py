@@ -69,6 +69,10 @@ class WorkerConfig(PeerConfig):
     cpu_idle_class: bool = dataclasses.field(default=True, metadata={
         "help": "on CPU (Linux), run the worker in the kernel's SCHED_IDLE class: any other task that wakes "
                 "on its cores runs at once, where at nice 10 alone it could wait out the worker's time slice"})
+    cpu_adaptive_threads: bool = dataclasses.field(default=True, metadata={
+        "help": "on CPU: run one intra-op thread fewer (below --num-threads, or every core) per core that other "
+                "processes keep busy, checked every second, so a busy neighbour does not stall every kernel's "
+                "barrier; off: the thread count stays fixed"})
     watermark_gamma: float = 0.5  # green fraction of the vocabulary (TGI's WATERMARK_GAMMA)
     watermark_delta: float = 2.0  # logit bias of green tokens (TGI's WATERMARK_DELTA)
 

@@ -47,12 +47,13 @@ from common.messages import (
     WarmupResult,
 )
 from common.model_source import ModelNotFoundError
-from services.worker import grammar, watermark
+from services.worker import grammar, thread_governor, watermark
 from services.worker.backend import load_model
 from services.worker.config import WorkerConfig
 from services.worker.engine import Engine
 from services.worker.loading import resolve_device
 from services.worker.registration import Registration, Rejoin
+from services.worker.thread_governor import ThreadGovernor
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +69,9 @@ class EngineLoop:
     when no command waits, the engine's housekeeping (`Engine.release_freed_memory`)."""
 
     def __init__(self, engine: Engine, commands: zmq.Socket, control: zmq.Socket, hello: Hello,
-                 stop_requested: threading.Event) -> None:
+                 stop_requested: threading.Event, threads: ThreadGovernor | None = None) -> None:
         self.engine = engine
+        self.threads = threads
         self.commands = commands
         self.control = control
         self.hello = hello
@@ -89,6 +91,8 @@ class EngineLoop:
                 self.serve(self.commands.recv_multipart())
                 if not cast(int, self.commands.get(zmq.EVENTS)) & zmq.POLLIN:  # an int option
                     self.engine.release_freed_memory()
+                if self.threads is not None:
+                    self.threads.tick()
 
     def serve(self, frames: list[bytes]) -> None:
         """One frame from the scheduler: a command is run and answered; anything else is answered
@@ -174,7 +178,9 @@ class WorkerService:
         engine_control.connect(control_address)
         hello = Hello(role="worker", protocol_version=PROTOCOL_VERSION, boot_nonce=self.boot_nonce,
                       worker=engine.model.info())
-        self.engine_loop = EngineLoop(engine, self._dealer(self.identity), engine_control, hello, stop_requested)
+        threads = thread_governor.for_worker(engine.model.device, config.cpu_adaptive_threads)
+        self.engine_loop = EngineLoop(engine, self._dealer(self.identity), engine_control, hello, stop_requested,
+                                      threads)
         self.io_thread = threading.Thread(target=self._run_io, name="io", daemon=True)
 
     def _dealer(self, identity: bytes, watched: bool = False) -> zmq.Socket:
