@@ -130,6 +130,8 @@ class EngineLoop:
         raise AssertionError(f"not a command: {command!r}")
 
     def _warmup(self, command: Warmup) -> object:
+        if self.threads is not None:  # warmup's timed step sets the step budget: time it with the right threads
+            self.threads.settle()
         answer = self.engine.warmup(command)
         if isinstance(answer, WarmupResult):
             freeze_startup_objects()  # the model and everything alive now stay out of later collections

@@ -27,6 +27,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 INTERVAL_S = 1.0  # how often the machine's load is looked at
+SETTLE_S = 0.25  # the look before warmup, whose measured step sets the server's step budget
 FEWER_ABOVE = 0.5  # a thread fewer for each core's worth of others' load beyond this much
 MORE_BELOW = 0.25  # ...and back only when the others' load is this far below the next core
 
@@ -85,8 +86,17 @@ class ThreadGovernor:
         """The new thread count when it changed, else None (most calls return after a clock read)."""
         if self.last is None or time.monotonic() - self.last.wall_s < self.interval_s:
             return None
+        return self._update()
+
+    def settle(self, window_s: float = SETTLE_S) -> int | None:
+        """A look over the next `window_s` now, before warmup times a step with these threads."""
+        self.last = self.read()
+        time.sleep(window_s)
+        return self._update()
+
+    def _update(self) -> int | None:
         now = self.read()
-        if now is None:
+        if now is None or self.last is None:
             return None
         others = others_cores(self.last, now)
         self.last = now

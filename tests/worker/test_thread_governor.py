@@ -64,6 +64,8 @@ def test_a_busy_process_shows_as_others_load_in_real_readings() -> None:
         assert before is not None and after is not None
         assert others_cores(before, after) > 0.6
         assert governor.tick() == 1 and set_to == [1]
+        settled: list[int] = []
+        assert ThreadGovernor(2, set_threads=settled.append).settle() == 1 and settled == [1]
     finally:
         spinner.kill()
         spinner.wait()
