@@ -7,10 +7,11 @@ process beside the worker on 2 cores made a 64-token prefill step 6.5x slower wi
 (201 ms) and a decode step's p90 118 ms; with one thread they were 49 ms and 24 ms, close to the
 quiet machine's (BENCHMARKS.md, "A shared machine: intra-op threads that follow the free cores").
 So between commands the worker looks, once per interval, at how much CPU the rest of the machine
-used (all cores' busy time from /proc/stat, steal included, less this process's own) and runs one
-thread fewer per core's worth of it; the pipeline's own light services use a fraction of a core
-and leave it alone. Going back up waits until the others are clearly quieter (hysteresis), so a
-load near the threshold does not flip the count every interval.
+used on the cores it may run on (their busy time from /proc/stat, steal included, less this
+process's own), and runs one thread fewer per core's worth of it beyond the cores its threads
+leave to others (a second worker on the same machine has its own share); the pipeline's own light
+services use a fraction of a core and leave it alone. Going back up waits until the others are
+clearly quieter (hysteresis), so a load near the threshold does not flip the count every interval.
 """
 
 from __future__ import annotations
@@ -41,18 +42,29 @@ class CpuTimes:
     wall_s: float
 
 
-def read_cpu_times(stat_path: str = "/proc/stat") -> CpuTimes | None:
-    """Now's `CpuTimes`, or None where the kernel does not publish /proc/stat (not Linux)."""
+def usable_cpus() -> set[int]:
+    """The CPUs this process may run on (a container's cpuset, taskset), else all of them."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
+def read_cpu_times(cpus: set[int] | None = None, stat_path: str = "/proc/stat") -> CpuTimes | None:
+    """Now's `CpuTimes` over `cpus` (default: the usable ones), or None where the kernel does not
+    publish /proc/stat (not Linux)."""
+    cpus = usable_cpus() if cpus is None else cpus
     try:
         with open(stat_path, encoding="ascii") as stat:
-            fields = stat.readline().split()
+            lines = [line.split() for line in stat if line.startswith("cpu") and line[3:4].isdigit()]
     except OSError:
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[1:9])
-    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    busy_ticks = 0
+    for fields in lines:
+        if int(fields[0][3:]) in cpus:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[1:9])
+            busy_ticks += user + nice + system + irq + softirq + steal
     own = os.times()
-    return CpuTimes((user + nice + system + irq + softirq + steal) / ticks_per_s, own.user + own.system,
-                    time.monotonic())
+    return CpuTimes(busy_ticks / os.sysconf("SC_CLK_TCK"), own.user + own.system, time.monotonic())
 
 
 def others_cores(before: CpuTimes, after: CpuTimes) -> float:
@@ -61,12 +73,14 @@ def others_cores(before: CpuTimes, after: CpuTimes) -> float:
     return max(0.0, others_s) / max(after.wall_s - before.wall_s, 1e-9)
 
 
-def threads_for(others_cores: float, max_threads: int, current: int) -> int:
-    """The thread count for the others' load in cores, given the count now (hysteresis)."""
-    fewer = min(max_threads, max(1, max_threads - math.ceil(others_cores - FEWER_ABOVE)))
+def threads_for(others_cores: float, max_threads: int, current: int, num_cores: int | None = None) -> int:
+    """The thread count for the others' load in cores, given the count now (hysteresis); of
+    `num_cores` (default: `max_threads`), those beyond the worker's threads are the others' own."""
+    excess = others_cores - ((num_cores or max_threads) - max_threads)
+    fewer = min(max_threads, max(1, max_threads - math.ceil(excess - FEWER_ABOVE)))
     if fewer < current:
         return fewer
-    more = min(max_threads, max(1, max_threads - math.ceil(others_cores - MORE_BELOW)))
+    more = min(max_threads, max(1, max_threads - math.ceil(excess - MORE_BELOW)))
     return more if more > current else current
 
 
@@ -74,8 +88,10 @@ class ThreadGovernor:
     """`tick()` between commands; it changes torch's intra-op threads when the machine's load says so."""
 
     def __init__(self, max_threads: int, read: Callable[[], CpuTimes | None] = read_cpu_times,
-                 set_threads: Callable[[int], None] = torch.set_num_threads, interval_s: float = INTERVAL_S) -> None:
+                 set_threads: Callable[[int], None] = torch.set_num_threads, interval_s: float = INTERVAL_S,
+                 num_cores: int | None = None) -> None:
         self.max_threads = self.threads = max_threads
+        self.num_cores = max(num_cores or len(usable_cpus()), max_threads)
         self.read = read
         self.set_threads = set_threads
         self.interval_s = interval_s
@@ -100,7 +116,7 @@ class ThreadGovernor:
             return None
         others = others_cores(self.last, now)
         self.last = now
-        threads = threads_for(others, self.max_threads, self.threads)
+        threads = threads_for(others, self.max_threads, self.threads, self.num_cores)
         if threads == self.threads:
             return None
         logger.info("other processes kept %.2f of %d cores busy: %d intra-op thread(s), was %d",

@@ -29,6 +29,32 @@ def test_threads_follow_the_others_load_with_hysteresis(others, max_threads, cur
     assert threads_for(others, max_threads, current) == expected
 
 
+def test_cores_beyond_the_workers_threads_are_the_others_own() -> None:
+    """Two workers of two threads on four cores: each sees the other's two cores busy and keeps
+    both threads; a neighbour busy on a third core more costs each a thread."""
+    assert threads_for(2.0, 2, 2, num_cores=4) == 2
+    assert threads_for(3.0, 2, 2, num_cores=4) == 1
+    assert threads_for(2.2, 2, 1, num_cores=4) == 2
+
+
+def test_cpu_times_cover_the_usable_cpus_only(tmp_path) -> None:
+    """Busy ticks (user, nice, system, irq, softirq, steal) summed over the CPUs given, from the
+    per-CPU lines; the all-CPUs line is not counted twice."""
+    import os
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  9 9 9 9 9 9 9 9 0 0\n"
+                    "cpu0 100 1 10 500 7 2 3 4 0 0\n"
+                    "cpu1 200 0 20 400 0 0 0 0 0 0\n"
+                    "intr 1 2 3\n")
+    hz = os.sysconf("SC_CLK_TCK")
+    only0 = read_cpu_times({0}, str(stat))
+    both = read_cpu_times({0, 1}, str(stat))
+    assert only0 is not None and both is not None
+    assert only0.busy_s == pytest.approx(120 / hz) and both.busy_s == pytest.approx(340 / hz)
+    assert read_cpu_times({0}, str(tmp_path / "missing")) is None
+
+
 def test_the_governor_looks_once_per_interval_and_sets_what_changed() -> None:
     """Readings a second apart: quiet, a neighbour busy on a core, quiet again. The count follows,
     set once per change, and a tick within the interval reads nothing."""
@@ -58,14 +84,14 @@ def test_a_busy_process_shows_as_others_load_in_real_readings() -> None:
         time.sleep(0.3)
         before = read_cpu_times()
         set_to: list[int] = []
-        governor = ThreadGovernor(2, set_threads=set_to.append, interval_s=0.8)
+        governor = ThreadGovernor(2, set_threads=set_to.append, interval_s=0.8, num_cores=2)  # as on 2 cores
         time.sleep(1.0)
         after = read_cpu_times()
         assert before is not None and after is not None
         assert others_cores(before, after) > 0.6
         assert governor.tick() == 1 and set_to == [1]
         settled: list[int] = []
-        assert ThreadGovernor(2, set_threads=settled.append).settle() == 1 and settled == [1]
+        assert ThreadGovernor(2, set_threads=settled.append, num_cores=2).settle() == 1 and settled == [1]
     finally:
         spinner.kill()
         spinner.wait()
