@@ -66,7 +66,8 @@ RESET = b"reset"  # IO thread -> engine loop: the scheduler restarted, or droppe
 
 class EngineLoop:
     """The main thread: each command from the command socket run and answered in order, then,
-    when no command waits, the engine's housekeeping (`Engine.release_freed_memory`)."""
+    when no command waits, the engine's housekeeping (`Engine.release_freed_memory`), and on CPU
+    a look at the machine's load for the intra-op thread count (`ThreadGovernor.tick`)."""
 
     def __init__(self, engine: Engine, commands: zmq.Socket, control: zmq.Socket, hello: Hello,
                  stop_requested: threading.Event, threads: ThreadGovernor | None = None) -> None:
