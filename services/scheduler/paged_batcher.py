@@ -125,8 +125,9 @@ class PagedBatcher:
                 return
             prefill_len = request.input_length
             reuses = allocator.cache is not None and self._may_reuse(request)
-            hit = allocator.match(request.tokens) if reuses else []
-            if reuses and _computing_its_prefix(request, len(hit), prefilling, allocator.block_size):
+            tokens = request.tokens
+            hit = allocator.match(tokens) if reuses else []
+            if reuses and _computing_its_prefix(tokens, len(hit), prefilling, allocator.block_size):
                 num_waiting += 1
                 if num_waiting > MAX_WAITING_SKIPPED:  # a long queue behind one prefix: look no further
                     return
@@ -156,12 +157,11 @@ class PagedBatcher:
         return not (request.encoded.prefill_logprobs and not request.generated_ids)
 
 
-def _computing_its_prefix(request: Request, num_hit: int, prefilling: list[Request], block_size: int) -> bool:
+def _computing_its_prefix(tokens: list[int], num_hit: int, prefilling: list[Request], block_size: int) -> bool:
     """Whether one of the `prefilling` requests is computing the next MIN_SHARED_BLOCKS blocks of
-    `request`'s prompt after its `num_hit` cached ones: the same tokens from the start, in blocks
+    a newcomer's `tokens` after its `num_hit` cached ones: the same tokens from the start, in blocks
     of its prompt not yet cached. Waiting a step or two for them then saves computing them twice."""
     end = (num_hit + MIN_SHARED_BLOCKS) * block_size
-    tokens = request.tokens
     if end > len(tokens) - 1:  # match() leaves the last token to compute: nothing to share
         return False
     return any(other.num_indexed_blocks * block_size < end <= other.prefill_len and other.tokens[:end] == tokens[:end]

@@ -77,11 +77,12 @@ def threads_for(others_cores: float, max_threads: int, current: int, num_cores: 
     """The thread count for the others' load in cores, given the count now (hysteresis); of
     `num_cores` (default: `max_threads`), those beyond the worker's threads are the others' own."""
     excess = others_cores - ((num_cores or max_threads) - max_threads)
-    fewer = min(max_threads, max(1, max_threads - math.ceil(excess - FEWER_ABOVE)))
-    if fewer < current:
-        return fewer
-    more = min(max_threads, max(1, max_threads - math.ceil(excess - MORE_BELOW)))
-    return more if more > current else current
+
+    def wanted(slack: float) -> int:
+        return min(max_threads, max(1, max_threads - math.ceil(excess - slack)))
+
+    fewer, more = wanted(FEWER_ABOVE), wanted(MORE_BELOW)
+    return fewer if fewer < current else max(more, current)
 
 
 class ThreadGovernor:
