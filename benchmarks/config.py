@@ -28,7 +28,8 @@ class BenchConfig:
     url: str = dataclasses.field(default="http://127.0.0.1:8080", metadata=_help("server base URL"))
     model: str = dataclasses.field(default="tgi", metadata=_help("`model` sent to the OpenAI APIs"))
     dataset: str | None = dataclasses.field(default=None, metadata=_help(
-        "JSONL file of {prompt, max_new_tokens}, or a built-in set: `mixed`, `shared-prefix` (32 questions on one "
+        "JSONL file of {prompt, max_new_tokens}, or a built-in set: `mixed`, `prefill-heavy` (64 documents of 20-740 "
+        "tokens, each with a short-answer instruction), `shared-prefix` (32 questions on one "
         "~1,500-token document), `multi-turn` (16 chats x 6 turns); unset: generated prompts"))
     input_tokens: int | None = dataclasses.field(default=None, metadata=_help(
         "generated prompt length in tokens (default 128)"))

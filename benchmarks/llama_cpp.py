@@ -6,8 +6,9 @@
 
 `llama-server` serves the GGUF file ztgi loads (the embedded model's unless `--gguf`), with the
 flags its documentation gives for a CPU server of `--num-threads` cores: `-np 16 -cb -t 2`, a
-context of 16 slots x `--slot-context` tokens, and prompt caching off (`--llama-cache-prompt` turns it
-back on; ztgi has no prefix cache yet, and repeated prompts would otherwise be free for one side).
+context of 16 slots x `--slot-context` tokens. Both servers' prompt caches are off (ztgi's prefix
+caching, llama-server's `cache_prompt`): every repeat sends the same prompts, and a cache would make
+the second and later ones nearly free to prefill (`--prompt-cache` turns both on).
 llama-server runs at the priority ztgi's CPU worker takes (nice 10, Linux's SCHED_IDLE class), so
 that on a machine shared with other work neither server is starved more than the other
 (`--no-llama-as-ztgi-worker`: normal priority).
@@ -80,7 +81,8 @@ class LlamaCppConfig:
         "ztgi systems, comma-separated: ztgi-<auto|float32|bfloat16>[-<int8|int4>]; llama-server always runs"))
     model_id: str = dataclasses.field(default=DEFAULT_MODEL_ID, metadata=_help(
         "ztgi's model: `smollm2` (embedded) or a .gguf file; llama-server gets the same GGUF"))
-    dataset: str = dataclasses.field(default="mixed", metadata=_help("JSONL of {prompt, max_new_tokens}, or mixed"))
+    dataset: str = dataclasses.field(default="mixed", metadata=_help(
+        "JSONL of {prompt, max_new_tokens}, or a built-in set: mixed, prefill-heavy"))
     output_tokens: int | None = dataclasses.field(default=None, metadata=_help("override every max_new_tokens"))
     max_requests: int | None = dataclasses.field(default=None, metadata=_help("only the first N prompts"))
     ignore_eos: bool = dataclasses.field(default=False, metadata=_help(
@@ -94,7 +96,9 @@ class LlamaCppConfig:
     num_slots: int = dataclasses.field(default=16, metadata=_help("llama-server -np"))
     num_threads: int = dataclasses.field(default=2, metadata=_help("llama-server -t (the machine's cores)"))
     slot_context: int = dataclasses.field(default=2048, metadata=_help("llama-server context per slot"))
-    llama_cache_prompt: bool = dataclasses.field(default=False, metadata=_help("llama-server's prompt cache"))
+    prompt_cache: bool = dataclasses.field(default=False, metadata=_help(
+        "both servers' prompt caches (ztgi's prefix caching, llama-server's cache_prompt); off: each repeat "
+        "computes its prompts again"))
     llama_server_args: str = dataclasses.field(default="", metadata=_help("more llama-server flags, one string"))
     llama_as_ztgi_worker: bool = dataclasses.field(default=True, metadata=_help(
         "run llama-server at the priority ztgi's CPU worker takes (nice 10, SCHED_IDLE), so other work on "
@@ -143,6 +147,12 @@ def ztgi_flags(system: str) -> list[str]:
     if not valid:
         raise ConfigError(f"system {system!r} must be ztgi-<{'|'.join(DTYPES)}>[-<{'|'.join(QUANTIZE[1:])}>]")
     return ["--dtype", parts[1], "--quantize", parts[2] if len(parts) == 3 else "none"]
+
+
+def launch_flags(config: LlamaCppConfig, system: str) -> list[str]:
+    """`ztgi launch`'s flags for `system`: its dtype and quantization, the prompt cache as asked."""
+    return ["--model-id", config.model_id, *ztgi_flags(system), "--log-level", config.log_level,
+            "--prefix-caching" if config.prompt_cache else "--no-prefix-caching"]
 
 
 @dataclasses.dataclass
@@ -318,10 +328,10 @@ def run_comparison(config: LlamaCppConfig, prompts: list[Prompt]) -> tuple[list[
     with contextlib.ExitStack() as stack:
         urls: dict[str, str] = {}
         for system in config.ztgi_systems:
-            flags = ["--model-id", config.model_id, *ztgi_flags(system), "--log-level", config.log_level]
-            urls[system] = stack.enter_context(LaunchedServer(flags, config.startup_timeout_s)).url
+            server = LaunchedServer(launch_flags(config, system), config.startup_timeout_s)
+            urls[system] = stack.enter_context(server).url
         llama = LlamaServer(config.llama_server, server_flags(
-            config.gguf(), config.num_slots, config.num_threads, config.slot_context, config.llama_cache_prompt,
+            config.gguf(), config.num_slots, config.num_threads, config.slot_context, config.prompt_cache,
             shlex.split(config.llama_server_args)), config.startup_timeout_s,
             nice=10 if config.llama_as_ztgi_worker else 0, idle_class=config.llama_as_ztgi_worker)
         urls[LLAMA] = stack.enter_context(llama).url

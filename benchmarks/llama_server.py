@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 def server_flags(gguf: str, num_slots: int, num_threads: int, slot_context: int, cache_prompt: bool,
                  extra: Sequence[str] = ()) -> list[str]:
-    """`-m GGUF -np N -cb -t T -c N*CTX`, prompt caching off unless asked for (ztgi has none yet)."""
+    """`-m GGUF -np N -cb -t T -c N*CTX`, prompt caching off unless asked for."""
     flags = ["-m", gguf, "-np", str(num_slots), "-cb", "-t", str(num_threads), "-c", str(num_slots * slot_context)]
     if not cache_prompt:
         flags.append("--no-cache-prompt")

@@ -10,8 +10,10 @@ import random
 from benchmarks.config import BenchConfig
 
 MIXED_DATASET_PATH = os.path.join(os.path.dirname(__file__), "data", "mixed.jsonl")
-BUILT_IN_DATASETS = {  # name -> file in benchmarks/data (prefix_datasets.py writes the last two)
+# name -> file in benchmarks/data; prefill_heavy_dataset.py and prefix_datasets.py write all but `mixed`
+BUILT_IN_DATASETS = {
     "mixed": MIXED_DATASET_PATH,
+    "prefill-heavy": os.path.join(os.path.dirname(__file__), "data", "prefill_heavy.jsonl"),
     "shared-prefix": os.path.join(os.path.dirname(__file__), "data", "shared_prefix.jsonl"),
     "multi-turn": os.path.join(os.path.dirname(__file__), "data", "multi_turn.jsonl"),
 }

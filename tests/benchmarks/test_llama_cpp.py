@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from benchmarks.launched_server import ServerStartError
-from benchmarks.llama_cpp import LLAMA, LlamaCppConfig, Runner, SystemRun, Table, ztgi_flags
+from benchmarks.llama_cpp import LLAMA, LlamaCppConfig, Runner, SystemRun, Table, launch_flags, ztgi_flags
 from benchmarks.llama_server import LlamaServer, server_flags
 from benchmarks.load_generator import RunResult
 from benchmarks.metrics import RequestRecord, summarize
@@ -40,6 +40,16 @@ def test_llama_server_flags_are_the_recommended_cpu_ones():
     flags = server_flags("m.gguf", 16, 2, 2048, cache_prompt=False, extra=["--mlock"])
     assert flags == ["-m", "m.gguf", "-np", "16", "-cb", "-t", "2", "-c", "32768", "--no-cache-prompt", "--mlock"]
     assert "--no-cache-prompt" not in server_flags("m.gguf", 16, 2, 2048, cache_prompt=True)
+
+
+def test_both_prompt_caches_are_off_unless_asked_for():
+    """The repeats send the same prompts: a prompt cache on one side would make its later repeats
+    nearly free to prefill."""
+    config = parse_config(LlamaCppConfig, ["--llama-server", "/bin/true"])
+    assert launch_flags(config, "ztgi-auto-int4")[-1] == "--no-prefix-caching"
+    assert "--dtype" in launch_flags(config, "ztgi-auto-int4") and "int4" in launch_flags(config, "ztgi-auto-int4")
+    cached = parse_config(LlamaCppConfig, ["--llama-server", "/bin/true", "--prompt-cache"])
+    assert launch_flags(cached, "ztgi-auto")[-1] == "--prefix-caching"
 
 
 def test_runs_take_turns_and_the_single_stream_ignores_eos():
