@@ -15,10 +15,11 @@ A paged worker (its warmup announced a block pool) is batched step by step inste
 within one token budget, on blocks this scheduler allocates; the Prefill of newcomers names the
 cached batch, so both run in one forward, and the worker keeps one batch.
 
-Pipelined decode (`--pipeline-decode`, off by default): while a worker runs a Decode and nothing
-else is due (no request of the batch has left, the queue is not to be admitted), the batch's
-next Decode is sent behind it, so the worker starts the next step the moment it answers instead
-of waiting a round trip through the scheduler. A request that finishes in a step then runs one
+Pipelined decode (`--pipeline-decode`, off by default; padded workers, whose steps need no new
+blocks from here): while a worker runs a Decode and nothing else is due (no request of the batch
+has left, the queue is not to be admitted), the batch's next Decode is sent behind it, so the
+worker starts the next step the moment it answers instead of waiting a round trip through the
+scheduler. A request that finishes in a step then runs one
 more step before its Filter (the worker leaves stopped requests out of its answers), and a
 Decode of a batch that ended meanwhile gets an empty answer from the worker.
 """

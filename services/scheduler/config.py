@@ -34,7 +34,8 @@ class SchedulerConfig(ServiceConfig):
     pipeline_decode: bool = dataclasses.field(default=False, metadata={
         "help": "send a running batch's next Decode before the previous step's answer is back, so the "
                 "worker steps back to back (off: one command at a time, as TGI; on a CPU worker the "
-                "light services' work then slows the step instead, BENCHMARKS.md)"})
+                "light services' work then slows the step instead, BENCHMARKS.md); padded workers only: a "
+                "paged worker's next step needs the blocks the scheduler grants after each answer"})
     prefix_caching: bool = dataclasses.field(default=True, metadata={
         "help": "paged workers keep full KV blocks indexed by their tokens after use: a request reuses "
                 "the longest cached prefix of its input (shared system prompts, earlier chat turns) and "
