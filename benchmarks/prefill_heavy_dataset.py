@@ -4,9 +4,9 @@ The traffic issue 23 describes: prompts of 20 to 740 tokens and short answers th
 that prompt tokens outweigh output tokens about five to one (the mixed set is the other way round:
 short chat questions, long answers). Each of the 64 requests is a document of its own followed by
 one instruction that asks for a short answer (a title, a sentence, a few words). The document
-comes first, so no two prompts share more than a token or two: a prefix cache saves nothing here
-and the comparison with a server without one stays even. The prompt lengths are spread evenly
-over 20-740 tokens (SmolLM2's tokenizer), in a shuffled order.
+comes first, so no two prompts share more than the chat turn's three opening tokens: within a
+pass a prefix cache saves nothing. The prompt lengths are spread evenly over 20-740 tokens
+(SmolLM2's tokenizer), in a shuffled order.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import json
 import os
 import random
 
-from benchmarks.prefix_datasets import DATA_DIR, _sentences
+from benchmarks.prefix_datasets import DATA_DIR, sentences
 
 NUM_REQUESTS = 64
 MIN_PROMPT_TOKENS = 20
 MAX_PROMPT_TOKENS = 740
-# (instruction, max_new_tokens): answers a reader would expect to be short.
+# (instruction, max_new_tokens): short answers; the caps also bound SmolLM2's rambling on the
+# meaningless documents, which brings the output to about a sixth of the prompt tokens.
 INSTRUCTIONS = (
     ("Give the text above a title of at most eight words.", 64),
     ("In one sentence, what is the text above about?", 192),
@@ -31,7 +32,7 @@ INSTRUCTIONS = (
     ("Which season does the text above make you think of, and why? Answer in one sentence.", 192),
     ("What is the first word of the text above?", 64),
 )
-# A `_sentences` document of N words is about N * 13 / 12 tokens (one per word, one per full stop).
+# A `sentences` document of N words is about N * 13 / 12 tokens (one per word, one per full stop).
 TOKENS_PER_WORD = 13 / 12
 INSTRUCTION_TOKENS = 24
 # A user's turn in SmolLM2's chat format, without the default system prompt that every request
@@ -52,7 +53,7 @@ def prefill_heavy(rng: random.Random, num_requests: int = NUM_REQUESTS) -> list[
     for number, length in enumerate(prompt_lengths(rng, num_requests)):
         instruction, max_new_tokens = INSTRUCTIONS[number % len(INSTRUCTIONS)]
         num_words = max(1, round((length - INSTRUCTION_TOKENS) / TOKENS_PER_WORD))
-        prompt = CHAT_TURN.format(message=f"{_sentences(rng, num_words)}\n\n{instruction}")
+        prompt = CHAT_TURN.format(message=f"{sentences(rng, num_words)}\n\n{instruction}")
         lines.append({"prompt": prompt, "max_new_tokens": max_new_tokens})
     return lines
 

@@ -22,7 +22,8 @@ DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 DOCUMENT_WORDS = 1450
 
 
-def _sentences(rng: random.Random, num_words: int) -> str:
+def sentences(rng: random.Random, num_words: int) -> str:
+    """`num_words` random one-token words as sentences of 12 (a document with no meaning to copy)."""
     words = rng.choices(WORDS, k=num_words)
     return " ".join(" ".join(words[i:i + 12]).capitalize() + "." for i in range(0, num_words, 12))
 
@@ -33,26 +34,26 @@ def _question(rng: random.Random, number: int, document: str) -> str:
 
 
 def shared_prefix(rng: random.Random) -> list[dict]:
-    document = _sentences(rng, DOCUMENT_WORDS)
+    document = sentences(rng, DOCUMENT_WORDS)
     return [{"prompt": _question(rng, i + 1, document), "max_new_tokens": 32} for i in range(32)]
 
 
 def two_documents(rng: random.Random, num_requests: int, pattern: str, document_words: int) -> list[tuple[int, str]]:
     """Questions on two documents, each request its own: (document 0 or 1, prompt). `pattern`
     interleaves them: `alternate` (A B A B ...) or `random` (each request's document drawn)."""
-    documents = [_sentences(rng, document_words) for _ in range(2)]
+    documents = [sentences(rng, document_words) for _ in range(2)]
     picks = [i % 2 if pattern == "alternate" else rng.randrange(2) for i in range(num_requests)]
     return [(d, _question(rng, i + 1, documents[d])) for i, d in enumerate(picks)]
 
 
 def multi_turn(rng: random.Random, num_conversations: int = 16, num_turns: int = 6) -> list[dict]:
-    transcripts = [f"System: you are assistant number {c}. {_sentences(rng, 150)}\n" for c in range(num_conversations)]
+    transcripts = [f"System: you are assistant number {c}. {sentences(rng, 150)}\n" for c in range(num_conversations)]
     lines = []
     for _ in range(num_turns):
         for c in range(num_conversations):
-            transcripts[c] += f"User: {_sentences(rng, 30)}\nAssistant:"
+            transcripts[c] += f"User: {sentences(rng, 30)}\nAssistant:"
             lines.append({"prompt": transcripts[c], "max_new_tokens": 32})
-            transcripts[c] += f" {_sentences(rng, 36)}\n"
+            transcripts[c] += f" {sentences(rng, 36)}\n"
     return lines
 
 
