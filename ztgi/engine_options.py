@@ -11,12 +11,14 @@ from services.worker.backend import Model
 from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS
 
 SCHEDULER_OPTIONS = ("max_input_tokens", "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
-                     "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode")
+                     "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode",
+                     "prefix_caching")
+SWITCHES = ("pipeline_decode", "prefix_caching")  # True or False, nothing that merely reads as one
 WORKER_OPTIONS = ("kv_cache", "block_size", "step_target_ms", "memory_budget_mb", "cpu_warmup_prefill_tokens",
                   "speculate", "draft_model_id", "quantize", "quantized_max_rows")
 VLLM_NAMES = {"max_model_len": "max_total_tokens", "max_num_seqs": "max_batch_size",
               "max_num_batched_tokens": "max_batch_prefill_tokens", "speculative_model": "draft_model_id",
-              "num_speculative_tokens": "speculate"}
+              "num_speculative_tokens": "speculate", "enable_prefix_caching": "prefix_caching"}
 ALIASES = {**VLLM_NAMES, "draft_model": "draft_model_id"}
 DEFAULT_MAX_TOTAL_TOKENS = SchedulerConfig.max_total_tokens
 
@@ -38,13 +40,17 @@ class EngineOptions:
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> EngineOptions:
-        """TypeError for a name neither the server nor vLLM has (before any model is loaded)."""
+        """TypeError for a name neither the server nor vLLM has, ValueError for a switch that is not
+        a bool (both before any model is loaded)."""
         named = {ALIASES.get(name, name): value for name, value in options.items()}
         unknown = sorted(name for name in options
                          if ALIASES.get(name, name) not in SCHEDULER_OPTIONS + WORKER_OPTIONS)
         if unknown:
             known = ", ".join(SCHEDULER_OPTIONS + WORKER_OPTIONS + tuple(ALIASES))
             raise TypeError(f"unknown engine option {', '.join(map(repr, unknown))}; known: {known}")
+        for name in SWITCHES:
+            if name in named and not isinstance(named[name], bool):
+                raise ValueError(f"{name} must be True or False, got {named[name]!r}")
         worker = {name: named.pop(name) for name in WORKER_OPTIONS if name in named}
         return cls(named, **worker)
 

@@ -77,12 +77,13 @@ class LLM:
     native, transformers or auto. `engine_options` are the server's batching limits by its flag
     names (`max_total_tokens`, `max_input_tokens`, `max_batch_prefill_tokens`,
     `max_batch_total_tokens`, `max_batch_size`, `waiting_served_ratio`, `max_waiting_tokens`,
-    `pipeline_decode`) and the worker's (`kv_cache` paged, padded or auto; `block_size`,
+    `pipeline_decode`, `prefix_caching`: True by default, prompts that start alike share the KV
+    blocks of what they share) and the worker's (`kv_cache` paged, padded or auto; `block_size`,
     `step_target_ms`, `memory_budget_mb`, `cpu_warmup_prefill_tokens`, `speculate`, `draft_model_id`
     or `draft_model`: a small model with the same tokenizer that proposes the `speculate` tokens,
     `quantize` none, int8 or int4 with `quantized_max_rows`: CPU weights kept quantized),
     or vLLM's for the same limit (`max_model_len`, `max_num_seqs`, `max_num_batched_tokens`,
-    `num_speculative_tokens`, `speculative_model`).
+    `num_speculative_tokens`, `speculative_model`, `enable_prefix_caching`).
     """
 
     def __init__(self, model: str = DEFAULT_MODEL_ID, dtype: str = "auto", device: str = "auto",

@@ -206,6 +206,22 @@ def test_quantized_weights_in_process(tiny_model_dir) -> None:
     assert [o.outputs[0].token_ids for o in alone.generate(prompts, params, use_tqdm=False)] == replies
 
 
+def test_prefix_caching_can_be_turned_off(tiny_model_dir) -> None:
+    """`LLM(enable_prefix_caching=False)` (vLLM's name; `prefix_caching` is the server's): the
+    engine's block allocator keeps no cache, so a prompt sent again is computed again, with the same
+    replies as the default engine that reuses its blocks."""
+    cached = LLM(tiny_model_dir, dtype="float32", device="cpu", kv_cache="paged")
+    uncached = LLM(tiny_model_dir, dtype="float32", device="cpu", kv_cache="paged", enable_prefix_caching=False)
+    assert cached.engine.slot.allocator.cache is not None
+    assert uncached.engine.slot.allocator.cache is None
+    prompts = [list(range(5, 45)), list(range(5, 45)) + [7, 9]]  # the second starts with the first's 2 blocks
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    replies = [[o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+               for llm in (cached, uncached)]
+    assert replies[0] == replies[1]
+    assert cached.engine.slot.allocator.num_cached > 0 and uncached.engine.slot.allocator.num_cached == 0
+
+
 def test_a_draft_model_gives_the_same_replies(llm, smollm2, tiny_draft_dir) -> None:
     """`LLM(speculate=4, draft_model=...)` (here SmolLM2 its own draft, so most proposals are
     accepted): the same replies; a draft without `speculate` is refused before anything loads."""
