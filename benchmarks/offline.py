@@ -90,8 +90,10 @@ class OfflineLLM:
         from ztgi import LLM
 
         self.config = config
+        # no prefix cache: the warmup and every repeat send the same prompts, which the engine alone
+        # computes each time
         self.llm = LLM(config.model_id, dtype=config.dtype, device=config.device, backend=config.backend,
-                       kv_cache=config.kv_cache)
+                       kv_cache=config.kv_cache, prefix_caching=False)
 
     def warmup(self, prompts: Sequence[Prompt]) -> None:
         self._generate([dataclasses.replace(prompt, max_new_tokens=2) for prompt in prompts])
