@@ -108,9 +108,11 @@ class CompareConfig(BaselineConfig):
         return [TTFT_CONCURRENCY, *(c for c in throughput_levels(self.concurrencies) if c != TTFT_CONCURRENCY)]
 
     def launch_flags(self, kv_cache: str | None = None) -> list[str]:
-        """`ztgi launch`'s flags; `kv_cache` (e.g. "padded") picks the worker's KV layout, else its default."""
+        """`ztgi launch`'s flags; `kv_cache` (e.g. "padded") picks the worker's KV layout, else its default.
+        Prefix caching is off: the warmup and the repeats send the same prompts, which the engine alone
+        and static batching compute each time."""
         flags = ["--model-id", self.model_id, "--dtype", self.dtype, "--device", self.device, "--backend", self.backend,
-                 "--quantize", self.quantize, "--log-level", self.log_level]
+                 "--quantize", self.quantize, "--log-level", self.log_level, "--no-prefix-caching"]
         for name in LIMIT_NAMES:
             if getattr(self, name) is not None:
                 flags += ["--" + name.replace("_", "-"), str(getattr(self, name))]

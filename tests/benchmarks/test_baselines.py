@@ -157,6 +157,7 @@ def test_compare_gives_ztgi_and_the_engine_the_same_limits() -> None:
     assert (config.policy.max_batch_prefill_tokens, config.policy.waiting_served_ratio) == (2048, 0.5)
     assert config.levels == [1, 16, 32] and config.ignore_eos
     assert "--kv-cache" not in flags and not config.padded
+    assert "--no-prefix-caching" in flags  # the baselines have no prefix cache, and the prompts repeat
     padded = CompareConfig(padded=True, memory_budget_mb=256).launch_flags("padded")
     assert padded[padded.index("--kv-cache") + 1] == "padded"
     assert padded[padded.index("--memory-budget-mb") + 1] == "256"
