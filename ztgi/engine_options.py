@@ -48,9 +48,9 @@ class EngineOptions:
         if unknown:
             known = ", ".join(SCHEDULER_OPTIONS + WORKER_OPTIONS + tuple(ALIASES))
             raise TypeError(f"unknown engine option {', '.join(map(repr, unknown))}; known: {known}")
-        for name in SWITCHES:
-            if name in named and not isinstance(named[name], bool):
-                raise ValueError(f"{name} must be True or False, got {named[name]!r}")
+        for name, value in options.items():  # named as the caller named it
+            if ALIASES.get(name, name) in SWITCHES and not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         worker = {name: named.pop(name) for name in WORKER_OPTIONS if name in named}
         return cls(named, **worker)
 

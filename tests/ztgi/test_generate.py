@@ -208,8 +208,8 @@ def test_quantized_weights_in_process(tiny_model_dir) -> None:
 
 def test_prefix_caching_can_be_turned_off(tiny_model_dir) -> None:
     """`LLM(enable_prefix_caching=False)` (vLLM's name; `prefix_caching` is the server's): the
-    engine's block allocator keeps no cache, so a prompt sent again is computed again, with the same
-    replies as the default engine that reuses its blocks."""
+    engine's block allocator keeps no cache, so a prompt that starts like an earlier one is computed
+    whole, with the same replies as the default engine, which reuses the earlier prompt's blocks."""
     cached = LLM(tiny_model_dir, dtype="float32", device="cpu", kv_cache="paged")
     uncached = LLM(tiny_model_dir, dtype="float32", device="cpu", kv_cache="paged", enable_prefix_caching=False)
     assert cached.engine.slot.allocator.cache is not None

@@ -102,5 +102,7 @@ def test_bad_engine_options(smollm2) -> None:
         LLM(smollm2.path, quantize="int2")
     with pytest.raises(ValueError, match="--quantized-max-rows"):
         LLM(smollm2.path, dtype="bfloat16", quantize="int4", quantized_max_rows=0)
-    with pytest.raises(ValueError, match="prefix_caching must be True or False, got 'no'"):
+    with pytest.raises(ValueError, match="^enable_prefix_caching must be True or False, got 'no'"):
         LLM(smollm2.path, enable_prefix_caching="no")
+    with pytest.raises(ValueError, match="^pipeline_decode must be True or False, got 1"):
+        LLM(smollm2.path, pipeline_decode=1)
