@@ -7,6 +7,8 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PYTHONUNBUFFERED=1 ZTGI_CACHE_DIR=/opt/ztgi-cache
 
 WORKDIR /app
+# A C compiler: the worker builds its CPU kernels for the machine it runs on, at first start
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 COPY pyproject.toml README.md ./
 COPY ztgi ztgi

@@ -20,6 +20,8 @@ weights passed as inputs, so every layer reuses one graph per shape. The variant
   float32; the same as `eager` in float32)
 - `eager-per-head-decode`: eager with each query head of a decode row attending on its own (one
   kernel call per query head, as before grouped-query decode attention)
+- `eager-torch-decode`: eager with decode rows on torch's gather-and-SDPA path instead of the
+  in-place C kernel (`native_decode_attention.py`; the same as `eager` where it is not built)
 
 The step shapes: decode batches (one token per request over `--context` cached tokens each) and one
 prefill chunk. Each variant first runs every shape twice (compiles; the time is printed, with
@@ -131,6 +133,8 @@ def variant_forward(model, variant: str) -> Callable[..., torch.Tensor]:
         return _with_attention_flag(forward, "float32_decode", True)
     if variant == "eager-per-head-decode":
         return _with_attention_flag(forward, "group_query_heads", False)
+    if variant == "eager-torch-decode":
+        return _with_attention_flag(forward, "native_decode", None)
     packed = not variant.endswith("-plain")
     parts = DenseParts(forward, packed)
     dynamic = variant in ("compiled", "compiled-plain")
@@ -148,8 +152,8 @@ def variant_forward(model, variant: str) -> Callable[..., torch.Tensor]:
     return run
 
 
-def _with_attention_flag(forward, name: str, value: bool) -> Callable[..., torch.Tensor]:
-    """The eager forward with one of its attention's switches set for the call."""
+def _with_attention_flag(forward, name: str, value: object) -> Callable[..., torch.Tensor]:
+    """The eager forward with one of its attention's switches (or its in-place decode kernel) set for the call."""
     def run(*args):
         before = getattr(forward.attention, name)
         setattr(forward.attention, name, value)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from services.worker.host_copy import to_device
 from services.worker.paged.kv_pool import KVPool
+from services.worker.paged.native_decode_attention import NativeDecodeAttention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,7 @@ class DecodeGroup:
     mask: torch.Tensor  # [rows, 1, 1, max blocks * block_size]: keys to attend
     context_lens: torch.Tensor | None = None  # [rows]
     num_keys: int | None = None  # the longest row's context: keys past it are cut, not masked (None: all)
+    sliding: bool = False  # a sliding-window layer's view: the table starts at each row's window
 
     def windowed(self, window: int) -> DecodeGroup:
         """The same rows attending only to their last `window` keys (query included), over just the
@@ -63,7 +65,7 @@ class DecodeGroup:
         positions = first * block_size + torch.arange(width * block_size, device=device)
         keep = (positions < lengths) & (positions >= lengths - window)
         return dataclasses.replace(self, block_table=self.block_table.gather(1, columns),
-                                   mask=keep[:, None, None, :], num_keys=None)
+                                   mask=keep[:, None, None, :], num_keys=None, sliding=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +121,7 @@ class PagedAttention:
         self._workspace: dict[str, torch.Tensor] = {}
         self.float32_decode = False  # --float32-decode-attention: decode rows on CPU in float32
         self.group_query_heads = True  # decode rows: a key head's query heads in one block of queries
+        self.native_decode: NativeDecodeAttention | None = None  # decode rows read in place (CPU, bfloat16)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: KVPool,
                  inputs: AttentionInputs) -> torch.Tensor:
@@ -133,6 +136,10 @@ class PagedAttention:
         return out.view(q.shape[0], -1)
 
     def _decode(self, layer: int, q: torch.Tensor, pool: KVPool, group: DecodeGroup) -> torch.Tensor:
+        if self._in_place(q, pool.keys[layer], group):
+            assert self.native_decode is not None and group.context_lens is not None
+            return self.native_decode(q, pool.keys[layer], pool.values[layer], group.block_table,
+                                      group.context_lens, self.scale)
         table = group.block_table
         rows, width = table.shape
         shape = (rows, width * pool.block_size, self.num_kv_heads, self.head_dim)
@@ -145,6 +152,12 @@ class PagedAttention:
         if self.float32_decode and q.device.type == "cpu" and q.dtype != torch.float32:
             q, keys, values = q.float(), keys.float(), values.float()
         return self._attend_one_query(q, keys, values, mask).to(dtype)
+
+    def _in_place(self, q: torch.Tensor, pool_keys: torch.Tensor, group: DecodeGroup) -> bool:
+        """Whether the decode rows of `group` take the in-place kernel rather than gather and SDPA."""
+        return (self.native_decode is not None and not self.float32_decode and self.softcap is None
+                and not group.sliding and group.context_lens is not None
+                and self.native_decode.accepts(q, pool_keys))
 
     def _attend_one_query(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           mask: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,108 @@
+"""A C source of ours compiled for this machine at first use, cached, and loaded with ctypes.
+
+The kernels in `csrc/` are built with `-march=native` on the machine that runs them (as inductor
+and Triton build theirs), so the binary is keyed by the source, the flags, the compiler and this
+CPU's model and flags: a cache directory shared between different machines never hands one a
+binary built for another. The build writes to a temporary name and renames it into place, so
+workers starting together never load a half-written file. torch is imported before any library is
+loaded: a kernel built with `-fopenmp` then binds to the OpenMP runtime torch already loaded (the
+same soname), so its threads are torch's intra-op threads, not a second pool competing for cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch  # noqa: F401  (loaded first: see the module docstring)
+
+from common.model_source import cache_root
+
+logger = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).with_name("csrc")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
+BUILD_TIMEOUT_S = 120
+
+
+class BuildError(RuntimeError):
+    """The library could not be built or loaded here; the message says why."""
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def load(source_name: str) -> ctypes.CDLL:
+    """`csrc/<source_name>` built for this machine (once; cached) and loaded; BuildError if it cannot be."""
+    source = SOURCE_DIR / source_name
+    compiler = _compiler()
+    target = Path(cache_root()) / "kernels" / f"{source.stem}-{_build_key(source, compiler)}.so"
+    if not target.exists():
+        _build(compiler, source, target)
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as exc:
+        raise BuildError(f"cannot load {target}: {exc}") from exc
+
+
+def _compiler() -> str:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise BuildError("no C compiler found (set CC, or install gcc)")
+    return compiler
+
+
+def _build_key(source: Path, compiler: str) -> str:
+    digest = hashlib.sha256()
+    for part in (source.read_bytes(), " ".join(FLAGS).encode(), _compiler_version(compiler).encode(),
+                 _cpu_identity().encode()):
+        digest.update(part)
+    return digest.hexdigest()[:16]
+
+
+def _compiler_version(compiler: str) -> str:
+    try:
+        return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"the C compiler {compiler!r} does not run: {exc}") from exc
+
+
+def _cpu_identity() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    model = next((line for line in text.splitlines() if line.startswith("model name")), "")
+    return model + " ".join(sorted(cpu_flags()))
+
+
+def _build(compiler: str, source: Path, target: Path) -> None:
+    partial = target.with_name(f"{target.stem}.{os.getpid()}.partial")
+    command = [compiler, *FLAGS, "-o", str(partial), str(source), "-lm"]
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            raise BuildError(f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}")
+        os.replace(partial, target)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"{' '.join(command)}: {exc}") from exc
+    finally:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+    logger.info("built %s", target)
