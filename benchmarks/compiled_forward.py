@@ -20,8 +20,9 @@ weights passed as inputs, so every layer reuses one graph per shape. The variant
   float32; the same as `eager` in float32)
 - `eager-per-head-decode`: eager with each query head of a decode row attending on its own (one
   kernel call per query head, as before grouped-query decode attention)
-- `eager-torch-decode`: eager with decode rows on torch's gather-and-SDPA path instead of the
-  in-place C kernel (`native_decode_attention.py`; the same as `eager` where it is not built)
+- `eager-torch-attention`: eager with attention on torch's gather-and-SDPA path instead of the
+  C kernels that read the blocks in place (`native_attention.py`; the same as `eager` where they
+  are not built)
 
 The step shapes: decode batches (one token per request over `--context` cached tokens each) and one
 prefill chunk. Each variant first runs every shape twice (compiles; the time is printed, with
@@ -49,7 +50,7 @@ from services.worker.paged.batch import PagedBatch
 from services.worker.paged.step_inputs import StepInputs, build_step_inputs
 
 VARIANTS = ("eager", "compiled", "compiled-static", "compiled-plain", "autotune-plain", "eager-float32-decode",
-            "eager-per-head-decode")
+            "eager-per-head-decode", "eager-torch-attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +134,8 @@ def variant_forward(model, variant: str) -> Callable[..., torch.Tensor]:
         return _with_attention_flag(forward, "float32_decode", True)
     if variant == "eager-per-head-decode":
         return _with_attention_flag(forward, "group_query_heads", False)
-    if variant == "eager-torch-decode":
-        return _with_attention_flag(forward, "native_decode", None)
+    if variant == "eager-torch-attention":
+        return _with_attention_flag(forward, "native", None)
     packed = not variant.endswith("-plain")
     parts = DenseParts(forward, packed)
     dynamic = variant in ("compiled", "compiled-plain")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from services.worker.host_copy import to_device
 from services.worker.paged.kv_pool import KVPool
-from services.worker.paged.native_decode_attention import NativeDecodeAttention
+from services.worker.paged.native_attention import NativeAttention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +121,7 @@ class PagedAttention:
         self._workspace: dict[str, torch.Tensor] = {}
         self.float32_decode = False  # --float32-decode-attention: decode rows on CPU in float32
         self.group_query_heads = True  # decode rows: a key head's query heads in one block of queries
-        self.native_decode: NativeDecodeAttention | None = None  # decode rows read in place (CPU, bfloat16)
+        self.native: NativeAttention | None = None  # the C kernels reading blocks in place (CPU, bfloat16)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: KVPool,
                  inputs: AttentionInputs) -> torch.Tensor:
@@ -136,9 +136,9 @@ class PagedAttention:
         return out.view(q.shape[0], -1)
 
     def _decode(self, layer: int, q: torch.Tensor, pool: KVPool, group: DecodeGroup) -> torch.Tensor:
-        if self._in_place(q, pool.keys[layer], group):
-            assert self.native_decode is not None and group.context_lens is not None
-            return self.native_decode(q, pool.keys[layer], pool.values[layer], group.block_table,
+        if self._in_place(q, pool.keys[layer], group.sliding or group.context_lens is None) and not self.float32_decode:
+            assert self.native is not None and group.context_lens is not None
+            return self.native.decode(q, pool.keys[layer], pool.values[layer], group.block_table,
                                       group.context_lens, self.scale)
         table = group.block_table
         rows, width = table.shape
@@ -153,11 +153,10 @@ class PagedAttention:
             q, keys, values = q.float(), keys.float(), values.float()
         return self._attend_one_query(q, keys, values, mask).to(dtype)
 
-    def _in_place(self, q: torch.Tensor, pool_keys: torch.Tensor, group: DecodeGroup) -> bool:
-        """Whether the decode rows of `group` take the in-place kernel rather than gather and SDPA."""
-        return (self.native_decode is not None and not self.float32_decode and self.softcap is None
-                and not group.sliding and group.context_lens is not None
-                and self.native_decode.accepts(q, pool_keys))
+    def _in_place(self, q: torch.Tensor, pool_keys: torch.Tensor, sliding: bool) -> bool:
+        """Whether these queries take the C kernels over the pool rather than torch's gather and SDPA."""
+        return (self.native is not None and self.softcap is None and not sliding
+                and self.native.accepts(q, pool_keys))
 
     def _attend_one_query(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           mask: torch.Tensor) -> torch.Tensor:
@@ -177,6 +176,10 @@ class PagedAttention:
 
     def _prefill(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: KVPool,
                  span: PrefillSpan) -> torch.Tensor:
+        if self._in_place(q, pool.keys[layer], span.window is not None):
+            assert self.native is not None
+            return self.native.prefill(q[span.start:span.end], pool.keys[layer], pool.values[layer],
+                                       span.block_table, span.cache_len, self.scale)
         queries = q[span.start:span.end].transpose(0, 1).unsqueeze(0)
         if span.cache_len == 0:  # the chunk is the whole context: its own keys, no gather
             keys = k[span.start:span.end].transpose(0, 1).unsqueeze(0)

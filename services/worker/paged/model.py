@@ -19,7 +19,7 @@ from services.worker.paged.batch import PagedBatch
 from services.worker.paged.draft_proposer import DraftProposer
 from services.worker.paged.families import layer_windows, paged_forward
 from services.worker.paged.kv_pool import KVPool, KVShape
-from services.worker.paged.native_decode_attention import NativeDecodeAttention
+from services.worker.paged.native_attention import NativeAttention
 from services.worker.paged.speculator import Speculator
 from services.worker.paged.step_inputs import StepInputs, build_step_inputs
 
@@ -35,7 +35,7 @@ class PagedModel:
 
     def __init__(self, loaded: LoadedModel, block_size: int = 16, speculate: int = 0,
                  float32_decode_attention: bool = False, draft: LoadedModel | None = None,
-                 native_decode_attention: bool = True) -> None:
+                 native_attention: bool = True) -> None:
         if block_size < 1:
             raise ValueError(f"--block-size must be >= 1, got {block_size}")
         self.loaded = loaded
@@ -52,19 +52,18 @@ class PagedModel:
                                               self.device, self.dtype, loaded.quantized_max_rows)
             self.forward_pass = paged_forward(loaded.module, linear)
         self.forward_pass.attention.float32_decode = float32_decode_attention
-        if native_decode_attention and self.device.type == "cpu" and self.dtype == torch.bfloat16:
-            self.forward_pass.attention.native_decode = NativeDecodeAttention.load()
-        logger.info("paged KV cache, %s weights, decode attention %s", linear.describe(), self._decode_attention())
+        if native_attention and self.device.type == "cpu" and self.dtype == torch.bfloat16:
+            self.forward_pass.attention.native = NativeAttention.load()
+        logger.info("paged KV cache, %s weights, attention %s", linear.describe(), self._attention())
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
         self.draft_model = self._draft_proposer(draft, speculate) if draft is not None else None
         self.speculator = Speculator(speculate, block_size, self.draft_model) if speculate else None
 
-    def _decode_attention(self) -> str:
+    def _attention(self) -> str:
         attention = self.forward_pass.attention
-        if attention.float32_decode:
-            return "in float32"
-        return "in place (C kernel)" if attention.native_decode is not None else "over gathered blocks (torch)"
+        where = "in place (C kernels)" if attention.native is not None else "over gathered blocks (torch)"
+        return where + (", decode rows in float32" if attention.float32_decode else "")
 
     def _draft_proposer(self, draft: LoadedModel, speculate: int) -> DraftProposer:
         """The draft model's proposer; ValueError where it cannot propose for this model."""
@@ -83,7 +82,7 @@ class PagedModel:
                     speculate)
         proposer = DraftProposer(draft, self.block_size, linear)
         proposer.forward_pass.attention.float32_decode = self.forward_pass.attention.float32_decode
-        proposer.forward_pass.attention.native_decode = self.forward_pass.attention.native_decode
+        proposer.forward_pass.attention.native = self.forward_pass.attention.native
         return proposer
 
     def info(self) -> WorkerInfo:

@@ -1,5 +1,8 @@
 """A C source of ours compiled for this machine at first use, cached, and loaded with ctypes.
 
+Every kernel in `csrc/` needs an x86 CPU with AVX512-BF16 (`REQUIRED_CPU_FLAGS`); elsewhere, with no
+compiler, or when the build fails, `load_or_none` says why in the log and the caller keeps torch's path.
+
 The kernels in `csrc/` are built with `-march=native` on the machine that runs them (as inductor
 and Triton build theirs), so the binary is keyed by the source, the flags, the compiler and this
 CPU's model and flags: a cache directory shared between different machines never hands one a
@@ -16,6 +19,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,7 +31,8 @@ from common.model_source import cache_root
 logger = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared", f"-I{SOURCE_DIR}")
+REQUIRED_CPU_FLAGS = ("avx512f", "avx512_bf16")
 BUILD_TIMEOUT_S = 120
 
 
@@ -47,8 +52,20 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def load_or_none(source_name: str, purpose: str) -> ctypes.CDLL | None:
+    """`load`, or None with a log line that says why `purpose` stays on torch's path."""
+    try:
+        return load(source_name)
+    except BuildError as exc:
+        logger.warning("%s: torch's, the C kernel cannot run here: %s", purpose, exc)
+        return None
+
+
 def load(source_name: str) -> ctypes.CDLL:
     """`csrc/<source_name>` built for this machine (once; cached) and loaded; BuildError if it cannot be."""
+    missing = [flag for flag in REQUIRED_CPU_FLAGS if flag not in cpu_flags()]
+    if platform.machine() not in ("x86_64", "AMD64") or missing:
+        raise BuildError(f"it needs an x86 CPU with {', '.join(REQUIRED_CPU_FLAGS)}")
     source = SOURCE_DIR / source_name
     compiler = _compiler()
     target = Path(cache_root()) / "kernels" / f"{source.stem}-{_build_key(source, compiler)}.so"
@@ -69,7 +86,8 @@ def _compiler() -> str:
 
 def _build_key(source: Path, compiler: str) -> str:
     digest = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(FLAGS).encode(), _compiler_version(compiler).encode(),
+    headers = [header.read_bytes() for header in sorted(SOURCE_DIR.glob("*.h"))]
+    for part in (source.read_bytes(), *headers, " ".join(FLAGS).encode(), _compiler_version(compiler).encode(),
                  _cpu_identity().encode()):
         digest.update(part)
     return digest.hexdigest()[:16]

@@ -12,30 +12,12 @@
  * out [rows, heads, head_dim]. head_dim must be a multiple of 32. Returns 0, or non-zero when it
  * cannot run (the caller then falls back to torch).
  */
-#include <immintrin.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
-#if !defined(__AVX512BF16__) || !defined(__AVX512F__)
-#error "this kernel needs AVX512-BF16: the worker falls back to torch's attention"
-#endif
+#include "bf16_simd.h"
 
 #define TOKENS_PER_TILE 16
-
-static inline uint16_t to_bf16(float f) {  /* round to nearest even, as torch rounds */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static inline __m512 widen16(const uint16_t *p) {
-    __m256i half = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
 
 static inline float dot_bf16(const uint16_t *q, const uint16_t *k, int head_dim) {
     __m512 sum = _mm512_setzero_ps();

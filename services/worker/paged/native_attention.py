@@ -1,0 +1,84 @@
+"""Attention on CPU read straight from the KV pool's blocks: ztgi's C kernels (`csrc/`).
+
+torch's path gathers every decode row's blocks into a contiguous buffer, layer by layer, then runs
+SDPA over the copy, a kernel slow for the few queries a decode row has; a prefill chunk with
+cached keys is gathered the same way, and torch's CPU flash kernel for bfloat16 runs well below
+the machine's bfloat16 dot-product rate. The kernels read each block where it lies and multiply
+with AVX512-BF16 (`paged_decode_attention.c`, `paged_prefill_attention.c`; BENCHMARKS.md, "Attention
+in place"). They are built where the CPU has AVX512-BF16 and a C compiler is found
+(`native_library.py`); elsewhere, or with `--no-native-attention`, torch's path runs. Only bfloat16
+pools without soft-capping or sliding windows take them; the rest stay on torch's path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from services.worker.paged import native_library
+
+pointer, integer, int64, single = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+
+
+class NativeAttention:
+    """The decode and prefill kernels of one build; `load` builds them."""
+
+    def __init__(self, decode_library: ctypes.CDLL, prefill_library: ctypes.CDLL) -> None:
+        self._decode = decode_library.paged_decode_attention_bf16
+        self._decode.argtypes = [pointer, pointer, pointer, pointer, pointer, integer, integer, integer, integer,
+                                 integer, integer, single, pointer, integer]
+        self._decode.restype = integer
+        self._prefill = prefill_library.paged_prefill_attention_bf16
+        self._prefill.argtypes = [pointer, pointer, pointer, pointer, int64, int64, int64, integer, integer,
+                                  integer, integer, single, pointer, integer]
+        self._prefill.restype = integer
+
+    @classmethod
+    def load(cls) -> NativeAttention | None:
+        """The kernels, built for this CPU; None (and why, logged) where they cannot run here."""
+        decode = native_library.load_or_none("paged_decode_attention.c", "attention")
+        prefill = native_library.load_or_none("paged_prefill_attention.c", "attention") if decode else None
+        return cls(decode, prefill) if decode is not None and prefill is not None else None
+
+    @staticmethod
+    def accepts(q: torch.Tensor, pool_keys: torch.Tensor) -> bool:
+        """Whether these queries and this layer's pool can take the kernels."""
+        return (q.device.type == "cpu" and q.dtype == torch.bfloat16 and pool_keys.dtype == torch.bfloat16
+                and q.shape[-1] % 32 == 0 and q.shape[-1] <= 256 and pool_keys.is_contiguous())
+
+    def decode(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_table: torch.Tensor,
+               context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        """Each row's one query `q` `[rows, heads, head_dim]` over its `context_lens` keys in `keys`/`values`
+        `[blocks, block_size, kv_heads, head_dim]` through `block_table` `[rows, width]`."""
+        q, table, lens = q.contiguous(), _int64(block_table), _int64(context_lens)
+        rows, heads, head_dim = q.shape
+        out = torch.empty_like(q)
+        status = self._decode(q.data_ptr(), keys.data_ptr(), values.data_ptr(), table.data_ptr(), lens.data_ptr(),
+                              rows, table.shape[1], heads, keys.shape[2], head_dim, keys.shape[1], scale,
+                              out.data_ptr(), torch.get_num_threads())
+        _check(status, "decode", q, table, keys)
+        return out
+
+    def prefill(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_table: torch.Tensor,
+                cache_len: int, scale: float) -> torch.Tensor:
+        """A chunk's queries `q` `[n, heads, head_dim]`, at positions `cache_len ..`, each over the keys up
+        to its own position through the request's `block_table` `[blocks]` (the chunk's keys written)."""
+        q, table = q.contiguous(), _int64(block_table)
+        n, heads, head_dim = q.shape
+        out = torch.empty_like(q)
+        status = self._prefill(q.data_ptr(), keys.data_ptr(), values.data_ptr(), table.data_ptr(), table.numel(),
+                               n, cache_len, heads, keys.shape[2], head_dim, keys.shape[1], scale, out.data_ptr(),
+                               torch.get_num_threads())
+        _check(status, "prefill", q, table, keys)
+        return out
+
+
+def _int64(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to(torch.int64).contiguous()
+
+
+def _check(status: int, kernel: str, q: torch.Tensor, table: torch.Tensor, keys: torch.Tensor) -> None:
+    if status != 0:
+        raise ValueError(f"the {kernel} attention kernel refused its inputs (status {status}): q {tuple(q.shape)}, "
+                         f"table {tuple(table.shape)}, pool {tuple(keys.shape)}")
