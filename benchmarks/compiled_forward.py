@@ -23,6 +23,8 @@ weights passed as inputs, so every layer reuses one graph per shape. The variant
 - `eager-torch-attention`: eager with attention on torch's gather-and-SDPA path instead of the
   C kernels that read the blocks in place (`native_attention.py`; the same as `eager` where they
   are not built)
+- `eager-torch-layer-steps`: eager with the residual adds, RMSNorms, SiLU gates and rotary as torch
+  ops instead of ztgi's C (`layer_ops.py`)
 
 The step shapes: decode batches (one token per request over `--context` cached tokens each) and one
 prefill chunk. Each variant first runs every shape twice (compiles; the time is printed, with
@@ -47,10 +49,11 @@ from common.messages import SamplingParameters, WorkerRequest
 from services.worker.backend import load_paged_model
 from services.worker.llama_forward import rms_norm, rotate
 from services.worker.paged.batch import PagedBatch
+from services.worker.paged.layer_ops import TorchLayerOps
 from services.worker.paged.step_inputs import StepInputs, build_step_inputs
 
 VARIANTS = ("eager", "compiled", "compiled-static", "compiled-plain", "autotune-plain", "eager-float32-decode",
-            "eager-per-head-decode", "eager-torch-attention")
+            "eager-per-head-decode", "eager-torch-attention", "eager-torch-layer-steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +139,8 @@ def variant_forward(model, variant: str) -> Callable[..., torch.Tensor]:
         return _with_attention_flag(forward, "group_query_heads", False)
     if variant == "eager-torch-attention":
         return _with_attention_flag(forward, "native", None)
+    if variant == "eager-torch-layer-steps":
+        return _with_attribute(forward, forward, "ops", TorchLayerOps())
     packed = not variant.endswith("-plain")
     parts = DenseParts(forward, packed)
     dynamic = variant in ("compiled", "compiled-plain")
@@ -154,14 +159,19 @@ def variant_forward(model, variant: str) -> Callable[..., torch.Tensor]:
 
 
 def _with_attention_flag(forward, name: str, value: object) -> Callable[..., torch.Tensor]:
-    """The eager forward with one of its attention's switches (or its in-place decode kernel) set for the call."""
+    """The eager forward with one of its attention's switches (or its C kernels) set for the call."""
+    return _with_attribute(forward, forward.attention, name, value)
+
+
+def _with_attribute(forward, owner: object, name: str, value: object) -> Callable[..., torch.Tensor]:
+    """The eager forward with `owner.name` set to `value` for the call."""
     def run(*args):
-        before = getattr(forward.attention, name)
-        setattr(forward.attention, name, value)
+        before = getattr(owner, name)
+        setattr(owner, name, value)
         try:
             return forward(*args)
         finally:
-            setattr(forward.attention, name, before)
+            setattr(owner, name, before)
     return run
 
 

@@ -12,40 +12,51 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from services.worker.llama_forward import Linear, LlamaForward, LlamaLayer, rms_norm, rotate
+from services.worker.llama_forward import Linear, LlamaForward, LlamaLayer
 from services.worker.paged.attention import AttentionInputs, PagedAttention
 from services.worker.paged.kv_pool import KVPool
+from services.worker.paged.layer_ops import NativeLayerOps, TorchLayerOps
 from services.worker.transformers_module import TransformersModule
 
 
 class PagedLlamaForward:
-    """Logits of chosen rows of a flat step, writing the step's keys and values into the pool."""
+    """Logits of chosen rows of a flat step, writing the step's keys and values into the pool.
+
+    Each block adds its residual to the stream and normalizes in one step (`add_rms_norm`), as the
+    next block starts, so the elementwise work between the matrix products is three calls a
+    block, in C where the layer ops are built (`layer_ops.py`, set by the model with the attention
+    kernels) and torch's ops elsewhere."""
 
     def __init__(self, module: TransformersModule, linear: Callable[..., Linear] | None = None) -> None:
         self.weights = LlamaForward(module, linear)
         w = self.weights
         self.attention = PagedAttention(w.num_heads, w.num_kv_heads, w.head_dim)
+        self.ops: TorchLayerOps | NativeLayerOps = TorchLayerOps()
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
                  pool: KVPool, logit_rows: torch.Tensor) -> torch.Tensor:
         """Logits `[len(logit_rows), vocab]`; `input_ids`/`positions` are `[tokens]`."""
-        w = self.weights
+        w, ops = self.weights, self.ops
         x = F.embedding(input_ids, w.embedding)
         cos, sin = (t[0].unsqueeze(1) for t in w.rotary(x[None], positions[None]))  # [tokens, 1, head_dim]
+        residual = None
         for index, layer in enumerate(w.layers):
-            x = x + self._attention(layer, index, x, cos, sin, inputs, pool)
-            x = x + w.mlp(layer, x)
-        x = x.index_select(0, logit_rows)
-        return w.lm_head(rms_norm(x, w.norm, w.eps))
+            hidden, x = ops.add_rms_norm(x, residual, layer.attention_norm, w.eps)
+            residual = self._attention(layer, index, hidden, cos, sin, inputs, pool)
+            hidden, x = ops.add_rms_norm(x, residual, layer.mlp_norm, w.eps)
+            residual = layer.down(ops.silu_mul(layer.gate_up(hidden)))
+        assert residual is not None
+        hidden, _ = ops.add_rms_norm(x.index_select(0, logit_rows), residual.index_select(0, logit_rows),
+                                     w.norm, w.eps)
+        return w.lm_head(hidden)
 
-    def _attention(self, layer: LlamaLayer, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def _attention(self, layer: LlamaLayer, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    inputs: AttentionInputs, pool: KVPool) -> torch.Tensor:
         w = self.weights
-        num_tokens = x.shape[0]
-        hidden = rms_norm(x, layer.attention_norm, w.eps)
+        num_tokens = hidden.shape[0]
         qkv = layer.qkv(hidden)
         num_qk_heads = w.num_heads + w.num_kv_heads  # queries and keys side by side: one rotation for both
-        qk = rotate(qkv[:, :num_qk_heads * w.head_dim].view(num_tokens, num_qk_heads, w.head_dim), cos, sin)
+        qk = self.ops.rotate(qkv[:, :num_qk_heads * w.head_dim].view(num_tokens, num_qk_heads, w.head_dim), cos, sin)
         q, k = qk[:, :w.num_heads], qk[:, w.num_heads:]
         v = qkv[:, num_qk_heads * w.head_dim:].view(num_tokens, w.num_kv_heads, w.head_dim)
         return layer.output(self.attention(index, q, k, v, pool, inputs))

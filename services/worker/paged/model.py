@@ -19,6 +19,8 @@ from services.worker.paged.batch import PagedBatch
 from services.worker.paged.draft_proposer import DraftProposer
 from services.worker.paged.families import layer_windows, paged_forward
 from services.worker.paged.kv_pool import KVPool, KVShape
+from services.worker.paged.layer_ops import NativeLayerOps
+from services.worker.paged.llama import PagedLlamaForward
 from services.worker.paged.native_attention import NativeAttention
 from services.worker.paged.speculator import Speculator
 from services.worker.paged.step_inputs import StepInputs, build_step_inputs
@@ -53,7 +55,7 @@ class PagedModel:
             self.forward_pass = paged_forward(loaded.module, linear)
         self.forward_pass.attention.float32_decode = float32_decode_attention
         if native_attention and self.device.type == "cpu" and self.dtype == torch.bfloat16:
-            self.forward_pass.attention.native = NativeAttention.load()
+            _use_c_kernels(self.forward_pass)
         logger.info("paged KV cache, %s weights, attention %s", linear.describe(), self._attention())
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
@@ -63,7 +65,8 @@ class PagedModel:
     def _attention(self) -> str:
         attention = self.forward_pass.attention
         where = "in place (C kernels)" if attention.native is not None else "over gathered blocks (torch)"
-        return where + (", decode rows in float32" if attention.float32_decode else "")
+        steps = ", layer steps in C" if isinstance(getattr(self.forward_pass, "ops", None), NativeLayerOps) else ""
+        return where + (", decode rows in float32" if attention.float32_decode else "") + steps
 
     def _draft_proposer(self, draft: LoadedModel, speculate: int) -> DraftProposer:
         """The draft model's proposer; ValueError where it cannot propose for this model."""
@@ -83,6 +86,8 @@ class PagedModel:
         proposer = DraftProposer(draft, self.block_size, linear)
         proposer.forward_pass.attention.float32_decode = self.forward_pass.attention.float32_decode
         proposer.forward_pass.attention.native = self.forward_pass.attention.native
+        if isinstance(proposer.forward_pass, PagedLlamaForward) and isinstance(self.forward_pass, PagedLlamaForward):
+            proposer.forward_pass.ops = self.forward_pass.ops
         return proposer
 
     def info(self) -> WorkerInfo:
@@ -246,3 +251,12 @@ def _log_step(inputs: StepInputs, forward_ns: int, total_ns: int) -> None:
 
 def blocks_for(tokens: int, block_size: int) -> int:
     return math.ceil(tokens / block_size)
+
+
+def _use_c_kernels(forward_pass) -> None:
+    """ztgi's C attention kernels, and for Llama its layer steps, where they build on this CPU."""
+    forward_pass.attention.native = NativeAttention.load()
+    if isinstance(forward_pass, PagedLlamaForward) and forward_pass.attention.native is not None:
+        layer_ops = NativeLayerOps.load()
+        if layer_ops is not None:
+            forward_pass.ops = layer_ops

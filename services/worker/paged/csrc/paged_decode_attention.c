@@ -38,6 +38,7 @@ static inline void row_scores(const uint16_t *q, const uint16_t *keys, const int
             const uint16_t *qh = q + (int64_t)i * head_dim;
             int64_t kv_offset = (int64_t)(i / group) * head_dim;
             float *s = scores + i * padded + j0;
+            for (int t = n; t < TOKENS_PER_TILE; t++) s[t] = -INFINITY;
             for (int t = 0; t < n; t++) {
                 int64_t j = j0 + t;
                 const uint16_t *k = keys + table[j / block_size] * block_stride + (j % block_size) * token_stride;
@@ -47,17 +48,22 @@ static inline void row_scores(const uint16_t *q, const uint16_t *keys, const int
     }
 }
 
-/* Each head's scores become softmax weights in place; returns nothing, the sums go to `totals`. */
+/* Each head's scores become softmax weights in place (unnormalized); their sums go to `totals`.
+ * The padding past `len` up to `padded` is -inf, so it weighs 0. */
 static inline void row_softmax(float *scores, int heads, int64_t len, int64_t padded, float *totals) {
     for (int i = 0; i < heads; i++) {
-        float *s = scores + i * padded, top = -INFINITY, total = 0.f;
-        for (int64_t j = 0; j < len; j++) top = s[j] > top ? s[j] : top;
-        for (int64_t j = 0; j < len; j++) {
-            float e = expf(s[j] - top);
-            s[j] = e;
-            total += e;
+        float *s = scores + i * padded;
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < padded; j += TOKENS_PER_TILE) top = _mm512_max_ps(top, _mm512_loadu_ps(s + j));
+        __m512 highest = _mm512_set1_ps(_mm512_reduce_max_ps(top)), total = _mm512_setzero_ps();
+        for (int64_t j = 0; j < padded; j += TOKENS_PER_TILE) {
+            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), highest));
+            e = _mm512_maskz_mov_ps(j + TOKENS_PER_TILE <= len ? (__mmask16)0xffff
+                                    : (__mmask16)((1u << (len - j)) - 1), e);
+            _mm512_storeu_ps(s + j, e);
+            total = _mm512_add_ps(total, e);
         }
-        totals[i] = total;
+        totals[i] = _mm512_reduce_add_ps(total);
     }
 }
 

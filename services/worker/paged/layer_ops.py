@@ -1,0 +1,108 @@
+"""A Llama layer's elementwise steps (residual add with RMSNorm, SiLU gate, rotary), by torch or by C.
+
+`TorchLayerOps` is the arithmetic as torch ops, rounded as transformers rounds it in bfloat16 (the
+reference). `NativeLayerOps` does each step in one pass of ztgi's C code (`csrc/layer_ops.c`),
+rounding at the same places, for bfloat16 activations on CPU: a decode step of a few rows spends
+more in the dozen torch calls per layer these replace than in their arithmetic (BENCHMARKS.md,
+"Layer steps in one pass"). It is built where the attention kernels are (`native_library.py`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+from services.worker.llama_forward import rms_norm, rotate
+from services.worker.paged import native_library
+
+pointer, integer, int64, single = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+
+
+class TorchLayerOps:
+    """The steps as torch ops."""
+
+    @staticmethod
+    def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(rms_norm(x + residual) * weight, x + residual)`; without a residual, `x` itself."""
+        summed = x if residual is None else x + residual
+        return rms_norm(summed, weight, eps), summed
+
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        """`silu(gate) * up` of `[rows, 2 * width]` rows whose halves are gate and up."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """`x` `[tokens, heads, head_dim]` rotated by `cos`/`sin` `[tokens, 1, head_dim]`."""
+        return rotate(x, cos, sin)
+
+
+class NativeLayerOps:
+    """The steps in C, for bfloat16 on CPU; anything else goes to `TorchLayerOps`."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._norm = _function(library.add_rms_norm_bf16, [pointer, pointer, pointer, int64, integer, single,
+                                                           pointer, pointer, integer])
+        self._silu_mul = _function(library.silu_mul_bf16, [pointer, int64, integer, pointer, integer])
+        self._rotary = _function(library.rotary_bf16, [pointer, int64, integer, integer, int64, pointer, pointer,
+                                                       pointer, integer])
+        self._torch = TorchLayerOps()
+
+    @classmethod
+    def load(cls) -> NativeLayerOps | None:
+        """The C steps built for this CPU; None (why, logged) where they cannot run here."""
+        library = native_library.load_or_none("layer_ops.c", "layer steps")
+        return cls(library) if library is not None else None
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        tensors = (x, weight) if residual is None else (x, residual, weight)
+        if not _bfloat16_rows(*tensors) or x.shape[-1] % 16:
+            return self._torch.add_rms_norm(x, residual, weight, eps)
+        normed = torch.empty_like(x)
+        summed = x if residual is None else torch.empty_like(x)
+        _run(self._norm, x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+             x.numel() // x.shape[-1], x.shape[-1], eps, None if residual is None else summed.data_ptr(),
+             normed.data_ptr(), torch.get_num_threads())
+        return normed, summed
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        width = gate_up.shape[-1] // 2
+        if not _bfloat16_rows(gate_up) or width % 16:
+            return self._torch.silu_mul(gate_up)
+        out = gate_up.new_empty(*gate_up.shape[:-1], width)
+        _run(self._silu_mul, gate_up.data_ptr(), gate_up.numel() // gate_up.shape[-1], width, out.data_ptr(),
+             torch.get_num_threads())
+        return out
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        tokens, heads, head_dim = x.shape
+        flat_cos, flat_sin = cos.reshape(tokens, head_dim), sin.reshape(tokens, head_dim)
+        laid_out = x.stride(2) == 1 and x.stride(1) == head_dim
+        if not (laid_out and _bfloat16_rows(flat_cos, flat_sin) and x.dtype == torch.bfloat16) or head_dim % 32:
+            return self._torch.rotate(x, cos, sin)
+        out = x.new_empty(tokens, heads, head_dim)
+        _run(self._rotary, x.data_ptr(), tokens, heads, head_dim, x.stride(0), flat_cos.data_ptr(),
+             flat_sin.data_ptr(), out.data_ptr(), torch.get_num_threads())
+        return out
+
+
+def _function(function, argtypes: list):
+    function.argtypes = argtypes
+    function.restype = integer
+    return function
+
+
+def _bfloat16_rows(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+
+
+def _run(function, *args) -> None:
+    status = function(*args)
+    if status != 0:
+        raise ValueError(f"{function.__name__} refused its inputs (status {status})")
