@@ -26,11 +26,11 @@ class NativeAttention:
 
     def __init__(self, decode_library: ctypes.CDLL, prefill_library: ctypes.CDLL) -> None:
         self._decode = decode_library.paged_decode_attention_bf16
-        self._decode.argtypes = [pointer, pointer, pointer, pointer, pointer, integer, integer, integer, integer,
-                                 integer, integer, single, pointer, integer]
+        self._decode.argtypes = [pointer, pointer, pointer, int64, pointer, pointer, integer, integer, integer,
+                                 integer, integer, integer, single, pointer, integer]
         self._decode.restype = integer
         self._prefill = prefill_library.paged_prefill_attention_bf16
-        self._prefill.argtypes = [pointer, pointer, pointer, pointer, int64, int64, int64, integer, integer,
+        self._prefill.argtypes = [pointer, pointer, pointer, int64, pointer, int64, int64, int64, integer, integer,
                                   integer, integer, single, pointer, integer]
         self._prefill.restype = integer
 
@@ -54,9 +54,9 @@ class NativeAttention:
         q, table, lens = q.contiguous(), _int64(block_table), _int64(context_lens)
         rows, heads, head_dim = q.shape
         out = torch.empty_like(q)
-        status = self._decode(q.data_ptr(), keys.data_ptr(), values.data_ptr(), table.data_ptr(), lens.data_ptr(),
-                              rows, table.shape[1], heads, keys.shape[2], head_dim, keys.shape[1], scale,
-                              out.data_ptr(), torch.get_num_threads())
+        status = self._decode(q.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[0], table.data_ptr(),
+                              lens.data_ptr(), rows, table.shape[1], heads, keys.shape[2], head_dim, keys.shape[1],
+                              scale, out.data_ptr(), torch.get_num_threads())
         _check(status, "decode", q, table, keys)
         return out
 
@@ -67,9 +67,9 @@ class NativeAttention:
         q, table = q.contiguous(), _int64(block_table)
         n, heads, head_dim = q.shape
         out = torch.empty_like(q)
-        status = self._prefill(q.data_ptr(), keys.data_ptr(), values.data_ptr(), table.data_ptr(), table.numel(),
-                               n, cache_len, heads, keys.shape[2], head_dim, keys.shape[1], scale, out.data_ptr(),
-                               torch.get_num_threads())
+        status = self._prefill(q.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.shape[0], table.data_ptr(),
+                               table.numel(), n, cache_len, heads, keys.shape[2], head_dim, keys.shape[1], scale,
+                               out.data_ptr(), torch.get_num_threads())
         _check(status, "prefill", q, table, keys)
         return out
 

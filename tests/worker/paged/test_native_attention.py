@@ -134,14 +134,19 @@ def test_a_step_of_decodes_and_chunks_through_the_kernels_equals_torchs():
 
 @needs_kernels
 def test_inputs_it_cannot_take_are_refused_not_misread():
-    """A context longer than the table covers is refused with the shapes, not read past the table;
-    float32 queries are not offered to the kernels at all."""
+    """A context longer than the table covers, or a block id outside the pool, is refused with the
+    shapes, not read; float32 queries are not offered to the kernels at all."""
     pool = Pool(4, 3, 64, torch.Generator().manual_seed(0))
     q = torch.randn(1, 9, 64).to(torch.bfloat16)
     with pytest.raises(ValueError, match="decode attention kernel refused its inputs"):
         KERNELS.decode(q, pool.keys[0], pool.values[0], torch.tensor([[0, 1]]), torch.tensor([33]), 0.125)
     with pytest.raises(ValueError, match="prefill attention kernel refused its inputs"):
         KERNELS.prefill(q, pool.keys[0], pool.values[0], torch.tensor([0, 1]), 32, 0.125)
+    for beyond in (4, -1):  # a block id outside the pool
+        with pytest.raises(ValueError, match="decode attention kernel refused"):
+            KERNELS.decode(q, pool.keys[0], pool.values[0], torch.tensor([[0, beyond]]), torch.tensor([20]), 0.125)
+        with pytest.raises(ValueError, match="prefill attention kernel refused"):
+            KERNELS.prefill(q, pool.keys[0], pool.values[0], torch.tensor([0, beyond]), 19, 0.125)
     assert not KERNELS.accepts(q.float(), pool.keys[0])
     assert KERNELS.accepts(q, pool.keys[0])
 

@@ -8,7 +8,8 @@
  * the runtime torch itself loaded (same soname), so they are torch's intra-op threads.
  *
  * Layout: q [rows, heads, head_dim]; pools [blocks, block_size, kv_heads, head_dim]; tables
- * [rows, width] int64 (padding past a row's blocks is never read); lens [rows] int64 (>= 1);
+ * [rows, width] int64 (padding past a row's blocks is never read; the rest must be below pool_blocks);
+ * lens [rows] int64 (>= 1);
  * out [rows, heads, head_dim]. head_dim must be a multiple of 32. Returns 0, or non-zero when it
  * cannot run (the caller then falls back to torch).
  */
@@ -117,13 +118,15 @@ static void attend_rows(const uint16_t *q, const uint16_t *keys, const uint16_t 
 }
 
 int paged_decode_attention_bf16(const uint16_t *q, const uint16_t *keys, const uint16_t *values,
-                                const int64_t *tables, const int64_t *lens, int rows, int width, int heads,
-                                int kv_heads, int head_dim, int block_size, float scale, uint16_t *out,
-                                int num_threads) {
+                                int64_t pool_blocks, const int64_t *tables, const int64_t *lens, int rows,
+                                int width, int heads, int kv_heads, int head_dim, int block_size, float scale,
+                                uint16_t *out, int num_threads) {
     if (head_dim % 32 != 0 || heads % kv_heads != 0 || rows < 1 || block_size < 1) return 1;
     int64_t longest = 0;
     for (int r = 0; r < rows; r++) {
         if (lens[r] < 1 || lens[r] > (int64_t)width * block_size) return 1;
+        for (int64_t b = 0; b < (lens[r] + block_size - 1) / block_size; b++)
+            if (tables[(int64_t)r * width + b] < 0 || tables[(int64_t)r * width + b] >= pool_blocks) return 1;
         longest = lens[r] > longest ? lens[r] : longest;
     }
     size_t work_floats = (size_t)heads * (longest + TOKENS_PER_TILE) + heads + (size_t)heads * head_dim;

@@ -10,8 +10,8 @@
  * weights to bfloat16 first; keeping them exact is what keeps greedy texts with transformers').
  * Work is shared among the OpenMP threads of the runtime torch loaded.
  *
- * Layout: q [n, heads, head_dim]; pools [blocks, block_size, kv_heads, head_dim]; table [blocks of
- * the request] int64; out [n, heads, head_dim]. head_dim a multiple of 32, at most 256.
+ * Layout: q [n, heads, head_dim]; pools [pool_blocks, block_size, kv_heads, head_dim]; table [blocks
+ * of the request] int64, each below pool_blocks; out [n, heads, head_dim]. head_dim a multiple of 32, at most 256.
  * Returns 0, or non-zero when it cannot run (the caller falls back to torch).
  */
 #include <math.h>
@@ -125,11 +125,13 @@ static void attend_group(const Prefill *p, int64_t group, int qh) {
 }
 
 int paged_prefill_attention_bf16(const uint16_t *q, const uint16_t *keys, const uint16_t *values,
-                                 const int64_t *table, int64_t num_blocks, int64_t n, int64_t cache_len,
-                                 int heads, int kv_heads, int head_dim, int block_size, float scale,
-                                 uint16_t *out, int num_threads) {
+                                 int64_t pool_blocks, const int64_t *table, int64_t num_blocks, int64_t n,
+                                 int64_t cache_len, int heads, int kv_heads, int head_dim, int block_size,
+                                 float scale, uint16_t *out, int num_threads) {
     if (head_dim % 32 != 0 || head_dim > MAX_DIM || heads % kv_heads != 0 || n < 1 || cache_len < 0
         || block_size < 1 || cache_len + n > num_blocks * block_size) return 1;
+    for (int64_t b = 0; b < (cache_len + n + block_size - 1) / block_size; b++)
+        if (table[b] < 0 || table[b] >= pool_blocks) return 1;
     int64_t context = cache_len + n, tiles = (context + TILE - 1) / TILE;
     Prefill p = {q, keys, values, table, n, cache_len, context, heads, kv_heads, head_dim, block_size, scale,
                  NULL, NULL, out};
