@@ -81,6 +81,28 @@ def test_decode_rows_equal_exact_attention_rounded(heads, kv_heads, head_dim):
 
 
 @needs_kernels
+@pytest.mark.parametrize("length", [127, 128, 129, 700, 2049])
+@pytest.mark.parametrize("num_threads", [1, 2, 3])
+def test_one_long_row_split_among_threads_equals_exact_attention(length, num_threads):
+    """A single decode row over a long context, its keys split among the threads (each part's
+    softmax merged after), as the same row done whole: within one rounding of exact attention."""
+    generator = torch.Generator().manual_seed(length)
+    pool = Pool(-(-length // BLOCK_SIZE) + 2, 3, 64, generator)
+    table = scattered_tables([length], pool.keys[0].shape[0], seed=length)[0]
+    q = (torch.randn(1, 9, 64, generator=generator) * 2).to(torch.bfloat16)
+    expected = exact(q[0], pool, table, length)[None]
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        got = KERNELS.decode(q, pool.keys[0], pool.values[0], torch.tensor([table]), torch.tensor([length]), 0.125)
+    finally:
+        torch.set_num_threads(before)
+    rounded = expected.to(torch.bfloat16).double()
+    assert ((got.double() - expected).abs() <= rounded.abs() * 2**-7 + 1e-5).all()
+    assert (got.double() == rounded).double().mean() > 0.98
+
+
+@needs_kernels
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 64), (8, 2, 128)])
 @pytest.mark.parametrize("cache_len,chunk", [(0, 1), (0, 23), (0, 300), (37, 1), (100, 77), (250, 200)])
 def test_prefill_chunks_equal_exact_causal_attention(heads, kv_heads, head_dim, cache_len, chunk):
