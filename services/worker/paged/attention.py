@@ -128,6 +128,9 @@ class PagedAttention:
         """`q` `[tokens, heads, head_dim]`, `k`/`v` `[tokens, kv_heads, head_dim]`; returns
         `[tokens, heads * head_dim]` after writing `k`/`v` into the pool."""
         pool.write(layer, inputs.slots, k, v)
+        only = inputs.decodes[0] if len(inputs.decodes) == 1 and not inputs.prefills else None
+        if only is not None and only.start == 0 and only.end == q.shape[0]:  # decodes alone: no copy into `out`
+            return self._decode(layer, q, pool, only).reshape(q.shape[0], -1)
         out = q.new_empty(q.shape)
         for group in inputs.decodes:
             out[group.start:group.end] = self._decode(layer, q[group.start:group.end], pool, group)

@@ -99,7 +99,10 @@ def _function(function, argtypes: list):
 
 
 def _bfloat16_rows(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+    for t in tensors:  # a plain loop: this runs several times a layer, at every step
+        if t.dtype != torch.bfloat16 or t.device.type != "cpu" or not t.is_contiguous():
+            return False
+    return True
 
 
 def _run(function, *args) -> None:

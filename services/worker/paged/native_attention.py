@@ -75,6 +75,8 @@ class NativeAttention:
 
 
 def _int64(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.dtype == torch.int64 and tensor.is_contiguous():  # as the step's inputs are: no call
+        return tensor
     return tensor.to(torch.int64).contiguous()
 
 
