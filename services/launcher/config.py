@@ -33,7 +33,7 @@ class LaunchConfig(LogConfig, RequestLimits):
     quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS  # with quantize: float weights above these rows
     block_size: int = 16  # paged KV cache: tokens per block
     float32_decode_attention: bool = False  # paged, CPU, bfloat16: the worker's decode attention in float32
-    native_attention: bool = True  # paged, CPU, bfloat16: attention by the C kernels reading blocks in place
+    native_kernels: bool = True  # paged, CPU, bfloat16: ztgi's C kernels (attention in place, layer steps)
     step_target_ms: int = 500  # paged: the step length warmup sizes the default token budget for
     speculate: int = 0  # paged: tokens proposed per request per step by prompt lookup, verified in one forward
     draft_model_id: str | None = None  # paged, with speculate: a small model with the same tokenizer proposes instead
@@ -88,7 +88,7 @@ class LaunchConfig(LogConfig, RequestLimits):
         shared_bases = (f.name for base in (LogConfig, RequestLimits) for f in dataclasses.fields(base))
         names = (*shared_bases, "model_id", "dtype", "device", "backend", "kv_cache", "quantize", "block_size",
                  "quantized_max_rows", "step_target_ms", "speculate", "draft_model_id", "float32_decode_attention",
-                 "native_attention",
+                 "native_kernels",
                  "memory_budget_mb", "max_concurrent_requests",
                  "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",
                  "max_waiting_tokens",

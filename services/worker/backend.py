@@ -98,7 +98,7 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
                kv_cache: str = "auto", block_size: int = 16, quantize: str = "none", speculate: int = 0,
                float32_decode_attention: bool = False, draft_model_id: str | None = None,
                quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS,
-               native_attention: bool = True) -> Model:
+               native_kernels: bool = True) -> Model:
     """The model behind the layout `kv_cache` picks; ValueError/TypeError/ModelNotFoundError.
     `speculate` (proposed tokens per step) needs the paged layout, and so does a draft model
     (`draft_model_id`, loaded like the model, on its device and dtype), which needs `speculate`."""
@@ -114,7 +114,7 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
     if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
         draft = (_load_draft(draft_model_id, dtype, device, quantize, quantized_max_rows)
                  if draft_model_id is not None else None)
-        return PagedModel(loaded, block_size, speculate, float32_decode_attention, draft, native_attention)
+        return PagedModel(loaded, block_size, speculate, float32_decode_attention, draft, native_kernels)
     if draft_model_id is not None:
         raise ValueError("--draft-model-id needs the paged KV cache, and this model runs on the padded one "
                          "(--kv-cache padded, or a model the paged forward cannot serve)")

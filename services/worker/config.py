@@ -59,10 +59,10 @@ class WorkerConfig(PeerConfig):
                 "the default's grouped bfloat16 decode attention, BENCHMARKS.md); its logits differ from the "
                 "bfloat16 kernel's by rounding, so greedy texts can part from transformers' in bfloat16 at "
                 "near-ties"})
-    native_attention: bool = dataclasses.field(default=True, metadata={
-        "help": "paged KV cache on CPU, bfloat16: decode rows and prefill chunks attend with ztgi's C kernels, "
-                "which read the KV blocks in place (built at start where the CPU has AVX512-BF16 and a C "
-                "compiler is found; torch's gather and SDPA elsewhere); off: torch's path always"})
+    native_kernels: bool = dataclasses.field(default=True, metadata={
+        "help": "paged KV cache on CPU, bfloat16: ztgi's C kernels for attention (reading the KV blocks in "
+                "place) and a Llama layer's elementwise steps, built at start where the CPU has AVX512-BF16 "
+                "and a C compiler is found (torch's ops elsewhere); off: torch's ops always"})
     worker_index: int = 0
     memory_budget_mb: int = 4096
     cpu_warmup_prefill_tokens: int | None = 512

@@ -299,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = load_model(config.model_id, config.dtype, config.device, config.backend, config.kv_cache,
                            config.block_size, config.quantize, config.speculate,
                            float32_decode_attention=config.float32_decode_attention,
-                           native_attention=config.native_attention,
+                           native_kernels=config.native_kernels,
                            draft_model_id=config.draft_model_id, quantized_max_rows=config.quantized_max_rows)
         grammar.configure(config.model_id, sorted(model.eos_token_ids))
     except (ModelNotFoundError, ValueError, TypeError) as exc:

@@ -139,10 +139,10 @@ class PagedAttention:
         return out.view(q.shape[0], -1)
 
     def _decode(self, layer: int, q: torch.Tensor, pool: KVPool, group: DecodeGroup) -> torch.Tensor:
-        if self._in_place(q, pool.keys[layer], group.sliding or group.context_lens is None) and not self.float32_decode:
-            assert self.native is not None and group.context_lens is not None
-            return self.native.decode(q, pool.keys[layer], pool.values[layer], group.block_table,
-                                      group.context_lens, self.scale)
+        lengths = group.context_lens
+        if lengths is not None and not self.float32_decode and self._in_place(q, pool.keys[layer], group.sliding):
+            assert self.native is not None
+            return self.native.decode(q, pool.keys[layer], pool.values[layer], group.block_table, lengths, self.scale)
         table = group.block_table
         rows, width = table.shape
         shape = (rows, width * pool.block_size, self.num_kv_heads, self.head_dim)
@@ -156,9 +156,10 @@ class PagedAttention:
             q, keys, values = q.float(), keys.float(), values.float()
         return self._attend_one_query(q, keys, values, mask).to(dtype)
 
-    def _in_place(self, q: torch.Tensor, pool_keys: torch.Tensor, sliding: bool) -> bool:
-        """Whether these queries take the C kernels over the pool rather than torch's gather and SDPA."""
-        return (self.native is not None and self.softcap is None and not sliding
+    def _in_place(self, q: torch.Tensor, pool_keys: torch.Tensor, windowed: bool) -> bool:
+        """Whether these queries take the C kernels over the pool rather than torch's gather and SDPA
+        (not a sliding-window layer's: the kernels attend to the whole context)."""
+        return (self.native is not None and self.softcap is None and not windowed
                 and self.native.accepts(q, pool_keys))
 
     def _attend_one_query(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -37,7 +37,7 @@ class PagedModel:
 
     def __init__(self, loaded: LoadedModel, block_size: int = 16, speculate: int = 0,
                  float32_decode_attention: bool = False, draft: LoadedModel | None = None,
-                 native_attention: bool = True) -> None:
+                 native_kernels: bool = True) -> None:
         if block_size < 1:
             raise ValueError(f"--block-size must be >= 1, got {block_size}")
         self.loaded = loaded
@@ -54,7 +54,7 @@ class PagedModel:
                                               self.device, self.dtype, loaded.quantized_max_rows)
             self.forward_pass = paged_forward(loaded.module, linear)
         self.forward_pass.attention.float32_decode = float32_decode_attention
-        if native_attention and self.device.type == "cpu" and self.dtype == torch.bfloat16:
+        if native_kernels and self.device.type == "cpu" and self.dtype == torch.bfloat16:
             _use_c_kernels(self.forward_pass)
         logger.info("paged KV cache, %s weights, attention %s", linear.describe(), self._attention())
         self.pool: KVPool | None = None
