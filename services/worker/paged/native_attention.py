@@ -6,7 +6,7 @@ cached keys is gathered the same way, and torch's CPU flash kernel for bfloat16 
 the machine's bfloat16 dot-product rate. The kernels read each block where it lies and multiply
 with AVX512-BF16 (`paged_decode_attention.c`, `paged_prefill_attention.c`; BENCHMARKS.md, "Attention
 in place"). They are built where the CPU has AVX512-BF16 and a C compiler is found
-(`native_library.py`); elsewhere, or with `--no-native-attention`, torch's path runs. Only bfloat16
+(`native_library.py`); elsewhere, or with `--no-native-kernels`, torch's path runs. Only bfloat16
 pools without soft-capping or sliding windows take them; the rest stay on torch's path.
 """
 
