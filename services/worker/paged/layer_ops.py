@@ -16,8 +16,7 @@ import torch.nn.functional as F
 
 from services.worker.llama_forward import rms_norm, rotate
 from services.worker.paged import native_library
-
-pointer, integer, int64, single = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+from services.worker.paged.native_library import FLOAT, INT, INT64, POINTER
 
 
 class TorchLayerOps:
@@ -46,11 +45,11 @@ class NativeLayerOps:
     """The steps in C, for bfloat16 on CPU; anything else goes to `TorchLayerOps`."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._norm = _function(library.add_rms_norm_bf16, [pointer, pointer, pointer, int64, integer, single,
-                                                           pointer, pointer, integer])
-        self._silu_mul = _function(library.silu_mul_bf16, [pointer, int64, integer, pointer, integer])
-        self._rotary = _function(library.rotary_bf16, [pointer, int64, integer, integer, int64, pointer, pointer,
-                                                       pointer, integer])
+        bind = native_library.bind
+        self._norm = bind(library, "add_rms_norm_bf16", [POINTER, POINTER, POINTER, INT64, INT, FLOAT, POINTER,
+                                                         POINTER, INT])
+        self._silu_mul = bind(library, "silu_mul_bf16", [POINTER, INT64, INT, POINTER, INT])
+        self._rotary = bind(library, "rotary_bf16", [POINTER, INT64, INT, INT, INT64, POINTER, POINTER, POINTER, INT])
         self._torch = TorchLayerOps()
 
     @classmethod
@@ -90,12 +89,6 @@ class NativeLayerOps:
         _run(self._rotary, x.data_ptr(), tokens, heads, head_dim, x.stride(0), flat_cos.data_ptr(),
              flat_sin.data_ptr(), out.data_ptr(), torch.get_num_threads())
         return out
-
-
-def _function(function, argtypes: list):
-    function.argtypes = argtypes
-    function.restype = integer
-    return function
 
 
 def _bfloat16_rows(*tensors: torch.Tensor) -> bool:

@@ -17,22 +17,17 @@ import ctypes
 import torch
 
 from services.worker.paged import native_library
-
-pointer, integer, int64, single = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+from services.worker.paged.native_library import FLOAT, INT, INT64, POINTER
 
 
 class NativeAttention:
     """The decode and prefill kernels of one build; `load` builds them."""
 
     def __init__(self, decode_library: ctypes.CDLL, prefill_library: ctypes.CDLL) -> None:
-        self._decode = decode_library.paged_decode_attention_bf16
-        self._decode.argtypes = [pointer, pointer, pointer, int64, pointer, pointer, integer, integer, integer,
-                                 integer, integer, integer, single, pointer, integer]
-        self._decode.restype = integer
-        self._prefill = prefill_library.paged_prefill_attention_bf16
-        self._prefill.argtypes = [pointer, pointer, pointer, int64, pointer, int64, int64, int64, integer, integer,
-                                  integer, integer, single, pointer, integer]
-        self._prefill.restype = integer
+        self._decode = native_library.bind(decode_library, "paged_decode_attention_bf16", [
+            POINTER, POINTER, POINTER, INT64, POINTER, POINTER, INT, INT, INT, INT, INT, INT, FLOAT, POINTER, INT])
+        self._prefill = native_library.bind(prefill_library, "paged_prefill_attention_bf16", [
+            POINTER, POINTER, POINTER, INT64, POINTER, INT64, INT64, INT64, INT, INT, INT, INT, FLOAT, POINTER, INT])
 
     @classmethod
     def load(cls) -> NativeAttention | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -41,16 +42,29 @@ class BuildError(RuntimeError):
     """The library could not be built or loaded here; the message says why."""
 
 
+POINTER, INT, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+
+
+def bind(library: ctypes.CDLL, name: str, argtypes: list):
+    """`library.name` with its argument types declared; every kernel returns an int status (0: done)."""
+    function = getattr(library, name)
+    function.argtypes = argtypes
+    function.restype = INT
+    return function
+
+
+@functools.cache
+def _cpuinfo_lines() -> tuple[str, ...]:
+    try:
+        return tuple(Path("/proc/cpuinfo").read_text().splitlines())
+    except OSError:
+        return ()
+
+
 def cpu_flags() -> set[str]:
     """This CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+    line = next((line for line in _cpuinfo_lines() if line.startswith("flags")), None)
+    return set(line.split(":", 1)[1].split()) if line else set()
 
 
 def load_or_none(source_name: str, purpose: str) -> ctypes.CDLL | None:
@@ -102,11 +116,7 @@ def _compiler_version(compiler: str) -> str:
 
 
 def _cpu_identity() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    model = next((line for line in text.splitlines() if line.startswith("model name")), "")
+    model = next((line for line in _cpuinfo_lines() if line.startswith("model name")), "")
     return model + " ".join(sorted(cpu_flags()))
 
 

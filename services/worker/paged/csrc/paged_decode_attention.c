@@ -24,7 +24,7 @@
 
 typedef struct {
     const uint16_t *q, *keys, *values;
-    const int64_t *tables, *lens;
+    const int64_t *tables;
     int width, heads, kv_heads, head_dim, block_size;
     float scale;
     uint16_t *out;
@@ -160,7 +160,7 @@ int paged_decode_attention_bf16(const uint16_t *q, const uint16_t *keys, const u
             if (tables[(int64_t)r * width + b] < 0 || tables[(int64_t)r * width + b] >= pool_blocks) return 1;
         longest = lens[r] > longest ? lens[r] : longest;
     }
-    Decode d = {q, keys, values, tables, lens, width, heads, kv_heads, head_dim, block_size, scale, out};
+    Decode d = {q, keys, values, tables, width, heads, kv_heads, head_dim, block_size, scale, out};
     num_threads = num_threads < 1 ? 1 : num_threads > MAX_PARTS ? MAX_PARTS : num_threads;
     /* fewer rows than threads over long contexts: each row's keys split among the threads */
     int parts = rows < num_threads && longest >= SPLIT_MIN_KEYS ? num_threads : 1;
