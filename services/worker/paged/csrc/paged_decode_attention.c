@@ -3,8 +3,10 @@
  * Each decode row has one query per head and attends to its `len` cached keys, found through its
  * block table. torch's path copies every row's blocks into a contiguous buffer, layer by layer,
  * then runs SDPA over the copy; this kernel reads each block once, in place: query-key dots with
- * AVX512-BF16 (bfloat16 products summed in float32, as a bfloat16 GEMM sums them), a float32
- * softmax, and the weighted values summed in float32. Rows are shared among the OpenMP threads of
+ * AVX512-BF16 (bfloat16 products summed in float32, as a bfloat16 GEMM sums them; sixteen keys'
+ * dots finished together), a float32 softmax, and the weighted values summed in float32, each
+ * value row widened once for the query heads that share it. Blocks lie anywhere in the pool, so
+ * the next tile's rows are prefetched. Rows are shared among the OpenMP threads of
  * the runtime torch itself loaded (same soname), so they are torch's intra-op threads.
  *
  * Layout: q [rows, heads, head_dim]; pools [blocks, block_size, kv_heads, head_dim]; tables
@@ -21,6 +23,9 @@
 #define TOKENS_PER_TILE 16
 #define MAX_PARTS 64        /* threads one row's keys may be split among */
 #define SPLIT_MIN_KEYS 128  /* shorter rows are not worth splitting */
+#define MAX_DIM 256
+#define HEADS_PER_PASS 4    /* query heads whose value sums share a pass over a key head's values */
+#define VALUES_AHEAD 16     /* how far ahead of the value row in use the next ones are fetched */
 
 typedef struct {
     const uint16_t *q, *keys, *values;
@@ -30,32 +35,67 @@ typedef struct {
     uint16_t *out;
 } Decode;
 
-static inline float dot_bf16(const uint16_t *q, const uint16_t *k, int head_dim) {
-    __m512 sum = _mm512_setzero_ps();
-    for (int c = 0; c < head_dim; c += 32)
-        sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(q + c), (__m512bh)_mm512_loadu_si512(k + c));
-    return _mm512_reduce_add_ps(sum);
+static const uint16_t ZERO_ROW[MAX_DIM];  /* stands in for the missing keys of a partial tile */
+
+/* Key or value `j` of a row, every key head of it: where its block table puts it in the pool. */
+static inline __attribute__((always_inline)) const uint16_t *token_row(
+        const uint16_t *pool, const int64_t *table, int64_t j, int block_size, int64_t token_stride) {
+    return pool + (table[j / block_size] * block_size + j % block_size) * token_stride;
+}
+
+/* Blocks lie anywhere in the pool, so the hardware cannot guess the next one: ask for it early. */
+static inline __attribute__((always_inline)) void prefetch(const uint16_t *row, int64_t elements) {
+    for (int64_t b = 0; b < elements * 2; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T0);
+}
+
+/* Lane t of the result is the sum of v[t]'s sixteen lanes: sixteen dot products finished at once. */
+static inline __m512 sum_lanes16(const __m512 v[16]) {
+    __m512 pairs[8], quads[4];
+    for (int k = 0; k < 8; k++)  /* per 128-bit lane: v[2k] and v[2k+1], two lanes each */
+        pairs[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+                                 _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+    for (int k = 0; k < 4; k++)  /* per 128-bit lane: v[4k] .. v[4k+3], one lane each */
+        quads[k] = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(pairs[2 * k]), _mm512_castps_pd(pairs[2 * k + 1]))),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(pairs[2 * k]), _mm512_castps_pd(pairs[2 * k + 1]))));
+    __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88),
+                               _mm512_shuffle_f32x4(quads[0], quads[1], 0xdd));
+    __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x88),
+                                _mm512_shuffle_f32x4(quads[2], quads[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xdd));
 }
 
 /* scores[head][key - begin] = scale * q[head] . k[key] for keys [begin, end) of one row, every head,
- * a tile of 16 keys at a time; a partial last tile is padded with -inf. */
-static inline void span_scores(const uint16_t *q, const uint16_t *keys, const int64_t *table, int64_t begin,
-                               int64_t end, int heads, int kv_heads, int head_dim, int block_size, float scale,
-                               int64_t padded, float *scores) {
+ * a tile of 16 keys at a time: each key's dot products summed in a vector of its own, the sixteen
+ * finished together. A partial last tile is padded with -inf. */
+static inline __attribute__((always_inline)) void span_scores(
+        const uint16_t *q, const uint16_t *keys, const int64_t *table, int64_t begin, int64_t end, int heads,
+        int kv_heads, int head_dim, int block_size, float scale, int64_t padded, float *scores) {
     int group = heads / kv_heads;
-    int64_t token_stride = (int64_t)kv_heads * head_dim, block_stride = block_size * token_stride;
+    int64_t token_stride = (int64_t)kv_heads * head_dim;
     for (int64_t j0 = begin; j0 < end; j0 += TOKENS_PER_TILE) {
         int n = end - j0 < TOKENS_PER_TILE ? (int)(end - j0) : TOKENS_PER_TILE;
+        const uint16_t *rows[TOKENS_PER_TILE];
+        for (int t = 0; t < TOKENS_PER_TILE; t++)
+            rows[t] = t < n ? token_row(keys, table, j0 + t, block_size, token_stride) : NULL;
+        for (int64_t j = j0 + TOKENS_PER_TILE; j < end && j < j0 + 2 * TOKENS_PER_TILE; j++)
+            prefetch(token_row(keys, table, j, block_size, token_stride), token_stride);
+        __mmask16 present = n == TOKENS_PER_TILE ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
         for (int i = 0; i < heads; i++) {
             const uint16_t *qh = q + (int64_t)i * head_dim;
             int64_t kv_offset = (int64_t)(i / group) * head_dim;
-            float *s = scores + i * padded + (j0 - begin);
-            for (int t = n; t < TOKENS_PER_TILE; t++) s[t] = -INFINITY;
-            for (int t = 0; t < n; t++) {
-                int64_t j = j0 + t;
-                const uint16_t *k = keys + table[j / block_size] * block_stride + (j % block_size) * token_stride;
-                s[t] = scale * dot_bf16(qh, k + kv_offset, head_dim);
+            __m512 dots[TOKENS_PER_TILE];
+            for (int t = 0; t < TOKENS_PER_TILE; t++) {
+                const uint16_t *k = rows[t] ? rows[t] + kv_offset : ZERO_ROW;
+                __m512 sum = _mm512_setzero_ps();
+                for (int c = 0; c < head_dim; c += 32)
+                    sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(qh + c),
+                                           (__m512bh)_mm512_loadu_si512(k + c));
+                dots[t] = sum;
             }
+            __m512 s = _mm512_mul_ps(sum_lanes16(dots), _mm512_set1_ps(scale));
+            _mm512_storeu_ps(scores + i * padded + (j0 - begin),
+                             _mm512_mask_blend_ps(present, _mm512_set1_ps(-INFINITY), s));
         }
     }
 }
@@ -81,22 +121,51 @@ static inline void span_softmax(float *scores, int heads, int64_t count, int64_t
     }
 }
 
-/* acc[head] = sum over keys [begin, end) of weight * v. */
-static inline void span_values(const uint16_t *values, const int64_t *table, int64_t begin, int64_t end, int heads,
-                               int kv_heads, int head_dim, int block_size, int64_t padded, const float *weights,
-                               float *acc) {
-    int group = heads / kv_heads;
-    int64_t token_stride = (int64_t)kv_heads * head_dim, block_stride = block_size * token_stride;
-    memset(acc, 0, sizeof(float) * heads * head_dim);
+/* acc[head] = sum over keys [begin, end) of weight * v for `count` heads from `first`, which share
+ * one key head: each value row is widened once for all of them, the sums kept in registers. */
+static inline __attribute__((always_inline)) void heads_values(
+        const uint16_t *values, const int64_t *table, int64_t begin, int64_t end, int kv_offset,
+        int64_t token_stride, int block_size, int head_dim, int first, const int count, int64_t padded,
+        const float *weights, float *acc) {
+    __m512 sums[HEADS_PER_PASS][MAX_DIM / 16];
+    for (int h = 0; h < count; h++)
+        for (int c = 0; c < head_dim / 16; c++) sums[h][c] = _mm512_setzero_ps();
+    const float *w = weights + (int64_t)first * padded - begin;
     for (int64_t j = begin; j < end; j++) {
-        const uint16_t *v = values + table[j / block_size] * block_stride + (j % block_size) * token_stride;
-        for (int i = 0; i < heads; i++) {
-            __m512 w = _mm512_set1_ps(weights[i * padded + (j - begin)]);
-            const uint16_t *vh = v + (int64_t)(i / group) * head_dim;
-            float *a = acc + (int64_t)i * head_dim;
-            for (int c = 0; c < head_dim; c += 16)
-                _mm512_storeu_ps(a + c, _mm512_fmadd_ps(w, widen16(vh + c), _mm512_loadu_ps(a + c)));
+        if (j + VALUES_AHEAD < end)
+            prefetch(token_row(values, table, j + VALUES_AHEAD, block_size, token_stride) + kv_offset, head_dim);
+        const uint16_t *v = token_row(values, table, j, block_size, token_stride) + kv_offset;
+        for (int c = 0; c < head_dim / 16; c++) {
+            __m512 wide = widen16(v + 16 * c);
+            for (int h = 0; h < count; h++)
+                sums[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(w[h * padded + j]), wide, sums[h][c]);
         }
+    }
+    for (int h = 0; h < count; h++)
+        for (int c = 0; c < head_dim / 16; c++)
+            _mm512_storeu_ps(acc + (int64_t)(first + h) * head_dim + 16 * c, sums[h][c]);
+}
+
+/* acc[head] = sum over keys [begin, end) of weight * v, a few heads of a key head per pass over its values. */
+static inline __attribute__((always_inline)) void span_values(
+        const uint16_t *values, const int64_t *table, int64_t begin, int64_t end, int heads, int kv_heads,
+        int head_dim, int block_size, int64_t padded, const float *weights, float *acc) {
+    int group = heads / kv_heads, per_pass = 16 / (head_dim / 16);
+    per_pass = per_pass > HEADS_PER_PASS ? HEADS_PER_PASS : per_pass < 1 ? 1 : per_pass;
+    int64_t token_stride = (int64_t)kv_heads * head_dim;
+    for (int i = 0; i < heads;) {
+        int count = group - i % group < per_pass ? group - i % group : per_pass;
+        int kv_offset = (i / group) * head_dim;
+#define VALUES_OF(n) heads_values(values, table, begin, end, kv_offset, token_stride, block_size, head_dim, i, n, \
+                                  padded, weights, acc)
+        switch (count) {  /* a constant count keeps the sums in registers */
+        case 1: VALUES_OF(1); break;
+        case 2: VALUES_OF(2); break;
+        case 3: VALUES_OF(3); break;
+        default: VALUES_OF(4); break;
+        }
+#undef VALUES_OF
+        i += count;
     }
 }
 
@@ -152,7 +221,7 @@ int paged_decode_attention_bf16(const uint16_t *q, const uint16_t *keys, const u
                                 int64_t pool_blocks, const int64_t *tables, const int64_t *lens, int rows,
                                 int width, int heads, int kv_heads, int head_dim, int block_size, float scale,
                                 uint16_t *out, int num_threads) {
-    if (head_dim % 32 != 0 || heads % kv_heads != 0 || rows < 1 || block_size < 1) return 1;
+    if (head_dim % 32 != 0 || head_dim > MAX_DIM || heads % kv_heads != 0 || rows < 1 || block_size < 1) return 1;
     int64_t longest = 0;
     for (int r = 0; r < rows; r++) {
         if (lens[r] < 1 || lens[r] > (int64_t)width * block_size) return 1;
