@@ -3,12 +3,13 @@
 `--quantize int8` stores the decoder blocks' linear weights as int8 with one scale per output row
 and multiplies with torch's own `_weight_int8pack_mm`; `--quantize int4` stores them as 4-bit codes
 with a scale and an offset per group of 32 inputs (GGUF Q4_1's layout, exactly) and multiplies with
-`_weight_int4pack_mm_for_cpu`. The lm_head stays a float matrix (`PackedLinear`): it is the one
-matrix whose rounding moves the argmax directly, and at a decode step of 16 rows oneDNN's bfloat16
-product beats both quantized kernels on it (BENCHMARKS.md). The activations stay in the model's
-dtype; only the weights are rounded. torch's two kernels are vectorized for bfloat16 activations
-and fall back to scalar loops for float32 (far slower: BENCHMARKS.md); `--dtype auto` is bfloat16
-wherever the CPU has bfloat16 instructions (`dtype_choice`).
+`_weight_int4pack_mm_for_cpu`. In both modes the lm_head is GGUF's Q8_0 (`Int8BlockLinear`: the
+file's own blocks where it has them, as llama.cpp computes), where the CPU has AVX512-VNNI, and a
+float matrix (`PackedLinear`) elsewhere. The blocks' activations stay in the model's dtype; only
+the weights are rounded (the Q8_0 head rounds its input rows too, per block, as llama.cpp does).
+torch's two kernels are vectorized for bfloat16 activations and fall back to scalar loops for
+float32 (far slower: BENCHMARKS.md); `--dtype auto` is bfloat16 wherever the CPU has bfloat16
+instructions (`dtype_choice`).
 
 From a GGUF file whose blocks are Q4_0 or Q4_1, `--quantize int4` takes the 4-bit codes and the
 block scales as they are in the file (no de-quantizing and re-quantizing): the layer computes with
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 
 from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, QUANTIZE
+from services.worker.int8_block_linear import Int8BlockLinear, quantize_blocks
 from services.worker.packed_linear import PackedLinear
 from services.worker.transformers_module import TransformersModule
 
@@ -165,7 +167,8 @@ def _round_up_to(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class RowDispatch:
     """The quantized layer for calls of up to `max_rows` rows, the packed float layer above."""
 
-    def __init__(self, quantized: Int8Linear | Int4Linear, dense: PackedLinear, max_rows: int) -> None:
+    def __init__(self, quantized: Int8Linear | Int4Linear | Int8BlockLinear, dense: PackedLinear,
+                 max_rows: int) -> None:
         self.quantized, self.dense = quantized, dense
         self.in_features, self.out_features = quantized.in_features, quantized.out_features
         self.max_elements = max_rows * self.in_features
@@ -183,13 +186,13 @@ GGUF_NAMES = {  # transformers' Llama parameter -> GGUF tensor (blk.N. prefix)
 
 
 class GgufWeights:
-    """The 4-bit blocks of a Llama GGUF file, by transformers' parameter names."""
+    """The 4-bit blocks of a Llama GGUF file, by transformers' parameter names, and its Q8_0 output matrix."""
 
-    def __init__(self, path: str, num_heads: int, num_kv_heads: int) -> None:
+    def __init__(self, path: str, num_heads: int, num_kv_heads: int, tied: bool) -> None:
         import gguf
 
         self.path = path
-        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.num_heads, self.num_kv_heads, self.tied = num_heads, num_kv_heads, tied
         self._types = gguf.GGMLQuantizationType
         self.tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(path).tensors}
 
@@ -226,6 +229,22 @@ class GgufWeights:
         return groups
 
 
+    def output_blocks(self, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The output matrix's int8 codes `[out, in]` and block scales `[out, in / 32]` as stored (Q8_0):
+        `output.weight`, or the token embedding where the model ties them; None when the file holds
+        it in another type or shape."""
+        tensor = self.tensors.get("output.weight") or (self.tensors.get("token_embd.weight") if self.tied else None)
+        if tensor is None or tensor.tensor_type != self._types.Q8_0:
+            return None
+        in_features, out_features = (int(n) for n in tensor.shape)
+        if (out_features, in_features) != tuple(shape):
+            return None
+        blocks = np.asarray(tensor.data).reshape(out_features, in_features // GROUP_SIZE, 2 + GROUP_SIZE)
+        scales = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        codes = blocks[..., 2:].copy().view(np.int8).reshape(out_features, in_features)
+        return torch.from_numpy(codes), torch.from_numpy(scales)
+
+
 def _unpermute_order(num_rows: int, num_heads: int) -> torch.Tensor:
     """Row order undoing llama.cpp's q/k permutation (interleaved rotary halves), as transformers'
     GGUF loader does to the float weights."""
@@ -254,7 +273,8 @@ class LinearFactory:
     `none`: the float weights packed for oneDNN (`PackedLinear`); `int8`: `Int8Linear` for the
     decoder blocks; `int4`: `Int4Linear` for them (from the GGUF's own 4-bit blocks where the file
     has them); with `max_rows`, each quantized layer in a `RowDispatch` beside the packed float one.
-    The lm_head stays `PackedLinear` in every mode.
+    The lm_head is `Int8BlockLinear` in both quantized modes (the GGUF's Q8_0 blocks where the file
+    has them), where its kernel runs here, and `PackedLinear` otherwise.
     """
 
     def __init__(self, quantize: str = "none", model: TransformersModule | None = None, gguf_file: str | None = None,
@@ -267,19 +287,29 @@ class LinearFactory:
             self.names = {p.data_ptr(): name for name, p in model.named_parameters(remove_duplicate=False)}
         self.gguf: GgufWeights | None = None
         self.counts: dict[str, int] = {}
-        if quantize == "int4" and gguf_file and model is not None:
+        if quantize != "none" and gguf_file and model is not None:
             config = model.config
             self.gguf = GgufWeights(gguf_file, config.num_attention_heads,
-                                    config.num_key_value_heads or config.num_attention_heads)
+                                    config.num_key_value_heads or config.num_attention_heads,
+                                    bool(getattr(config, "tie_word_embeddings", False)))
 
     def __call__(self, *weights: torch.Tensor):
         weight = weights[0] if len(weights) == 1 else torch.cat(weights)
         names = [self.names.get(w.data_ptr(), "") for w in weights]
-        if self.quantize == "none" or any(name in HEAD_NAMES for name in names):
+        if self.quantize == "none":
             return PackedLinear(weight)
-        kind, layer = self._quantized(weight, names)
+        is_head = any(name in HEAD_NAMES for name in names)
+        kind, layer = self._head(weight) if is_head else self._quantized(weight, names)
+        if layer is None:
+            return PackedLinear(weight)
         self.counts[kind] = self.counts.get(kind, 0) + 1
         return layer if self.max_rows is None else RowDispatch(layer, PackedLinear(weight), self.max_rows)
+
+    def _head(self, weight: torch.Tensor) -> tuple[str, Int8BlockLinear | None]:
+        stored = self.gguf.output_blocks(weight.shape) if self.gguf is not None else None
+        codes, scales = stored if stored is not None else quantize_blocks(weight)
+        return ("Q8_0 lm_head (GGUF blocks)" if stored is not None else "Q8_0 lm_head",
+                Int8BlockLinear.load(codes, scales))
 
     def _quantized(self, weight: torch.Tensor, names: list[str]) -> tuple[str, Int8Linear | Int4Linear]:
         if self.quantize == "int8":

@@ -1,7 +1,8 @@
 """A C source of ours compiled for this machine at first use, cached, and loaded with ctypes.
 
-Every kernel in `csrc/` needs an x86 CPU with AVX512-BF16 (`REQUIRED_CPU_FLAGS`); elsewhere, with no
-compiler, or when the build fails, `load_or_none` says why in the log and the caller keeps torch's path.
+The attention and layer kernels in `csrc/` need an x86 CPU with AVX512-BF16 (`REQUIRED_CPU_FLAGS`), the
+int8 product AVX512-VNNI; elsewhere, with no compiler, or when the build fails, `load_or_none` says why
+in the log and the caller keeps torch's path.
 
 The kernels in `csrc/` are built with `-march=native` on the machine that runs them (as inductor
 and Triton build theirs), so the binary is keyed by the source, the flags, the compiler and this
@@ -67,20 +68,22 @@ def cpu_flags() -> set[str]:
     return set(line.split(":", 1)[1].split()) if line else set()
 
 
-def load_or_none(source_name: str, purpose: str) -> ctypes.CDLL | None:
+def load_or_none(source_name: str, purpose: str,
+                 needs: tuple[str, ...] = REQUIRED_CPU_FLAGS) -> ctypes.CDLL | None:
     """`load`, or None with a log line that says why `purpose` stays on torch's path."""
     try:
-        return load(source_name)
+        return load(source_name, needs)
     except BuildError as exc:
         logger.warning("%s: torch's, the C kernel cannot run here: %s", purpose, exc)
         return None
 
 
-def load(source_name: str) -> ctypes.CDLL:
-    """`csrc/<source_name>` built for this machine (once; cached) and loaded; BuildError if it cannot be."""
-    missing = [flag for flag in REQUIRED_CPU_FLAGS if flag not in cpu_flags()]
+def load(source_name: str, needs: tuple[str, ...] = REQUIRED_CPU_FLAGS) -> ctypes.CDLL:
+    """`csrc/<source_name>` built for this machine (once; cached) and loaded; BuildError if it cannot be
+    (`needs`: the CPU flags the source's instructions need)."""
+    missing = [flag for flag in needs if flag not in cpu_flags()]
     if platform.machine() not in ("x86_64", "AMD64") or missing:
-        raise BuildError(f"it needs an x86 CPU with {', '.join(REQUIRED_CPU_FLAGS)}")
+        raise BuildError(f"it needs an x86 CPU with {', '.join(needs)}")
     source = SOURCE_DIR / source_name
     compiler = _compiler()
     target = Path(cache_root()) / "kernels" / f"{source.stem}-{_build_key(source, compiler)}.so"

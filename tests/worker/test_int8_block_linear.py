@@ -1,0 +1,106 @@
+"""The Q8_0 lm_head: the C product against exact integer arithmetic, the rounding, the GGUF's blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from services.worker.int8_block_linear import BLOCK_SIZE, Int8BlockLinear, quantize_blocks
+from services.worker.quantized_linear import GgufWeights
+from tests.worker.test_quantized_linear import _weight, _write_gguf
+
+needs_kernel = pytest.mark.skipif(Int8BlockLinear.load(*quantize_blocks(torch.ones(16, 32))) is None,
+                                  reason="no AVX512-VNNI CPU or no C compiler here")
+
+
+def rounded_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's rows as llama.cpp rounds them for a Q8_0 product: int8 codes and a scale per block of 32."""
+    blocks = x.float().view(x.shape[0], -1, BLOCK_SIZE)
+    largest = blocks.abs().amax(dim=-1)
+    inverse = torch.where(largest > 0, 127 / largest, torch.zeros_like(largest))
+    return torch.round(blocks * inverse[..., None]), largest / 127
+
+
+def exact_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The Q8_0 product in float64: each block's integer dot product times both blocks' scales."""
+    x_codes, x_scales = rounded_rows(x)
+    dots = torch.einsum("rbk,obk->rob", x_codes.double(), codes.view(codes.shape[0], -1, BLOCK_SIZE).double())
+    return (dots * x_scales.double()[:, None, :] * scales.double()[None]).sum(-1)
+
+
+@needs_kernel
+@pytest.mark.parametrize("out_features,in_features", [(16, 32), (40, 64), (100, 96), (1000, 576)])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
+def test_product_equals_exact_block_arithmetic(out_features, in_features, rows):
+    """Rows of activations rounded per block, integer block sums, float32 scaling: the kernel equals
+    that computed in float64 to float32's rounding, for outputs that do not fill the last tile of
+    16 and for row counts across the kernel's passes of 8."""
+    generator = torch.Generator().manual_seed(out_features * rows)
+    codes, scales = quantize_blocks(torch.randn(out_features, in_features, generator=generator))
+    layer = Int8BlockLinear.load(codes, scales)
+    x = torch.randn(rows, in_features, generator=generator)
+    x[0, :BLOCK_SIZE] = 0  # a block of zeros has no scale to divide by
+    expected = exact_product(x, codes, scales)
+    got = layer(x).double()
+    assert got.shape == (rows, out_features)
+    assert ((got - expected).abs() <= expected.abs() * 1e-5 + 1e-4).all()
+
+
+@needs_kernel
+def test_layer_keeps_the_input_shape_and_dtype_and_its_weights():
+    """3-d and bfloat16 inputs; the packed weights de-quantize to exactly codes times scales."""
+    codes, scales = quantize_blocks(_weight(48, 64))
+    layer = Int8BlockLinear.load(codes, scales)
+    expected = (codes.float().view(48, -1, BLOCK_SIZE) * scales[..., None]).view(48, 64)
+    assert torch.equal(layer.dequantized(), expected)
+    x = torch.randn(2, 3, 64).to(torch.bfloat16)
+    y = layer(x)
+    assert y.shape == (2, 3, 48) and y.dtype == torch.bfloat16
+    torch.testing.assert_close(y[1, 2].float(), layer(x[1, 2:3].float())[0].to(torch.bfloat16).float())
+
+
+def test_quantize_blocks_is_q8_0_rounding():
+    """Each weight within half a step of its block's scale; the scales are float16 values."""
+    weight = _weight(32, 128)
+    codes, scales = quantize_blocks(weight)
+    assert codes.dtype == torch.int8 and int(codes.abs().max()) <= 127 and scales.shape == (32, 4)
+    assert torch.equal(scales, scales.to(torch.float16).float())
+    steps = scales.repeat_interleave(BLOCK_SIZE, dim=1)
+    restored = codes.float() * steps
+    assert bool(((restored - weight).abs() <= steps / 2 + 1e-6).all())
+
+
+def test_gguf_q8_0_output_blocks_are_taken_as_stored(tmp_path):
+    """The output matrix's Q8_0 blocks read into codes and scales that de-quantize to gguf-py's
+    own result: `output.weight` where the file has one, the token embedding where the model ties
+    them; not the embedding of an untied model, nor another type or shape."""
+    import gguf
+
+    kinds = gguf.GGMLQuantizationType
+    rng = np.random.RandomState(0)
+    embedding, output = rng.randn(48, 64).astype(np.float32), rng.randn(48, 64).astype(np.float32)
+    tied_path, untied_path = str(tmp_path / "tied.gguf"), str(tmp_path / "untied.gguf")
+    _write_gguf(tied_path, {"token_embd.weight": (embedding, kinds.Q8_0)})
+    _write_gguf(untied_path, {"token_embd.weight": (embedding, kinds.Q8_0), "output.weight": (output, kinds.Q4_1)})
+
+    def reference(weight: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(weight, kinds.Q8_0), kinds.Q8_0))
+
+    codes, scales = GgufWeights(tied_path, 4, 2, tied=True).output_blocks(torch.Size([48, 64]))
+    assert torch.equal((codes.float().view(48, -1, BLOCK_SIZE) * scales[..., None]).view(48, 64),
+                       reference(embedding))
+    assert GgufWeights(tied_path, 4, 2, tied=False).output_blocks(torch.Size([48, 64])) is None
+    assert GgufWeights(tied_path, 4, 2, tied=True).output_blocks(torch.Size([64, 48])) is None
+    assert GgufWeights(untied_path, 4, 2, tied=False).output_blocks(torch.Size([48, 64])) is None
+
+
+def test_embedded_gguf_head_blocks_equal_the_converted_float_weights(smollm2, smollm2_reference):
+    """SmolLM2's Q8_0 token embedding (its lm_head, tied), read as codes and block scales, equals the
+    float matrix transformers de-quantized from it, bit for bit."""
+    config = smollm2_reference.config
+    source = GgufWeights(smollm2.gguf_file, config.num_attention_heads, config.num_key_value_heads, tied=True)
+    head = smollm2_reference.lm_head.weight.detach()
+    codes, scales = source.output_blocks(head.shape)
+    assert torch.equal((codes.float().view(head.shape[0], -1, BLOCK_SIZE) * scales[..., None]).view(head.shape),
+                       head)
