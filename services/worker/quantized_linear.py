@@ -13,7 +13,10 @@ instructions (`dtype_choice`).
 
 From a GGUF file whose blocks are Q4_0 or Q4_1, `--quantize int4` takes the 4-bit codes and the
 block scales as they are in the file (no de-quantizing and re-quantizing): the layer computes with
-the very weights the file holds. Any other tensor is quantized from its float weights.
+the very weights the file holds. Any other tensor is quantized from its float weights. Where the
+CPU has AVX512-VNNI the int4 layers are `block_linear.Int4BlockLinear`, which computes as llama.cpp
+does (activation rows rounded to int8 per block, exact integer block sums): faster than torch's
+int4 kernel at every row count it serves (BENCHMARKS.md).
 
 Quantized kernels pay where a step is memory-bound: a decode step of a few rows reads every weight
 once for little arithmetic, so fewer bytes per weight are time saved. A prefill chunk of hundreds
@@ -36,8 +39,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from services.worker.block_linear import Int4BlockLinear, Int8BlockLinear, quantize_blocks
 from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, QUANTIZE
-from services.worker.int8_block_linear import Int8BlockLinear, quantize_blocks
 from services.worker.packed_linear import PackedLinear
 from services.worker.transformers_module import TransformersModule
 
@@ -167,7 +170,7 @@ def _round_up_to(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class RowDispatch:
     """The quantized layer for calls of up to `max_rows` rows, the packed float layer above."""
 
-    def __init__(self, quantized: Int8Linear | Int4Linear | Int8BlockLinear, dense: PackedLinear,
+    def __init__(self, quantized: Int8Linear | Int4Linear | Int4BlockLinear | Int8BlockLinear, dense: PackedLinear,
                  max_rows: int) -> None:
         self.quantized, self.dense = quantized, dense
         self.in_features, self.out_features = quantized.in_features, quantized.out_features
@@ -271,10 +274,11 @@ class LinearFactory:
     is one layer over the weights stacked by rows (fused q/k/v, gate/up).
 
     `none`: the float weights packed for oneDNN (`PackedLinear`); `int8`: `Int8Linear` for the
-    decoder blocks; `int4`: `Int4Linear` for them (from the GGUF's own 4-bit blocks where the file
-    has them); with `max_rows`, each quantized layer in a `RowDispatch` beside the packed float one.
-    The lm_head is `Int8BlockLinear` in both quantized modes (the GGUF's Q8_0 blocks where the file
-    has them), where its kernel runs here, and `PackedLinear` otherwise.
+    decoder blocks; `int4`: 4-bit blocks for them (the GGUF's own where the file has them), as
+    `Int4BlockLinear` (llama.cpp's arithmetic, in C) where its kernel runs here, else torch's
+    `Int4Linear`; with `max_rows`, each quantized layer in a `RowDispatch` beside the packed float
+    one. The lm_head is `Int8BlockLinear` in both quantized modes (the GGUF's Q8_0 blocks where the
+    file has them) where its kernel runs, and `PackedLinear` otherwise.
     """
 
     def __init__(self, quantize: str = "none", model: TransformersModule | None = None, gguf_file: str | None = None,
@@ -311,14 +315,20 @@ class LinearFactory:
         return ("Q8_0 lm_head (GGUF blocks)" if stored is not None else "Q8_0 lm_head",
                 Int8BlockLinear.load(codes, scales))
 
-    def _quantized(self, weight: torch.Tensor, names: list[str]) -> tuple[str, Int8Linear | Int4Linear]:
+    def _quantized(self, weight: torch.Tensor,
+                   names: list[str]) -> tuple[str, Int8Linear | Int4Linear | Int4BlockLinear]:
         if self.quantize == "int8":
             return "int8", Int8Linear.from_float(weight, self.dtype)
         parts = [self.gguf.group_codes(name) for name in names] if self.gguf is not None else []
         stored = [part for part in parts if part is not None]
-        if parts and len(stored) == len(parts):
-            return "int4 (GGUF blocks)", Int4Linear(GroupCodes.concat(stored), self.dtype)
-        return "int4", Int4Linear.from_float(weight, self.dtype)
+        from_file = bool(parts) and len(stored) == len(parts)
+        kind = "int4 (GGUF blocks)" if from_file else "int4"
+        # float16 scales and offsets, as GGUF stores them: what the C product takes
+        groups = GroupCodes.concat(stored) if from_file else quantize_int4(weight, torch.float16)
+        in_c = Int4BlockLinear.load(groups.codes, groups.scales, groups.offsets)
+        if in_c is not None:
+            return kind, in_c
+        return kind, Int4Linear(groups, self.dtype) if from_file else Int4Linear.from_float(weight, self.dtype)
 
     def describe(self) -> str:
         kinds = ", ".join(f"{count} {kind}" for kind, count in self.counts.items())

@@ -193,12 +193,13 @@ def test_quantized_weights_in_process(tiny_model_dir) -> None:
     more than `quantized_max_rows` rows) and greedy replies come back whole; `quantized_max_rows=None`
     keeps the 4-bit weights alone and, with every step of this batch within 8 rows either way, gives
     the same tokens."""
+    from services.worker.block_linear import Int4BlockLinear
     from services.worker.quantized_linear import Int4Linear, RowDispatch
 
     quantized = LLM(tiny_model_dir, dtype="bfloat16", device="cpu", quantize="int4")
     alone = LLM(tiny_model_dir, dtype="bfloat16", device="cpu", quantize="int4", quantized_max_rows=None)
     assert isinstance(quantized.model.forward_pass.weights.layers[0].qkv, RowDispatch)
-    assert isinstance(alone.model.forward_pass.weights.layers[0].qkv, Int4Linear)
+    assert isinstance(alone.model.forward_pass.weights.layers[0].qkv, (Int4Linear, Int4BlockLinear))
     prompts = [[1, 504, 3458], [9690, 17]]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     replies = [o.outputs[0].token_ids for o in quantized.generate(prompts, params, use_tqdm=False)]

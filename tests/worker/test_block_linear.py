@@ -1,4 +1,4 @@
-"""The Q8_0 lm_head: the C product against exact integer arithmetic, the rounding, the GGUF's blocks."""
+"""GGUF block products in C (Q8_0, Q4_1) against exact integer arithmetic; Q8_0 rounding; the GGUF's head blocks."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from services.worker.int8_block_linear import BLOCK_SIZE, Int8BlockLinear, quantize_blocks
-from services.worker.quantized_linear import GgufWeights
+from services.worker.block_linear import BLOCK_SIZE, Int4BlockLinear, Int8BlockLinear, quantize_blocks
+from services.worker.quantized_linear import GgufWeights, quantize_int4
 from tests.worker.test_quantized_linear import _weight, _write_gguf
 
 needs_kernel = pytest.mark.skipif(Int8BlockLinear.load(*quantize_blocks(torch.ones(16, 32))) is None,
@@ -45,6 +45,32 @@ def test_product_equals_exact_block_arithmetic(out_features, in_features, rows):
     got = layer(x).double()
     assert got.shape == (rows, out_features)
     assert ((got - expected).abs() <= expected.abs() * 1e-5 + 1e-4).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("out_features,in_features", [(16, 32), (40, 64), (960, 576)])
+@pytest.mark.parametrize("rows", [1, 8, 9])
+def test_int4_product_equals_exact_block_arithmetic(out_features, in_features, rows):
+    """Q4_1: per block, scale x (the codes' dot with x's rounded row) + offset x (the sum of x's
+    codes), times x's block scale; the kernel equals that computed in float64 to float32's rounding."""
+    generator = torch.Generator().manual_seed(out_features + rows)
+    groups = quantize_int4(torch.randn(out_features, in_features, generator=generator), torch.float16)
+    layer = Int4BlockLinear.load(groups.codes, groups.scales, groups.offsets)
+    assert torch.equal(layer.dequantized(), groups.dequantized())
+    x = torch.randn(rows, in_features, generator=generator)
+    x_codes, x_scales = rounded_rows(x)
+    codes = groups.codes.view(out_features, -1, BLOCK_SIZE).double()
+    dots = torch.einsum("rbk,obk->rob", x_codes.double(), codes) * groups.scales.double()[None]
+    dots += groups.offsets.double()[None] * x_codes.double().sum(-1)[:, None, :]
+    expected = (dots * x_scales.double()[:, None, :]).sum(-1)
+    assert ((layer(x).double() - expected).abs() <= expected.abs() * 1e-5 + 1e-4).all()
+
+
+@needs_kernel
+def test_int4_layer_takes_only_float16_block_scales():
+    """The kernel reads float16 scales and offsets, as GGUF stores them: others are refused (None), not rounded."""
+    groups = quantize_int4(_weight(16, 64), torch.float32)
+    assert Int4BlockLinear.load(groups.codes, groups.scales * (1 + 2**-20), groups.offsets) is None
 
 
 @needs_kernel
