@@ -1,20 +1,22 @@
-"""Linear layers in GGUF's block formats, multiplied in C as llama.cpp does: Q8_0 and Q4_1/Q4_0.
+"""Linear layers in GGUF's block formats, multiplied in C with integer dot products: Q8_0 and Q4_1/Q4_0.
 
 A decode step of a few rows reads every weight once for a few operations each, so its time is the
 weights' bytes and how fast the products consume them. torch's CPU int4 kernel widens the 4-bit
-weights to bfloat16 and multiplies in float; llama.cpp instead rounds each activation row to int8
-per block of 32 inputs (a scale per block) and sums each block's products exactly in int32 with
-the CPU's VNNI dot products, several times the multiplies per instruction. `csrc/block_linear.c`
-does the same:
+weights to bfloat16 and multiplies in float. llama.cpp instead rounds each activation row to int8
+per block of 32 inputs and sums each block's products exactly in int32 with the CPU's VNNI dot
+products, several times the multiplies per instruction. `csrc/block_linear.c` does the same with
+finer activations: what the int8 rounding leaves is rounded again to int8 in steps 254 times
+finer, so each row keeps about 16 bits per block (8-bit rows, as llama.cpp's, moved greedy texts
+off float weights' about twice as often; BENCHMARKS.md "Quantized weights"), for a second VNNI
+product per block that costs little where the weights' bytes are the time.
 
 - `Int4BlockLinear`: `--quantize int4`'s decoder blocks, from the GGUF's own Q4_1/Q4_0 blocks
   (4-bit codes, a float16 scale and offset per 32 inputs) or rounded from float weights.
 - `Int8BlockLinear`: the lm_head in both quantized modes, the GGUF's Q8_0 blocks where the file
   has them (SmolLM2's tied token embedding), else rounded here (`quantize_blocks`).
 
-Both need a CPU with AVX512-VNNI and a C compiler (`native_library`); elsewhere `load` returns None
-and the caller keeps torch's layers. Where each pays and how far its greedy texts drift from float
-weights: BENCHMARKS.md ("Quantized weights").
+Both need a CPU with AVX512-VNNI and AVX512-BF16 and a C compiler (`native_library`); elsewhere
+`load` returns None and the caller keeps torch's layers.
 """
 
 from __future__ import annotations

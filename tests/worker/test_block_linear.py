@@ -15,18 +15,32 @@ needs_kernel = pytest.mark.skipif(Int8BlockLinear.load(*quantize_blocks(torch.on
 
 
 def rounded_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x's rows as llama.cpp rounds them for a Q8_0 product: int8 codes and a scale per block of 32."""
+    """x's rows as the kernels round them: per block of 32, int8 codes c1 in steps of the block's
+    largest magnitude over 127 and c2 for what is left in steps 254 times finer. Returns the
+    combined codes 254 c1 + c2 and the fine step per block."""
     blocks = x.float().view(x.shape[0], -1, BLOCK_SIZE)
     largest = blocks.abs().amax(dim=-1)
-    inverse = torch.where(largest > 0, 127 / largest, torch.zeros_like(largest))
-    return torch.round(blocks * inverse[..., None]), largest / 127
+    # a true division, as the kernel's (torch's `127 / t` is 127 times a rounded reciprocal)
+    inverse = torch.where(largest > 0, torch.full_like(largest, 127).div(largest), torch.zeros_like(largest))
+    first = torch.round(blocks * inverse[..., None])
+    left = (blocks.double() * inverse.double()[..., None] - first).float()  # from the exact product, as FMA
+    second = torch.round(left * 254)
+    return first * 254 + second, largest / 127 / 254
 
 
-def exact_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The Q8_0 product in float64: each block's integer dot product times both blocks' scales."""
+def assert_float32_sum_of(got: torch.Tensor, terms: torch.Tensor) -> None:
+    """`got` `[rows, out]` is the sum of the float64 terms `[rows, out, terms]` to float32's rounding:
+    a few roundings per term (int to float, the scales), one per addition."""
+    bound = terms.abs().sum(-1) * (terms.shape[-1] + 4) * 2.0**-24
+    assert ((got.double() - terms.sum(-1)).abs() <= bound + 1e-30).all()
+
+
+def exact_terms(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The Q8_0 product's block terms in float64 `[rows, out, blocks]`: each block's integer dot
+    product times the weight block's scale and the row block's step."""
     x_codes, x_scales = rounded_rows(x)
     dots = torch.einsum("rbk,obk->rob", x_codes.double(), codes.view(codes.shape[0], -1, BLOCK_SIZE).double())
-    return (dots * x_scales.double()[:, None, :] * scales.double()[None]).sum(-1)
+    return dots * x_scales.double()[:, None, :] * scales.double()[None]
 
 
 @needs_kernel
@@ -34,17 +48,20 @@ def exact_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) ->
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
 def test_product_equals_exact_block_arithmetic(out_features, in_features, rows):
     """Rows of activations rounded per block, integer block sums, float32 scaling: the kernel equals
-    that computed in float64 to float32's rounding, for outputs that do not fill the last tile of
-    16 and for row counts across the kernel's passes of 8."""
+    that computed in float64 to float32's rounding of its sums, for outputs that do not fill the last tile of
+    16 and for row counts across the kernel's passes of 8; and the rounded rows are within a
+    part in 60000 of each block's largest input."""
     generator = torch.Generator().manual_seed(out_features * rows)
     codes, scales = quantize_blocks(torch.randn(out_features, in_features, generator=generator))
     layer = Int8BlockLinear.load(codes, scales)
     x = torch.randn(rows, in_features, generator=generator)
     x[0, :BLOCK_SIZE] = 0  # a block of zeros has no scale to divide by
-    expected = exact_product(x, codes, scales)
-    got = layer(x).double()
+    combined, steps = rounded_rows(x)
+    assert ((combined * steps[..., None] - x.view(rows, -1, BLOCK_SIZE)).abs()
+            <= x.view(rows, -1, BLOCK_SIZE).abs().amax(-1, keepdim=True) / 60000 + 1e-12).all()
+    got = layer(x)
     assert got.shape == (rows, out_features)
-    assert ((got - expected).abs() <= expected.abs() * 1e-5 + 1e-4).all()
+    assert_float32_sum_of(got, exact_terms(x, codes, scales))
 
 
 @needs_kernel
@@ -52,7 +69,7 @@ def test_product_equals_exact_block_arithmetic(out_features, in_features, rows):
 @pytest.mark.parametrize("rows", [1, 8, 9])
 def test_int4_product_equals_exact_block_arithmetic(out_features, in_features, rows):
     """Q4_1: per block, scale x (the codes' dot with x's rounded row) + offset x (the sum of x's
-    codes), times x's block scale; the kernel equals that computed in float64 to float32's rounding."""
+    codes), times x's block step; the kernel equals that computed in float64 to float32's rounding."""
     generator = torch.Generator().manual_seed(out_features + rows)
     groups = quantize_int4(torch.randn(out_features, in_features, generator=generator), torch.float16)
     layer = Int4BlockLinear.load(groups.codes, groups.scales, groups.offsets)
@@ -61,9 +78,8 @@ def test_int4_product_equals_exact_block_arithmetic(out_features, in_features, r
     x_codes, x_scales = rounded_rows(x)
     codes = groups.codes.view(out_features, -1, BLOCK_SIZE).double()
     dots = torch.einsum("rbk,obk->rob", x_codes.double(), codes) * groups.scales.double()[None]
-    dots += groups.offsets.double()[None] * x_codes.double().sum(-1)[:, None, :]
-    expected = (dots * x_scales.double()[:, None, :]).sum(-1)
-    assert ((layer(x).double() - expected).abs() <= expected.abs() * 1e-5 + 1e-4).all()
+    offset_terms = groups.offsets.double()[None] * x_codes.double().sum(-1)[:, None, :]
+    assert_float32_sum_of(layer(x), torch.cat([dots, offset_terms], -1) * x_scales.double().repeat(1, 2)[:, None, :])
 
 
 @needs_kernel
