@@ -91,7 +91,7 @@ def test_int4_layer_takes_only_float16_block_scales():
 
 @needs_kernel
 def test_layer_keeps_the_input_shape_and_dtype_and_its_weights():
-    """3-d and bfloat16 inputs; the packed weights de-quantize to exactly codes times scales."""
+    """3-d, 2-d and bfloat16 inputs; the packed weights de-quantize to exactly codes times scales."""
     codes, scales = quantize_blocks(_weight(48, 64))
     layer = Int8BlockLinear.load(codes, scales)
     expected = (codes.float().view(48, -1, BLOCK_SIZE) * scales[..., None]).view(48, 64)
@@ -100,6 +100,7 @@ def test_layer_keeps_the_input_shape_and_dtype_and_its_weights():
     y = layer(x)
     assert y.shape == (2, 3, 48) and y.dtype == torch.bfloat16
     torch.testing.assert_close(y[1, 2].float(), layer(x[1, 2:3].float())[0].to(torch.bfloat16).float())
+    assert torch.equal(layer(x[1]), y[1])  # a step's 2-d bfloat16 rows take the short path: the same products
 
 
 def test_quantize_blocks_is_q8_0_rounding():
