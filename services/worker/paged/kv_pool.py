@@ -51,6 +51,9 @@ class KVPool:
         size = (num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
         self.keys = [torch.empty(size, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
         self.values = [torch.empty(size, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)]
+        by_slot = (-1, shape.num_kv_heads, shape.head_dim)  # the same memory, a row per slot: `write`'s views
+        self._slot_keys = [t.view(by_slot) for t in self.keys]
+        self._slot_values = [t.view(by_slot) for t in self.values]
         self._ready = bytearray(num_blocks)  # 1: zeroed or written once
         self.prepare([PADDING_BLOCK])
 
@@ -75,6 +78,5 @@ class KVPool:
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Stores `keys`/`values` `[tokens, kv_heads, head_dim]` at `slots` `[tokens]`."""
-        flat = (-1, self.shape.num_kv_heads, self.shape.head_dim)
-        self.keys[layer].view(flat).index_copy_(0, slots, keys)
-        self.values[layer].view(flat).index_copy_(0, slots, values)
+        self._slot_keys[layer].index_copy_(0, slots, keys)
+        self._slot_values[layer].index_copy_(0, slots, values)

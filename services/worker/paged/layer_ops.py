@@ -93,7 +93,7 @@ class NativeLayerOps:
 
 def _bfloat16_rows(*tensors: torch.Tensor) -> bool:
     for t in tensors:  # a plain loop: this runs several times a layer, at every step
-        if t.dtype != torch.bfloat16 or t.device.type != "cpu" or not t.is_contiguous():
+        if t.dtype is not torch.bfloat16 or not t.is_cpu or not t.is_contiguous():
             return False
     return True
 
