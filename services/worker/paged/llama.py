@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from services.worker.llama_forward import Linear, LlamaForward, LlamaLayer
 from services.worker.paged.attention import AttentionInputs, PagedAttention
+from services.worker.paged.decode_stack import NativeDecodeStack
 from services.worker.paged.kv_pool import KVPool
 from services.worker.paged.layer_ops import NativeLayerOps, TorchLayerOps
 from services.worker.transformers_module import TransformersModule
@@ -32,6 +33,7 @@ class PagedLlamaForward:
         w = self.weights
         self.attention = PagedAttention(w.num_heads, w.num_kv_heads, w.head_dim)
         self.ops: TorchLayerOps | NativeLayerOps = TorchLayerOps()
+        self.stack: NativeDecodeStack | None = None  # every layer in one C call, where all its kernels are ours
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
                  pool: KVPool, logit_rows: torch.Tensor) -> torch.Tensor:
@@ -39,6 +41,18 @@ class PagedLlamaForward:
         w, ops = self.weights, self.ops
         x = F.embedding(input_ids, w.embedding)
         cos, sin = (t[0].unsqueeze(1) for t in w.rotary(x[None], positions[None]))  # [tokens, 1, head_dim]
+        if self.stack is not None and self.stack.accepts(x, inputs):
+            x, residual = self.stack.run(x, cos, sin, inputs, pool)
+        else:
+            x, residual = self._layers(x, cos, sin, inputs, pool)
+        hidden, _ = ops.add_rms_norm(x.index_select(0, logit_rows), residual.index_select(0, logit_rows),
+                                     w.norm, w.eps)
+        return w.lm_head(hidden)
+
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inputs: AttentionInputs,
+                pool: KVPool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer, call by call: the residual stream and the last MLP's output."""
+        w, ops = self.weights, self.ops
         residual = None
         for index, layer in enumerate(w.layers):
             hidden, x = ops.add_rms_norm(x, residual, layer.attention_norm, w.eps)
@@ -46,9 +60,7 @@ class PagedLlamaForward:
             hidden, x = ops.add_rms_norm(x, residual, layer.mlp_norm, w.eps)
             residual = layer.down(ops.silu_mul(layer.gate_up(hidden)))
         assert residual is not None
-        hidden, _ = ops.add_rms_norm(x.index_select(0, logit_rows), residual.index_select(0, logit_rows),
-                                     w.norm, w.eps)
-        return w.lm_head(hidden)
+        return x, residual
 
     def _attention(self, layer: LlamaLayer, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    inputs: AttentionInputs, pool: KVPool) -> torch.Tensor:

@@ -16,6 +16,7 @@ from services.worker.generations import step_rows, top_of_row
 from services.worker.loading import LoadedModel
 from services.worker.paged import families
 from services.worker.paged.batch import PagedBatch
+from services.worker.paged.decode_stack import NativeDecodeStack
 from services.worker.paged.draft_proposer import DraftProposer
 from services.worker.paged.families import layer_windows, paged_forward
 from services.worker.paged.kv_pool import KVPool, KVShape
@@ -66,6 +67,7 @@ class PagedModel:
         attention = self.forward_pass.attention
         where = "in place (C kernels)" if attention.native is not None else "over gathered blocks (torch)"
         steps = ", layer steps in C" if isinstance(getattr(self.forward_pass, "ops", None), NativeLayerOps) else ""
+        steps += ", decode steps' layers in one C call" if getattr(self.forward_pass, "stack", None) else ""
         return where + (", decode rows in float32" if attention.float32_decode else "") + steps
 
     def _draft_proposer(self, draft: LoadedModel, speculate: int) -> DraftProposer:
@@ -260,3 +262,4 @@ def _use_c_kernels(forward_pass) -> None:
         layer_ops = NativeLayerOps.load()
         if layer_ops is not None:
             forward_pass.ops = layer_ops
+            forward_pass.stack = NativeDecodeStack.load(forward_pass)

@@ -1,0 +1,123 @@
+/* A Llama decoder stack's decode step on CPU in one call: every layer of a step of decode rows.
+ *
+ * A decode step of a row or two runs a dozen kernels a layer, each one short: from Python every
+ * call costs more in the interpreter and the bindings than a small kernel computes. This runs the
+ * same kernels in the same order, layer after layer, from C: ztgi's own, through the function
+ * pointers the caller hands over (`Kernels`, the libraries `native_library` built), so the
+ * arithmetic and its rounding are exactly those of the step taken call by call from Python
+ * (`PagedLlamaForward`): for each layer the residual add and RMSNorm, the q/k/v product, rotary of
+ * queries and keys, the keys and values written to their pool slots, attention over the blocks in
+ * place, the output product, the residual add and RMSNorm, the gate/up product, the SiLU gate and
+ * the down product. Only 4-bit GGUF block products (`Int4BlockLinear`) and bfloat16 activations.
+ *
+ * x [rows, hidden] bfloat16: the embeddings in, the residual stream before the last layer's MLP
+ * out; residual [rows, hidden]: the last layer's MLP output (the caller adds both and normalizes,
+ * as `add_rms_norm` does). scratch: at least `llama_decode_scratch_bytes` bytes. Returns 0, or the
+ * first kernel's non-zero status (with the layer, from 1, times 100 added).
+ */
+#include <stdint.h>
+#include <string.h>
+
+typedef int (*NormFn)(const uint16_t *, const uint16_t *, const uint16_t *, int64_t, int, float, uint16_t *,
+                      uint16_t *, int);
+typedef int (*Int4Fn)(const void *, int, int64_t, int64_t, const uint8_t *, const uint16_t *, const uint16_t *,
+                      int64_t, void *, int);
+typedef int (*RotaryFn)(const uint16_t *, int64_t, int, int, int64_t, const uint16_t *, const uint16_t *,
+                        uint16_t *, int);
+typedef int (*AttentionFn)(const uint16_t *, const uint16_t *, const uint16_t *, int64_t, const int64_t *,
+                           const int64_t *, int, int, int, int, int, int, float, uint16_t *, int);
+typedef int (*SiluFn)(const uint16_t *, int64_t, int, uint16_t *, int);
+
+typedef struct {
+    NormFn add_rms_norm;
+    Int4Fn int4_linear;
+    RotaryFn rotary;
+    AttentionFn attention;
+    SiluFn silu_mul;
+} Kernels;
+
+typedef struct {  /* one Int4BlockLinear's packed buffers */
+    const uint8_t *codes;
+    const uint16_t *scales, *offsets;
+    int64_t in_features, out_features;
+} Linear;
+
+typedef struct {
+    const uint16_t *attention_norm, *mlp_norm;
+    Linear qkv, output, gate_up, down;
+    uint16_t *keys, *values;  /* the layer's pool: [pool_blocks, block_size, kv_heads, head_dim] */
+} Layer;
+
+typedef struct {
+    int num_layers, hidden, heads, kv_heads, head_dim, intermediate, block_size;
+    int64_t pool_blocks;
+    float eps, scale;
+} Dims;
+
+typedef struct {  /* the step's rows */
+    int64_t rows;
+    const uint16_t *cos, *sin;  /* [rows, head_dim] */
+    const int64_t *slots;       /* [rows]: where each row's key and value go */
+    const int64_t *tables;      /* [rows, width] */
+    const int64_t *lens;        /* [rows] */
+    int width;
+} Step;
+
+static int64_t qkv_width(const Dims *d) { return (int64_t)(d->heads + 2 * d->kv_heads) * d->head_dim; }
+
+int64_t llama_decode_scratch_bytes(const Dims *d, int64_t rows) {
+    int64_t widest = qkv_width(d) > 2 * (int64_t)d->intermediate ? qkv_width(d) : 2 * (int64_t)d->intermediate;
+    /* hidden, qkv or gate/up, rotated q and k, q alone, attention out, gate */
+    int64_t elements = rows * (d->hidden + widest + (int64_t)(d->heads + d->kv_heads) * d->head_dim
+                               + 2 * (int64_t)d->heads * d->head_dim + d->intermediate);
+    return elements * 2;
+}
+
+static int linear(const Kernels *k, const Linear *l, const uint16_t *in, int64_t rows, uint16_t *out, int threads) {
+    return k->int4_linear(in, 1, rows, l->in_features, l->codes, l->scales, l->offsets, l->out_features, out, threads);
+}
+
+/* q/k/v, rotary, the keys and values into the pool, attention: the attention output [rows, heads * head_dim]. */
+static int attend(const Kernels *k, const Dims *d, const Layer *l, const Step *s, const uint16_t *hidden,
+                  uint16_t *qkv, uint16_t *rotated, uint16_t *q, uint16_t *out, int threads) {
+    int64_t rows = s->rows, width = qkv_width(d), dim = d->head_dim;
+    int64_t q_elements = (int64_t)d->heads * dim, kv_elements = (int64_t)d->kv_heads * dim;
+    int status = linear(k, &l->qkv, hidden, rows, qkv, threads);
+    if (status == 0)  /* queries and keys side by side: one rotation for both, as the Python step */
+        status = k->rotary(qkv, rows, d->heads + d->kv_heads, d->head_dim, width, s->cos, s->sin, rotated, threads);
+    if (status != 0) return status;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *row = rotated + r * (q_elements + kv_elements);
+        if (s->slots[r] < 0 || s->slots[r] >= d->pool_blocks * d->block_size) return 3;
+        memcpy(q + r * q_elements, row, (size_t)q_elements * 2);
+        memcpy(l->keys + s->slots[r] * kv_elements, row + q_elements, (size_t)kv_elements * 2);
+        memcpy(l->values + s->slots[r] * kv_elements, qkv + r * width + q_elements + kv_elements,
+               (size_t)kv_elements * 2);
+    }
+    return k->attention(q, l->keys, l->values, d->pool_blocks, s->tables, s->lens, (int)rows, s->width, d->heads,
+                        d->kv_heads, d->head_dim, d->block_size, d->scale, out, threads);
+}
+
+int llama_decode_stack(const Kernels *k, const Dims *d, const Layer *layers, const Step *s, uint16_t *x,
+                       uint16_t *residual, void *scratch, int threads) {
+    int64_t rows = s->rows, hidden_elements = rows * d->hidden;
+    uint16_t *hidden = scratch, *wide = hidden + hidden_elements;
+    int64_t widest = qkv_width(d) > 2 * (int64_t)d->intermediate ? qkv_width(d) : 2 * (int64_t)d->intermediate;
+    uint16_t *rotated = wide + rows * widest, *q = rotated + rows * (d->heads + d->kv_heads) * d->head_dim;
+    uint16_t *attended = q + rows * d->heads * d->head_dim, *gate = attended + rows * d->heads * d->head_dim;
+    for (int i = 0; i < d->num_layers; i++) {
+        const Layer *l = layers + i;
+        /* the first layer normalizes the embeddings alone; the others add the last MLP's output first */
+        int status = k->add_rms_norm(x, i == 0 ? NULL : residual, l->attention_norm, rows, d->hidden, d->eps,
+                                     i == 0 ? NULL : x, hidden, threads);
+        if (status == 0) status = attend(k, d, l, s, hidden, wide, rotated, q, attended, threads);
+        if (status == 0) status = linear(k, &l->output, attended, rows, residual, threads);
+        if (status == 0)
+            status = k->add_rms_norm(x, residual, l->mlp_norm, rows, d->hidden, d->eps, x, hidden, threads);
+        if (status == 0) status = linear(k, &l->gate_up, hidden, rows, wide, threads);
+        if (status == 0) status = k->silu_mul(wide, rows, d->intermediate, gate, threads);
+        if (status == 0) status = linear(k, &l->down, gate, rows, residual, threads);
+        if (status != 0) return status + 100 * (i + 1);
+    }
+    return 0;
+}

@@ -1,0 +1,165 @@
+"""A Llama decode step's decoder layers in one C call, where every kernel of them is ztgi's own.
+
+A decode step of a row or two spends more in Python between its kernels than in most of them: a
+dozen calls a layer, each a few microseconds of interpreter and bindings. With `--quantize int4`
+on a CPU with the C kernels (4-bit GGUF block products, attention in place, the layer steps),
+every kernel of a layer is one of ours, so `csrc/llama_decode_stack.c` runs them all, layer after
+layer, through the function pointers of the libraries already built: the same kernels in the same
+order as `PagedLlamaForward` calls them, so the step's logits are bit-identical (tested). Steps
+with a prefill chunk, more rows than the 4-bit layers take, sliding-window or softcapped attention,
+or any other layer kind, run call by call as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import torch
+
+from services.worker.block_linear import Int4BlockLinear
+from services.worker.paged import native_library
+from services.worker.paged.attention import AttentionInputs, PagedAttention
+from services.worker.paged.kv_pool import KVPool
+from services.worker.paged.layer_ops import NativeLayerOps
+from services.worker.quantized_linear import RowDispatch
+
+logger = logging.getLogger(__name__)
+
+P = ctypes.c_void_p
+
+
+class _Kernels(ctypes.Structure):
+    _fields_ = [("add_rms_norm", P), ("int4_linear", P), ("rotary", P), ("attention", P), ("silu_mul", P)]
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("codes", P), ("scales", P), ("offsets", P), ("in_features", ctypes.c_int64),
+                ("out_features", ctypes.c_int64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attention_norm", P), ("mlp_norm", P), ("qkv", _Linear), ("output", _Linear),
+                ("gate_up", _Linear), ("down", _Linear), ("keys", P), ("values", P)]
+
+
+class _Dims(ctypes.Structure):
+    _fields_ = [("num_layers", ctypes.c_int), ("hidden", ctypes.c_int), ("heads", ctypes.c_int),
+                ("kv_heads", ctypes.c_int), ("head_dim", ctypes.c_int), ("intermediate", ctypes.c_int),
+                ("block_size", ctypes.c_int), ("pool_blocks", ctypes.c_int64), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float)]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [("rows", ctypes.c_int64), ("cos", P), ("sin", P), ("slots", P), ("tables", P), ("lens", P),
+                ("width", ctypes.c_int)]
+
+
+def _address(function) -> int:
+    return ctypes.cast(function, P).value or 0
+
+
+def _int4(layer) -> tuple[Int4BlockLinear, int] | None:
+    """The layer's 4-bit block product and the most rows it takes it for; None for any other kind."""
+    if isinstance(layer, RowDispatch) and isinstance(layer.quantized, Int4BlockLinear):
+        return layer.quantized, layer.max_elements // layer.in_features
+    if isinstance(layer, Int4BlockLinear):
+        return layer, 1 << 30
+    return None
+
+
+class NativeDecodeStack:
+    """`run` takes a decode-only step's embeddings through every layer; build with `load`."""
+
+    def __init__(self, forward, linears: list[list[Int4BlockLinear]], max_rows: int, library: ctypes.CDLL) -> None:
+        self.forward = forward
+        self.linears = linears
+        self.max_rows = max_rows
+        self._run = native_library.bind(library, "llama_decode_stack", [P] * 6 + [P, native_library.INT])
+        self._scratch_bytes = library.llama_decode_scratch_bytes
+        self._scratch_bytes.argtypes, self._scratch_bytes.restype = [P, ctypes.c_int64], ctypes.c_int64
+        ops: NativeLayerOps = forward.ops
+        attention = forward.attention.native
+        self._kernels = _Kernels(_address(ops._norm), _address(linears[0][0]._kernel), _address(ops._rotary),
+                                 _address(attention._decode), _address(ops._silu_mul))
+        self._pool: KVPool | None = None
+        self._layers: ctypes.Array | None = None
+        self._dims: _Dims | None = None
+        self._scratch = torch.empty(0, dtype=torch.uint8)
+
+    @classmethod
+    def load(cls, forward) -> NativeDecodeStack | None:
+        """The stack for this forward where all its layers' kernels are ztgi's C ones; else None."""
+        attention: PagedAttention = forward.attention
+        if not isinstance(getattr(forward, "ops", None), NativeLayerOps) or attention.native is None:
+            return None
+        w = forward.weights
+        norms = [t for layer in w.layers for t in (layer.attention_norm, layer.mlp_norm)]
+        if attention.softcap is not None or not all(t.dtype is torch.bfloat16 and t.is_contiguous() for t in norms):
+            return None
+        # the shapes every kernel takes (the layer-by-layer step falls back to torch per call instead)
+        if w.head_dim % 32 or w.head_dim > 256 or w.embedding.shape[1] % 16 or w.intermediate_size % 16:
+            return None
+        found = [[_int4(getattr(layer, name)) for name in ("qkv", "output", "gate_up", "down")]
+                 for layer in forward.weights.layers]
+        if not found or any(kind is None for layer in found for kind in layer):
+            return None
+        library = native_library.load_or_none("llama_decode_stack.c", "decode steps layer by layer from Python")
+        if library is None:
+            return None
+        max_rows = min(kind[1] for layer in found for kind in layer if kind is not None)
+        linears = [[kind[0] for kind in layer if kind is not None] for layer in found]
+        return cls(forward, linears, max_rows, library)
+
+    def accepts(self, x: torch.Tensor, inputs: AttentionInputs) -> bool:
+        """Whether this step is one the stack runs: decode rows alone, none windowed, few enough."""
+        if inputs.prefills or len(inputs.decodes) != 1 or x.dtype is not torch.bfloat16:
+            return False
+        group = inputs.decodes[0]
+        return (group.start == 0 and group.end == x.shape[0] <= self.max_rows and not group.sliding
+                and group.context_lens is not None)
+
+    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inputs: AttentionInputs,
+            pool: KVPool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream and the last MLP's output `[rows, hidden]` after every layer, from the
+        embeddings `x` (consumed); the step's keys and values written to `pool`."""
+        dims, layers = self._bound(pool)
+        rows = x.shape[0]
+        group = inputs.decodes[0]
+        assert group.context_lens is not None, "accepts() checked it"
+        tables, lens, slots = (t.to(torch.int64).contiguous() for t in (group.block_table, group.context_lens,
+                                                                          inputs.slots))
+        cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
+        step = _Step(rows, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), lens.data_ptr(),
+                     tables.shape[1])
+        needed = self._scratch_bytes(ctypes.byref(dims), rows)
+        if self._scratch.numel() < needed:
+            self._scratch = torch.empty(needed, dtype=torch.uint8)
+        x = x.contiguous()
+        residual = torch.empty_like(x)
+        status = self._run(ctypes.addressof(self._kernels), ctypes.addressof(dims), ctypes.addressof(layers),
+                           ctypes.addressof(step), x.data_ptr(), residual.data_ptr(), self._scratch.data_ptr(),
+                           torch.get_num_threads())
+        if status != 0:
+            raise ValueError(f"llama_decode_stack refused its inputs (status {status}): layer {status // 100}")
+        return x, residual
+
+    def _bound(self, pool: KVPool) -> tuple[_Dims, ctypes.Array]:
+        """The model's shapes and every layer's weights and pool tensors, as the C code reads them
+        (made again when the pool is)."""
+        if pool is not self._pool or self._dims is None or self._layers is None:
+            self._dims, self._layers = self._describe(pool)
+            self._pool = pool
+        return self._dims, self._layers
+
+    def _describe(self, pool: KVPool) -> tuple[_Dims, ctypes.Array]:
+        w, attention = self.forward.weights, self.forward.attention
+        dims = _Dims(len(w.layers), w.embedding.shape[1], w.num_heads, w.num_kv_heads, w.head_dim,
+                     w.intermediate_size, pool.block_size, pool.num_blocks, w.eps, attention.scale)
+        layers = (_Layer * len(w.layers))()
+        for index, (layer, linears) in enumerate(zip(w.layers, self.linears, strict=True)):
+            packed = [_Linear(*(b.data_ptr() for b in linear._buffers), linear.in_features, linear.out_features)
+                      for linear in linears]
+            layers[index] = _Layer(layer.attention_norm.data_ptr(), layer.mlp_norm.data_ptr(), *packed,
+                                   pool.keys[index].data_ptr(), pool.values[index].data_ptr())
+        return dims, layers

@@ -1,0 +1,91 @@
+"""Decode steps' layers in one C call: the same tokens and logprobs as the step called layer by layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.worker.backend import load_paged_model
+from services.worker.paged.attention import AttentionInputs, decode_groups
+from services.worker.paged.decode_stack import NativeDecodeStack
+from services.worker.paged.layer_ops import TorchLayerOps
+from tests.worker.engine_helpers import batch_of, request, run_to_end
+
+PROMPTS = [[1, 504, 3458, 282, 9690, 17], [9690, 17, 28, 1073], list(range(300, 340))]
+
+
+@pytest.fixture(scope="module")
+def int4_model():
+    """The embedded SmolLM2 with --quantize int4 (its own 4-bit blocks), where the stack can run."""
+    model = load_paged_model("smollm2", dtype="bfloat16", device="cpu", quantize="int4")
+    if model.forward_pass.stack is None:
+        pytest.skip("no AVX512-VNNI/BF16 CPU or no C compiler here: the stack is not built")
+    model.allocate_pool(256)
+    return model
+
+
+def generate(model, requests, stack: NativeDecodeStack | None, calls: list[int]):
+    model.forward_pass.stack = stack
+    if stack is not None:
+        run = stack.run
+
+        def counted(*args):
+            calls.append(args[0].shape[0])
+            return run(*args)
+
+        stack.run = counted
+    try:
+        generations = run_to_end(model, batch_of(model, requests))
+    finally:
+        if stack is not None:
+            del stack.run
+    return {rid: [(g.token_id, g.logprob, g.top_ids, g.top_logprobs) for g in gens]
+            for rid, gens in generations.items()}
+
+
+@pytest.mark.parametrize("num_requests", [1, 3, 9])
+def test_stack_gives_the_tokens_and_logprobs_of_the_layer_by_layer_step(int4_model, num_requests):
+    """Greedy and seeded sampled requests with top tokens, through prefill and decode steps: with
+    the stack the generations are those of the step called layer by layer, bit for bit (logprobs
+    included); the stack ran every decode step of up to 8 rows (9 rows: none, they are called
+    layer by layer)."""
+    stack = int4_model.forward_pass.stack
+    requests = [request(i + 1, PROMPTS[i % len(PROMPTS)], 10, ignore_eos=True, top_n_tokens=3,
+                        **({"do_sample": True, "temperature": 0.8, "seed": i} if i % 2 else {}))
+                for i in range(num_requests)]
+    calls: list[int] = []
+    with_stack = generate(int4_model, requests, stack, calls)
+    layer_by_layer = generate(int4_model, requests, None, [])
+    int4_model.forward_pass.stack = stack
+    assert with_stack == layer_by_layer
+    assert len(with_stack) == num_requests and all(len(g) == 10 for g in with_stack.values())
+    assert calls == ([] if num_requests > stack.max_rows else [num_requests] * 9)
+
+
+def test_stack_is_built_only_where_every_layer_kernel_is_ours(int4_model, tiny_model_dir):
+    """Float weights (oneDNN's products), torch's layer steps, or heads too small for the attention
+    kernels (16 dimensions) keep the layer-by-layer step."""
+    small_heads = load_paged_model(tiny_model_dir, dtype="bfloat16", device="cpu", quantize="int4")
+    assert small_heads.forward_pass.stack is None
+    float_weights = load_paged_model("smollm2", dtype="bfloat16", device="cpu")
+    assert float_weights.forward_pass.stack is None
+    assert NativeDecodeStack.load(float_weights.forward_pass) is None
+    forward = int4_model.forward_pass
+    native_ops = forward.ops
+    forward.ops = TorchLayerOps()
+    try:
+        assert NativeDecodeStack.load(forward) is None
+    finally:
+        forward.ops = native_ops
+
+
+def test_stack_refuses_a_slot_outside_the_pool(int4_model):
+    """A step whose key would land outside the pool is refused with an error, not written."""
+    stack = int4_model.forward_pass.stack
+    pool = int4_model.pool
+    x = torch.zeros(1, 576, dtype=torch.bfloat16)
+    cos = torch.ones(1, 1, 64, dtype=torch.bfloat16)
+    groups = decode_groups([[1]], [1], pool.block_size, torch.device("cpu"))
+    inputs = AttentionInputs(torch.tensor([pool.num_blocks * pool.block_size]), groups, [])
+    with pytest.raises(ValueError, match="refused"):
+        stack.run(x, cos, cos, inputs, pool)
