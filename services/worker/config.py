@@ -61,8 +61,9 @@ class WorkerConfig(PeerConfig):
                 "near-ties"})
     native_kernels: bool = dataclasses.field(default=True, metadata={
         "help": "paged KV cache on CPU, bfloat16: ztgi's C kernels for attention (reading the KV blocks in "
-                "place) and a Llama layer's elementwise steps, built at start where the CPU has AVX512-BF16 "
-                "and a C compiler is found (torch's ops elsewhere); off: torch's ops always"})
+                "place), a Llama layer's elementwise steps and, with --quantize, GGUF block products and whole "
+                "decode steps' layers, built at start where the CPU has AVX512-BF16 (and VNNI) and a C "
+                "compiler is found (torch's ops elsewhere); off: torch's ops always"})
     worker_index: int = 0
     memory_budget_mb: int = 4096
     cpu_warmup_prefill_tokens: int | None = 512

@@ -258,15 +258,17 @@ def _unpermute_order(num_rows: int, num_heads: int) -> torch.Tensor:
 # -- the forward's layer factory ---------------------------------------------------------------------
 
 def factory(quantize: str, model: TransformersModule, gguf_file: str | None, backend: str, device: torch.device,
-            dtype: torch.dtype, max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS) -> LinearFactory:
+            dtype: torch.dtype, max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS,
+            native: bool = True) -> LinearFactory:
     """The native forward's layer factory for `--quantize` (quantized weights for calls of up to
-    `max_rows` rows, a float copy above; None: quantized only); ValueError where it cannot run."""
+    `max_rows` rows, a float copy above; None: quantized only; `native` False: torch's layers
+    only, as `--no-native-kernels`); ValueError where it cannot run."""
     check_supported(quantize, device, dtype)
     if quantize != "none" and backend != "native":
         raise ValueError(f"--quantize {quantize} needs the native forward (--backend native), not {backend}")
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"--quantized-max-rows must be at least 1, or none, not {max_rows}")
-    return LinearFactory(quantize, model, gguf_file, dtype, max_rows)
+    return LinearFactory(quantize, model, gguf_file, dtype, max_rows, native)
 
 
 class LinearFactory:
@@ -282,8 +284,9 @@ class LinearFactory:
     """
 
     def __init__(self, quantize: str = "none", model: TransformersModule | None = None, gguf_file: str | None = None,
-                 dtype: torch.dtype = torch.float32, max_rows: int | None = None) -> None:
+                 dtype: torch.dtype = torch.float32, max_rows: int | None = None, native: bool = True) -> None:
         self.quantize = quantize
+        self.native = native  # the GGUF block products in C where they run; False: torch's layers
         self.dtype = dtype
         self.max_rows = max_rows
         self.names: dict[int, str] = {}
@@ -310,6 +313,8 @@ class LinearFactory:
         return layer if self.max_rows is None else RowDispatch(layer, PackedLinear(weight), self.max_rows)
 
     def _head(self, weight: torch.Tensor) -> tuple[str, Int8BlockLinear | None]:
+        if not self.native:
+            return "float lm_head", None
         stored = self.gguf.output_blocks(weight.shape) if self.gguf is not None else None
         codes, scales = stored if stored is not None else quantize_blocks(weight)
         return ("Q8_0 lm_head (GGUF blocks)" if stored is not None else "Q8_0 lm_head",
@@ -325,7 +330,7 @@ class LinearFactory:
         kind = "int4 (GGUF blocks)" if from_file else "int4"
         # float16 scales and offsets, as GGUF stores them: what the C product takes
         groups = GroupCodes.concat(stored) if from_file else quantize_int4(weight, torch.float16)
-        in_c = Int4BlockLinear.load(groups.codes, groups.scales, groups.offsets)
+        in_c = Int4BlockLinear.load(groups.codes, groups.scales, groups.offsets) if self.native else None
         if in_c is not None:
             return kind, in_c
         return kind, Int4Linear(groups, self.dtype) if from_file else Int4Linear.from_float(weight, self.dtype)

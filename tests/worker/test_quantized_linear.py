@@ -154,6 +154,9 @@ def test_factory_quantizes_the_blocks_and_the_lm_head(tiny_reference):
         assert isinstance(layer, kind) and layer.out_features == sum(w.shape[0] for w in qkv)
         assert isinstance(factory(tiny_reference.lm_head.weight), head_kind if quantize != "none" else PackedLinear)
     assert LinearFactory("int4", tiny_reference).describe() == "float"
+    torch_only = LinearFactory("int4", tiny_reference, None, torch.float32, native=False)  # --no-native-kernels
+    assert isinstance(torch_only(*qkv), Int4Linear)
+    assert isinstance(torch_only(tiny_reference.lm_head.weight), PackedLinear)
 
 
 @pytest.mark.parametrize("quantize", ["int8", "int4"])

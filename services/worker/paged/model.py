@@ -52,7 +52,7 @@ class PagedModel:
         self.kv_shape = KVShape(loaded.num_layers, block_size, loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
         with torch.inference_mode():
             linear = quantized_linear.factory(loaded.quantize, loaded.module, loaded.gguf_file, "native",
-                                              self.device, self.dtype, loaded.quantized_max_rows)
+                                              self.device, self.dtype, loaded.quantized_max_rows, native_kernels)
             self.forward_pass = paged_forward(loaded.module, linear)
         self.forward_pass.attention.float32_decode = float32_decode_attention
         if native_kernels and self.device.type == "cpu" and self.dtype == torch.bfloat16:
