@@ -82,6 +82,15 @@ class BlockLinear:
         self._kernel, self._buffers = kernel, buffers
         self._pointers = [buffer.data_ptr() for buffer in buffers]
 
+    def kernel_address(self) -> int:
+        """The product's C function, for C code that calls it (`decode_stack`)."""
+        return native_library.address(self._kernel)
+
+    @property
+    def buffers(self) -> tuple[torch.Tensor, ...]:
+        """The packed weights the kernel reads, in its argument order."""
+        return self._buffers
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`x` `[..., in]` bfloat16 or float32 (anything else is taken as float32); the result in its dtype."""
         if x.dtype is torch.bfloat16 and x.dim() == 2 and x.is_contiguous():  # a step's rows: the fast path

@@ -13,7 +13,6 @@ or any other layer kind, run call by call as before.
 from __future__ import annotations
 
 import ctypes
-import logging
 
 import torch
 
@@ -23,8 +22,6 @@ from services.worker.paged.attention import AttentionInputs, PagedAttention
 from services.worker.paged.kv_pool import KVPool
 from services.worker.paged.layer_ops import NativeLayerOps
 from services.worker.quantized_linear import RowDispatch
-
-logger = logging.getLogger(__name__)
 
 P = ctypes.c_void_p
 
@@ -55,10 +52,6 @@ class _Step(ctypes.Structure):
                 ("width", ctypes.c_int)]
 
 
-def _address(function) -> int:
-    return ctypes.cast(function, P).value or 0
-
-
 def _int4(layer) -> tuple[Int4BlockLinear, int] | None:
     """The layer's 4-bit block product and the most rows it takes it for; None for any other kind."""
     if isinstance(layer, RowDispatch) and isinstance(layer.quantized, Int4BlockLinear):
@@ -78,10 +71,9 @@ class NativeDecodeStack:
         self._run = native_library.bind(library, "llama_decode_stack", [P] * 6 + [P, native_library.INT])
         self._scratch_bytes = library.llama_decode_scratch_bytes
         self._scratch_bytes.argtypes, self._scratch_bytes.restype = [P, ctypes.c_int64], ctypes.c_int64
-        ops: NativeLayerOps = forward.ops
-        attention = forward.attention.native
-        self._kernels = _Kernels(_address(ops._norm), _address(linears[0][0]._kernel), _address(ops._rotary),
-                                 _address(attention._decode), _address(ops._silu_mul))
+        norm, rotate, silu_mul = forward.ops.addresses()
+        self._kernels = _Kernels(norm, linears[0][0].kernel_address(), rotate,
+                                 forward.attention.native.decode_address(), silu_mul)
         self._pool: KVPool | None = None
         self._layers: ctypes.Array | None = None
         self._dims: _Dims | None = None
@@ -104,7 +96,7 @@ class NativeDecodeStack:
                  for layer in forward.weights.layers]
         if not found or any(kind is None for layer in found for kind in layer):
             return None
-        library = native_library.load_or_none("llama_decode_stack.c", "decode steps layer by layer from Python")
+        library = native_library.load_or_none("llama_decode_stack.c", "a decode step's layers in one call")
         if library is None:
             return None
         max_rows = min(kind[1] for layer in found for kind in layer if kind is not None)
@@ -158,7 +150,7 @@ class NativeDecodeStack:
                      w.intermediate_size, pool.block_size, pool.num_blocks, w.eps, attention.scale)
         layers = (_Layer * len(w.layers))()
         for index, (layer, linears) in enumerate(zip(w.layers, self.linears, strict=True)):
-            packed = [_Linear(*(b.data_ptr() for b in linear._buffers), linear.in_features, linear.out_features)
+            packed = [_Linear(*(b.data_ptr() for b in linear.buffers), linear.in_features, linear.out_features)
                       for linear in linears]
             layers[index] = _Layer(layer.attention_norm.data_ptr(), layer.mlp_norm.data_ptr(), *packed,
                                    pool.keys[index].data_ptr(), pool.values[index].data_ptr())

@@ -52,6 +52,11 @@ class NativeLayerOps:
         self._rotary = bind(library, "rotary_bf16", [POINTER, INT64, INT, INT, INT64, POINTER, POINTER, POINTER, INT])
         self._torch = TorchLayerOps()
 
+    def addresses(self) -> tuple[int, int, int]:
+        """The C functions of add_rms_norm, rotate and silu_mul, for C code that calls them (`decode_stack`)."""
+        return native_library.address(self._norm), native_library.address(self._rotary), \
+            native_library.address(self._silu_mul)
+
     @classmethod
     def load(cls) -> NativeLayerOps | None:
         """The C steps built for this CPU; None (why, logged) where they cannot run here."""

@@ -36,6 +36,10 @@ class NativeAttention:
         prefill = native_library.load_or_none("paged_prefill_attention.c", "attention") if decode else None
         return cls(decode, prefill) if decode is not None and prefill is not None else None
 
+    def decode_address(self) -> int:
+        """The decode kernel's C function, for C code that calls it (`decode_stack`)."""
+        return native_library.address(self._decode)
+
     @staticmethod
     def accepts(q: torch.Tensor, pool_keys: torch.Tensor) -> bool:
         """Whether these queries and this layer's pool can take the kernels."""

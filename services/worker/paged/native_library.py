@@ -54,6 +54,11 @@ def bind(library: ctypes.CDLL, name: str, argtypes: list):
     return function
 
 
+def address(function) -> int:
+    """Where a bound kernel lives, for C code that calls it through a function pointer."""
+    return ctypes.cast(function, ctypes.c_void_p).value or 0
+
+
 @functools.cache
 def _cpuinfo_lines() -> tuple[str, ...]:
     try:
