@@ -13,7 +13,8 @@ DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "native", "transformers")
 KV_CACHES = ("auto", "paged", "padded")
 QUANTIZE = ("none", "int8", "int4")
-DEFAULT_QUANTIZED_MAX_ROWS = 8  # int4 decode steps measured faster than bfloat16 up to here, even at 12 (BENCHMARKS.md)
+DEFAULT_QUANTIZED_MAX_ROWS = 16  # ztgi's 4-bit block products measured as fast as bfloat16 up to here (BENCHMARKS.md)
+FALLBACK_QUANTIZED_MAX_ROWS = 8  # torch's int8/int4 kernels and the Q8_0 lm_head: bfloat16 overtakes them above
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +53,9 @@ class WorkerConfig(PeerConfig):
                 "(a scale and offset per 32 inputs; a GGUF's Q4_0/Q4_1 blocks as stored), or none"})
     quantized_max_rows: int | None = dataclasses.field(default=DEFAULT_QUANTIZED_MAX_ROWS, metadata={
         "help": "with --quantize: steps of up to this many rows (decode) multiply by the quantized weights, "
-                "larger ones (prefill chunks) by a packed float copy kept beside them, faster there; none: "
-                "the quantized weights for every step and no float copy (the memory quantizing saves)"})
+                "larger ones (prefill chunks) by a packed float copy kept beside them, faster there (torch's "
+                "int8/int4 kernels and the Q8_0 lm_head stop at 8 at most: bfloat16 overtakes them above); "
+                "none: the quantized weights for every step and no float copy (the memory quantizing saves)"})
     float32_decode_attention: bool = dataclasses.field(default=False, metadata={
         "help": "paged KV cache on CPU, bfloat16/float16 weights: decode attention in float32 (no faster than "
                 "the default's grouped bfloat16 decode attention, BENCHMARKS.md); its logits differ from the "

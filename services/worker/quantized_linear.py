@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from services.worker.block_linear import Int4BlockLinear, Int8BlockLinear, quantize_blocks
-from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, QUANTIZE
+from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, FALLBACK_QUANTIZED_MAX_ROWS, QUANTIZE
 from services.worker.packed_linear import PackedLinear
 from services.worker.transformers_module import TransformersModule
 
@@ -231,7 +231,6 @@ class GgufWeights:
             return groups.permuted_rows(_unpermute_order(out_features, self.num_kv_heads))
         return groups
 
-
     def output_blocks(self, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The output matrix's int8 codes `[out, in]` and block scales `[out, in / 32]` as stored (Q8_0):
         `output.weight`, or the token embedding where the model ties them; None when the file holds
@@ -294,6 +293,7 @@ class LinearFactory:
             self.names = {p.data_ptr(): name for name, p in model.named_parameters(remove_duplicate=False)}
         self.gguf: GgufWeights | None = None
         self.counts: dict[str, int] = {}
+        self.limits: dict[str, int] = {}  # the most rows each kind of layer multiplies quantized
         if quantize != "none" and gguf_file and model is not None:
             config = model.config
             self.gguf = GgufWeights(gguf_file, config.num_attention_heads,
@@ -310,7 +310,12 @@ class LinearFactory:
         if layer is None:
             return PackedLinear(weight)
         self.counts[kind] = self.counts.get(kind, 0) + 1
-        return layer if self.max_rows is None else RowDispatch(layer, PackedLinear(weight), self.max_rows)
+        if self.max_rows is None:
+            return layer
+        # ztgi's 4-bit block products keep up with bfloat16 over more rows than the other kinds
+        limit = self.max_rows if isinstance(layer, Int4BlockLinear) else min(self.max_rows, FALLBACK_QUANTIZED_MAX_ROWS)
+        self.limits[kind] = limit
+        return RowDispatch(layer, PackedLinear(weight), limit)
 
     def _head(self, weight: torch.Tensor) -> tuple[str, Int8BlockLinear | None]:
         if not self.native:
@@ -339,4 +344,7 @@ class LinearFactory:
         kinds = ", ".join(f"{count} {kind}" for kind, count in self.counts.items())
         if not kinds:
             return "float"
-        return kinds if self.max_rows is None else f"{kinds} (float above {self.max_rows} rows)"
+        if self.max_rows is None:
+            return kinds
+        fewer = "".join(f"; {kind} above {limit}" for kind, limit in self.limits.items() if limit != self.max_rows)
+        return f"{kinds} (float above {self.max_rows} rows{fewer})"

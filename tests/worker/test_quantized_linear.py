@@ -11,7 +11,7 @@ from common.config import ConfigError, parse_config
 from services.launcher.config import LaunchConfig
 from services.worker.backend import load_model
 from services.worker.block_linear import BLOCK_SIZE, BlockLinear, Int4BlockLinear, Int8BlockLinear, quantize_blocks
-from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, WorkerConfig
+from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, FALLBACK_QUANTIZED_MAX_ROWS, WorkerConfig
 from services.worker.packed_linear import PackedLinear
 from services.worker.quantized_linear import (
     GROUP_SIZE,
@@ -277,14 +277,24 @@ def test_row_dispatch_sends_small_calls_to_the_quantized_weights_and_large_ones_
 
 
 def test_quantized_max_rows_reaches_the_layers_and_the_log_line(tiny_model_dir):
-    """The default keeps a float copy above 8 rows; `None` keeps the quantized weights alone; the
-    loaded model carries the choice to the forward's layers."""
+    """The default keeps a float copy above 16 rows for ztgi's 4-bit block products and above 8 for
+    torch's int8 kernel and the Q8_0 lm_head, and the log line says so; `None` keeps the quantized
+    weights alone; the loaded model carries the choice to the forward's layers."""
     from services.worker.quantized_linear import factory
 
     default = load_model(tiny_model_dir, dtype="bfloat16", device="cpu", kv_cache="paged", quantize="int8")
     qkv = default.forward_pass.weights.layers[0].qkv
-    assert isinstance(qkv, RowDispatch) and qkv.max_elements == DEFAULT_QUANTIZED_MAX_ROWS * qkv.in_features
+    assert isinstance(qkv, RowDispatch) and qkv.max_elements == FALLBACK_QUANTIZED_MAX_ROWS * qkv.in_features
     assert default.info().quantize == "int8"  # the worker tells the scheduler, /info shows it
+    int4 = load_model(tiny_model_dir, dtype="bfloat16", device="cpu", kv_cache="paged", quantize="int4")
+    layer, head = int4.forward_pass.weights.layers[0].qkv, int4.forward_pass.weights.lm_head
+    if isinstance(layer.quantized, Int4BlockLinear):
+        assert layer.max_elements == DEFAULT_QUANTIZED_MAX_ROWS * layer.in_features
+        assert head.max_elements == FALLBACK_QUANTIZED_MAX_ROWS * head.in_features
+        described = LinearFactory("int4", int4.loaded.module, None, torch.bfloat16, DEFAULT_QUANTIZED_MAX_ROWS)
+        described(*[p.weight for p in (int4.loaded.module.model.layers[0].mlp.down_proj,)])
+        described(int4.loaded.module.lm_head.weight)
+        assert described.describe() == "1 int4, 1 Q8_0 lm_head (float above 16 rows; Q8_0 lm_head above 8)"
     alone = load_model(tiny_model_dir, dtype="bfloat16", device="cpu", kv_cache="paged", quantize="int8",
                        quantized_max_rows=None)
     assert isinstance(alone.forward_pass.weights.layers[0].qkv, Int8Linear)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 
 import torch
+import torch.nn.functional as F
 
 from services.worker.block_linear import Int4BlockLinear
 from services.worker.paged import native_library
@@ -61,6 +62,19 @@ def _int4(layer) -> tuple[Int4BlockLinear, int] | None:
     return None
 
 
+def _one_table(inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decode groups' block tables as one `[rows, width]` (shorter ones padded with block 0,
+    never read past a row's length: the kernel takes ragged rows) and their lengths `[rows]`."""
+    groups = inputs.decodes
+    width = max(group.block_table.shape[1] for group in groups)
+    tables = [F.pad(group.block_table, (0, width - group.block_table.shape[1])) for group in groups]
+    lens = [group.context_lens for group in groups if group.context_lens is not None]
+    assert len(lens) == len(groups), "accepts() checked it"
+    table = tables[0] if len(tables) == 1 else torch.cat(tables)
+    lengths = lens[0] if len(lens) == 1 else torch.cat(lens)
+    return table.to(torch.int64).contiguous(), lengths.to(torch.int64).contiguous()
+
+
 class NativeDecodeStack:
     """`run` takes a decode-only step's embeddings through every layer; build with `load`."""
 
@@ -105,11 +119,13 @@ class NativeDecodeStack:
 
     def accepts(self, x: torch.Tensor, inputs: AttentionInputs) -> bool:
         """Whether this step is one the stack runs: decode rows alone, none windowed, few enough."""
-        if inputs.prefills or len(inputs.decodes) != 1 or x.dtype is not torch.bfloat16:
+        groups = inputs.decodes
+        if inputs.prefills or not groups or x.dtype is not torch.bfloat16 or x.shape[0] > self.max_rows:
             return False
-        group = inputs.decodes[0]
-        return (group.start == 0 and group.end == x.shape[0] <= self.max_rows and not group.sliding
-                and group.context_lens is not None)
+        ends = [0, *(group.end for group in groups)]
+        return (all(group.start == end and not group.sliding and group.context_lens is not None
+                    for group, end in zip(groups, ends, strict=False))
+                and ends[-1] == x.shape[0])
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inputs: AttentionInputs,
             pool: KVPool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,10 +133,8 @@ class NativeDecodeStack:
         embeddings `x` (consumed); the step's keys and values written to `pool`."""
         dims, layers = self._bound(pool)
         rows = x.shape[0]
-        group = inputs.decodes[0]
-        assert group.context_lens is not None, "accepts() checked it"
-        tables, lens, slots = (t.to(torch.int64).contiguous() for t in (group.block_table, group.context_lens,
-                                                                          inputs.slots))
+        tables, lens = _one_table(inputs)
+        slots = inputs.slots.to(torch.int64).contiguous()
         cos, sin = cos.reshape(rows, -1).contiguous(), sin.reshape(rows, -1).contiguous()
         step = _Step(rows, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), lens.data_ptr(),
                      tables.shape[1])

@@ -43,11 +43,11 @@ def generate(model, requests, stack: NativeDecodeStack | None, calls: list[int])
             for rid, gens in generations.items()}
 
 
-@pytest.mark.parametrize("num_requests", [1, 3, 9])
+@pytest.mark.parametrize("num_requests", [1, 3, 12, 17])
 def test_stack_gives_the_tokens_and_logprobs_of_the_layer_by_layer_step(int4_model, num_requests):
     """Greedy and seeded sampled requests with top tokens, through prefill and decode steps: with
     the stack the generations are those of the step called layer by layer, bit for bit (logprobs
-    included); the stack ran every decode step of up to 8 rows (9 rows: none, they are called
+    included); the stack ran every decode step of up to 16 rows (17 rows: none, they are called
     layer by layer)."""
     stack = int4_model.forward_pass.stack
     requests = [request(i + 1, PROMPTS[i % len(PROMPTS)], 10, ignore_eos=True, top_n_tokens=3,
