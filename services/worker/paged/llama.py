@@ -26,7 +26,8 @@ class PagedLlamaForward:
     Each block adds its residual to the stream and normalizes in one step (`add_rms_norm`), as the
     next block starts, so the elementwise work between the matrix products is three calls a
     block, in C where the layer ops are built (`layer_ops.py`, set by the model with the attention
-    kernels) and torch's ops elsewhere."""
+    kernels) and torch's ops elsewhere. Where every kernel of a layer is C (`--quantize int4`), a
+    decode step's layers run in one call instead (`decode_stack.py`), with the same results."""
 
     def __init__(self, module: TransformersModule, linear: Callable[..., Linear] | None = None) -> None:
         self.weights = LlamaForward(module, linear)

@@ -256,7 +256,8 @@ def blocks_for(tokens: int, block_size: int) -> int:
 
 
 def _use_c_kernels(forward_pass) -> None:
-    """ztgi's C attention kernels, and for Llama its layer steps, where they build on this CPU."""
+    """ztgi's C attention kernels, and for Llama its layer steps and, where every kernel of a layer
+    is C, the one-call decode stack, where they build on this CPU."""
     forward_pass.attention.native = NativeAttention.load()
     if isinstance(forward_pass, PagedLlamaForward) and forward_pass.attention.native is not None:
         layer_ops = NativeLayerOps.load()

@@ -1,7 +1,7 @@
 """A C source of ours compiled for this machine at first use, cached, and loaded with ctypes.
 
 The attention and layer kernels in `csrc/` need an x86 CPU with AVX512-BF16 (`REQUIRED_CPU_FLAGS`), the
-int8 product AVX512-VNNI; elsewhere, with no compiler, or when the build fails, `load_or_none` says why
+GGUF block products AVX512-VNNI too; elsewhere, with no compiler, or when the build fails, `load_or_none` says why
 in the log and the caller keeps torch's path.
 
 The kernels in `csrc/` are built with `-march=native` on the machine that runs them (as inductor
