@@ -94,22 +94,21 @@ class BlockLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`x` `[..., in]` bfloat16 or float32 (anything else is taken as float32); the result in its dtype."""
         if x.dtype is torch.bfloat16 and x.dim() == 2 and x.is_contiguous():  # a step's rows: the fast path
-            out = x.new_empty(x.shape[0], self.out_features)
-            status = self._kernel(x.data_ptr(), True, x.shape[0], self.in_features, *self._pointers,
-                                  self.out_features, out.data_ptr(), torch.get_num_threads())
-            if status != 0:
-                raise ValueError(f"{self._kernel.__name__} refused its inputs (status {status})")
-            return out
+            return self._product(x, True)
         bf16 = x.dtype == torch.bfloat16
         rows = x.reshape(-1, self.in_features)
         if not (bf16 or x.dtype == torch.float32) or not rows.is_contiguous():
             rows = rows.to(torch.bfloat16 if bf16 else torch.float32).contiguous()
+        return self._product(rows, bf16).view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def _product(self, rows: torch.Tensor, bf16: bool) -> torch.Tensor:
+        """The kernel over contiguous `[rows, in]` of its dtype (bfloat16 or float32)."""
         out = rows.new_empty(rows.shape[0], self.out_features)
         status = self._kernel(rows.data_ptr(), bf16, rows.shape[0], self.in_features, *self._pointers,
                               self.out_features, out.data_ptr(), torch.get_num_threads())
         if status != 0:
             raise ValueError(f"{self._kernel.__name__} refused its inputs (status {status})")
-        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        return out
 
 
 class Int8BlockLinear(BlockLinear):
