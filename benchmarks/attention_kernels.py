@@ -1,6 +1,6 @@
 """The candidate CPU kernels for paged decode attention, timed on SmolLM2-135M's shapes.
 
-    python -m benchmarks.attention_kernels --batch-sizes 8 32 64 --context 300 --repeats 30
+    python -m ztgi.bench.attention_kernels --batch-sizes 8 32 64 --context 300 --repeats 30
 
 Each candidate computes the same thing: one new query token per request attending over that
 request's keys and values, which live in a block pool (`[blocks, block_size, kv_heads, head_dim]`)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.config import require
-from common.model_source import DEFAULT_MODEL_ID
+from ztgi.common.config import require
+from ztgi.common.model_source import DEFAULT_MODEL_ID
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")

@@ -8,7 +8,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from common.model_source import resolve_model
+from ztgi.common.model_source import resolve_model
 
 logger = logging.getLogger(__name__)
 

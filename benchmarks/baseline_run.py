@@ -7,8 +7,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.load_generator import RunResult
-from benchmarks.metrics import RequestRecord, Summary, summarize
+from ztgi.bench.load_generator import RunResult
+from ztgi.bench.metrics import RequestRecord, Summary, summarize
 
 
 @dataclasses.dataclass

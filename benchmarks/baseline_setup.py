@@ -6,10 +6,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from benchmarks.offline_workload import load_prompts
-from benchmarks.workload import Prompt, WorkloadError
-from common.config import ConfigError, parse_config
-from common.logs import setup_logging
+from ztgi.bench.offline_workload import load_prompts
+from ztgi.bench.workload import Prompt, WorkloadError
+from ztgi.common.config import ConfigError, parse_config
+from ztgi.common.logs import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +36,10 @@ C = TypeVar("C", bound=WorkloadConfig)
 
 
 def parse_workload(cls: type[C], argv: Sequence[str] | None, name: str) -> tuple[C, list[Prompt]] | None:
-    """The config of `python -m benchmarks.NAME` and its prompts, logging set up; None, with the
+    """The config of `python -m ztgi.bench.NAME` and its prompts, logging set up; None, with the
     reason logged, for a bad flag or workload (the caller exits with code 2)."""
     try:
-        config = parse_config(cls, argv, prog=f"python -m benchmarks.{name}")
+        config = parse_config(cls, argv, prog=f"python -m ztgi.bench.{name}")
         setup_logging(name, config.log_level)
         prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
     except (ConfigError, WorkloadError) as exc:

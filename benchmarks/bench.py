@@ -7,12 +7,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from benchmarks.config import BenchConfig
-from benchmarks.load_generator import LoadGenerator, RunResult
-from benchmarks.report import render_text, write_json
-from benchmarks.workload import WorkloadError, build_workload
-from common.config import ConfigError, parse_config
-from common.logs import setup_logging
+from ztgi.bench.config import BenchConfig
+from ztgi.bench.load_generator import LoadGenerator, RunResult
+from ztgi.bench.report import render_text, write_json
+from ztgi.bench.workload import WorkloadError, build_workload
+from ztgi.common.config import ConfigError, parse_config
+from ztgi.common.logs import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_json(config.output, config, runs)
         logger.info("wrote %s", config.output)
     if config.plot:
-        from benchmarks.plot import write_plot
+        from ztgi.bench.plot import write_plot
         write_plot(config.plot, runs)
         logger.info("wrote %s", config.plot)
     num_successes = sum(r.summary.num_requests - r.summary.num_failures for r in runs)

@@ -1,6 +1,6 @@
 """Chunked prefill: how long a long prompt holds up streams that are already decoding.
 
-    python -m benchmarks.chunked_prefill --output chunked.json [-- ztgi launch flags]
+    python -m ztgi.bench.chunked_prefill --output chunked.json [-- ztgi launch flags]
 
 Starts ztgi (`ztgi launch` with the given flags, the defaults otherwise), runs `--streams` greedy
 streams alone (the undisturbed texts), then again, and once every stream has produced a few
@@ -21,9 +21,9 @@ import time
 
 import aiohttp
 
-from benchmarks.baseline_model import load_tokenizer
-from benchmarks.launched_server import LaunchedServer
-from common.model_source import DEFAULT_MODEL_ID
+from ztgi.bench.baseline_model import load_tokenizer
+from ztgi.bench.launched_server import LaunchedServer
+from ztgi.common.model_source import DEFAULT_MODEL_ID
 
 STREAM_PROMPTS = [
     "Write a short story about a lighthouse keeper.", "Explain how a bicycle works.",

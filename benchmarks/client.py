@@ -7,9 +7,9 @@ import time
 
 import aiohttp
 
-from benchmarks.http_backends import HttpBackend
-from benchmarks.metrics import RequestRecord
-from benchmarks.workload import Prompt
+from ztgi.bench.http_backends import HttpBackend
+from ztgi.bench.metrics import RequestRecord
+from ztgi.bench.workload import Prompt
 
 MAX_ERROR_CHARS = 500
 

@@ -1,6 +1,6 @@
 """Side by side in one run: static batching, the engine alone, and ztgi over HTTP.
 
-    python -m benchmarks.compare --dataset mixed --dtype float32 --repeats 3 \\
+    python -m ztgi.bench.compare --dataset mixed --dtype float32 --repeats 3 \\
         --output results.json --plot sweep.png
 
 On one machine, one run at a time, each repeat runs static batching (`transformers` `generate`,
@@ -31,22 +31,22 @@ from collections.abc import Sequence
 
 import aiohttp
 
-from benchmarks.baseline_config import BaselineConfig
-from benchmarks.baseline_model import load_model, load_tokenizer
-from benchmarks.baseline_run import BaselineRun, joined, write_results
-from benchmarks.baseline_setup import parse_workload
-from benchmarks.bench import run_event_loop
-from benchmarks.comparison import TTFT_CONCURRENCY, Comparison
-from benchmarks.config import BenchConfig, parse_sweep
-from benchmarks.engine_alone import BatchingPolicy, EngineAlone
-from benchmarks.launched_server import LaunchedServer, ServerStartError
-from benchmarks.load_generator import LoadGenerator, RunResult, http_session
-from benchmarks.offline_workload import OfflineRequest, encode_prompts
-from benchmarks.static_batching import StaticBatching
-from benchmarks.workload import Prompt
-from common.config import ConfigError, require
-from common.gc_freeze import freeze_startup_objects
-from services.worker.backend import load_padded_model
+from ztgi.bench.baseline_config import BaselineConfig
+from ztgi.bench.baseline_model import load_model, load_tokenizer
+from ztgi.bench.baseline_run import BaselineRun, joined, write_results
+from ztgi.bench.baseline_setup import parse_workload
+from ztgi.bench.bench import run_event_loop
+from ztgi.bench.comparison import TTFT_CONCURRENCY, Comparison
+from ztgi.bench.config import BenchConfig, parse_sweep
+from ztgi.bench.engine_alone import BatchingPolicy, EngineAlone
+from ztgi.bench.launched_server import LaunchedServer, ServerStartError
+from ztgi.bench.load_generator import LoadGenerator, RunResult, http_session
+from ztgi.bench.offline_workload import OfflineRequest, encode_prompts
+from ztgi.bench.static_batching import StaticBatching
+from ztgi.bench.workload import Prompt
+from ztgi.common.config import ConfigError, require
+from ztgi.common.gc_freeze import freeze_startup_objects
+from ztgi.services.worker.backend import load_padded_model
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +282,7 @@ def _write_outputs(config: CompareConfig, runs: list[BaselineRun], comparison: C
                                       "runs": [run.to_json() for run in runs]})
         logger.info("wrote %s", config.output)
     if config.plot:
-        from benchmarks.comparison_plot import write_plot
+        from ztgi.bench.comparison_plot import write_plot
         write_plot(config.plot, comparison)
         logger.info("wrote %s", config.plot)
 

@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.baseline_run import BaselineRun
+from ztgi.bench.baseline_run import BaselineRun
 
 MIN_STATIC_SPEEDUP = 3.0
 MIN_ENGINE_FRACTION = 0.9

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from benchmarks.comparison import Comparison
+from ztgi.bench.comparison import Comparison
 
 CURVES = (("engine", "engine alone"), ("ztgi", "ztgi over HTTP"), ("padded", "ztgi, --kv-cache padded"))
 

@@ -1,7 +1,7 @@
 """The paged forward eager against `torch.compile` of its dense parts, on SmolLM2 at a server's step shapes.
 
-    python -m benchmarks.compiled_forward --dtype float32 --repeats 5
-    python -m benchmarks.compiled_forward --dtype bfloat16 --variants eager,compiled,autotune-plain
+    python -m ztgi.bench.compiled_forward --dtype float32 --repeats 5
+    python -m ztgi.bench.compiled_forward --dtype bfloat16 --variants eager,compiled,autotune-plain
 
 Attention stays eager (its Python loops over decode groups and prefill spans would break any graph);
 what is compiled is each layer's part before it (RMSNorm, fused q/k/v, rotary) and after it (output
@@ -44,13 +44,13 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from common.config import parse_config, require
-from common.messages import SamplingParameters, WorkerRequest
-from services.worker.backend import load_paged_model
-from services.worker.llama_forward import rms_norm, rotate
-from services.worker.paged.batch import PagedBatch
-from services.worker.paged.layer_ops import TorchLayerOps
-from services.worker.paged.step_inputs import StepInputs, build_step_inputs
+from ztgi.common.config import parse_config, require
+from ztgi.common.messages import SamplingParameters, WorkerRequest
+from ztgi.services.worker.backend import load_paged_model
+from ztgi.services.worker.llama_forward import rms_norm, rotate
+from ztgi.services.worker.paged.batch import PagedBatch
+from ztgi.services.worker.paged.layer_ops import TorchLayerOps
+from ztgi.services.worker.paged.step_inputs import StepInputs, build_step_inputs
 
 VARIANTS = ("eager", "compiled", "compiled-static", "compiled-plain", "autotune-plain", "eager-float32-decode",
             "eager-per-head-decode", "eager-torch-attention", "eager-torch-layer-steps")
@@ -233,7 +233,7 @@ def interleaved_ms(forwards: dict, shapes: dict[str, StepInputs], pool, repeats:
 
 @torch.inference_mode()
 def main(argv: Sequence[str] | None = None) -> int:
-    config = parse_config(CompiledForwardConfig, argv, prog="python -m benchmarks.compiled_forward")
+    config = parse_config(CompiledForwardConfig, argv, prog="python -m ztgi.bench.compiled_forward")
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch._dynamo.config.recompile_limit = 64  # the variants share the parts' code objects and their cache

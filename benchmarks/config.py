@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.config import require
+from ztgi.common.config import require
 
 BACKEND_NAMES = ("tgi", "openai-completions", "openai-chat")
 

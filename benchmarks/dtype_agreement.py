@@ -1,7 +1,7 @@
 """How far a dtype's (or quantized weights') greedy generations drift from float32's, on the same prompts.
 
-    python -m benchmarks.dtype_agreement --dtype bfloat16 --output-tokens 32
-    python -m benchmarks.dtype_agreement --dtype bfloat16 --quantize int8 --reference-dtype bfloat16
+    python -m ztgi.bench.dtype_agreement --dtype bfloat16 --output-tokens 32
+    python -m ztgi.bench.dtype_agreement --dtype bfloat16 --quantize int8 --reference-dtype bfloat16
 
 Every prompt of the dataset is generated greedily (EOS ignored) in one batch, once with float
 weights in `--reference-dtype` (float32 unless set) and once in `--dtype` with `--quantize`.
@@ -18,14 +18,14 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from benchmarks.baseline_config import BaselineConfig
-from benchmarks.baseline_model import load_tokenizer
-from benchmarks.baseline_setup import parse_workload
-from benchmarks.offline_workload import encode_prompts
-from common.messages import Generation, SamplingParameters, WorkerRequest
-from services.worker.backend import load_padded_model
-from services.worker.batch import CausalLMBatch
-from services.worker.model import PaddedModel
+from ztgi.bench.baseline_config import BaselineConfig
+from ztgi.bench.baseline_model import load_tokenizer
+from ztgi.bench.baseline_setup import parse_workload
+from ztgi.bench.offline_workload import encode_prompts
+from ztgi.common.messages import Generation, SamplingParameters, WorkerRequest
+from ztgi.services.worker.backend import load_padded_model
+from ztgi.services.worker.batch import CausalLMBatch
+from ztgi.services.worker.model import PaddedModel
 
 logger = logging.getLogger(__name__)
 REFERENCE_DTYPE = "float32"

@@ -1,6 +1,6 @@
 """The worker engine alone: no HTTP, no ZMQ, no tokenizer, driven as the scheduler drives it.
 
-    python -m benchmarks.engine_alone --dataset mixed --concurrency 16 --model-id smollm2 --dtype float32
+    python -m ztgi.bench.engine_alone --dataset mixed --concurrency 16 --model-id smollm2 --dtype float32
 
 The ceiling ztgi's pipeline is measured against. `--concurrency` clients run a closed loop: each
 sends its next request the moment its previous one finishes. The requests go through the
@@ -24,20 +24,20 @@ import sys
 import time
 from collections.abc import Sequence
 
-from benchmarks.baseline_config import BaselineConfig
-from benchmarks.baseline_model import load_tokenizer
-from benchmarks.baseline_run import BaselineRun, results_json, write_results
-from benchmarks.baseline_setup import parse_workload
-from benchmarks.metrics import RequestRecord, summarize
-from benchmarks.offline_workload import OfflineRequest, encode_prompts
-from common.config import require
-from common.gc_freeze import freeze_startup_objects
-from common.messages import Encoded, Generation, RequestKey, SamplingParameters
-from services.scheduler.queue import RequestQueue
-from services.scheduler.request import Request, RequestStatus
-from services.worker.backend import load_padded_model
-from services.worker.batch import CausalLMBatch
-from services.worker.model import PaddedModel as Model
+from ztgi.bench.baseline_config import BaselineConfig
+from ztgi.bench.baseline_model import load_tokenizer
+from ztgi.bench.baseline_run import BaselineRun, results_json, write_results
+from ztgi.bench.baseline_setup import parse_workload
+from ztgi.bench.metrics import RequestRecord, summarize
+from ztgi.bench.offline_workload import OfflineRequest, encode_prompts
+from ztgi.common.config import require
+from ztgi.common.gc_freeze import freeze_startup_objects
+from ztgi.common.messages import Encoded, Generation, RequestKey, SamplingParameters
+from ztgi.services.scheduler.queue import RequestQueue
+from ztgi.services.scheduler.request import Request, RequestStatus
+from ztgi.services.worker.backend import load_padded_model
+from ztgi.services.worker.batch import CausalLMBatch
+from ztgi.services.worker.model import PaddedModel as Model
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A natively served family's paged forward against its transformers fallback (padded), in-process.
 
-    python -m benchmarks.family_throughput --model-type qwen2 --rounds 2
+    python -m ztgi.bench.family_throughput --model-type qwen2 --rounds 2
 
 A random-weight model of `--model-type` with SmolLM2-135M's shape (hidden 576, 9 heads, 3 KV heads,
 `--layers` layers) is saved once; each round runs the same batch (`--requests` prompts of
@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from common.messages import SamplingParameters, WorkerRequest
-from services.worker.backend import load_padded_model, load_paged_model
+from ztgi.common.messages import SamplingParameters, WorkerRequest
+from ztgi.services.worker.backend import load_padded_model, load_paged_model
 
 
 def _save(model_type: str, layers: int, directory: str) -> None:

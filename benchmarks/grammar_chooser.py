@@ -4,7 +4,7 @@ without grammar support too: the two must be the same), and one with half its ro
 Scores are random logits of the SmolLM2 vocabulary; each constrained row follows its own JSON
 schema, so its masks are real ones. One torch thread.
 
-    python -m benchmarks.grammar_chooser [--rows 16] [--steps 200]
+    python -m ztgi.bench.grammar_chooser [--rows 16] [--steps 200]
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from common.messages import SamplingParameters
-from services.worker.next_token_chooser import NextTokenChooser
+from ztgi.common.messages import SamplingParameters
+from ztgi.services.worker.next_token_chooser import NextTokenChooser
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {
     "type": "string"}}}, "required": ["name", "tags"]}
@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> None:
                                                                                       vocab_size))}))
     if "grammar" not in SamplingParameters.__dataclass_fields__:
         return
-    from common.grammar import json_grammar
-    from services.worker import grammar
+    from ztgi.common.grammar import json_grammar
+    from ztgi.services.worker import grammar
 
     _ = grammar.configure(args.model_id).tokenizer  # the vocabulary loads once per worker, before serving
     params = [SamplingParameters(grammar=json_grammar(SCHEMA)) if i % 2 else SamplingParameters()

@@ -6,7 +6,7 @@ end in an accepting state; an invalid one must be refused somewhere. Along the v
 time to compute one token mask (one request, one step) is recorded. A library that is not installed
 is skipped.
 
-    python -m benchmarks.grammar_libraries [--model-id smollm2] [--repeats 3]
+    python -m ztgi.bench.grammar_libraries [--model-id smollm2] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from services.tokenizer.loading import load_tokenizer
+from ztgi.services.tokenizer.loading import load_tokenizer
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions

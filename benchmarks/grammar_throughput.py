@@ -5,7 +5,7 @@ other request has one of several JSON schemas (so compiles count too). Every req
 same number of tokens with `ignore_eos` (a constrained row whose JSON is complete goes on with EOS
 under its mask), so both sides generate the same tokens and the figure is output tokens per second.
 
-    python -m benchmarks.grammar_throughput [--concurrency 16] [--requests 32] [--tokens 64] [--rounds 3]
+    python -m ztgi.bench.grammar_throughput [--concurrency 16] [--requests 32] [--tokens 64] [--rounds 3]
 
 `--in-process` runs the same comparison on the worker's engine alone (one batch of `--concurrency`
 requests, prefill then decode, no HTTP and no other process): on a shared machine its paired
@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks.launched_server import LaunchedServer
+from ztgi.bench.launched_server import LaunchedServer
 
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -66,8 +66,8 @@ async def one_round(url: str, concurrency: int, num_requests: int, tokens: int, 
 
 def engine_round(model, tokenizer, concurrency: int, tokens: int, constrained: bool) -> float:
     """Output tokens per second of one batch run to its end in the engine."""
-    from common.grammar import json_grammar
-    from common.messages import SamplingParameters, WorkerRequest
+    from ztgi.common.grammar import json_grammar
+    from ztgi.common.messages import SamplingParameters, WorkerRequest
 
     input_ids = tokenizer.encode(PROMPT)
     requests = [WorkerRequest(i, input_ids, SamplingParameters(
@@ -85,9 +85,9 @@ def engine_round(model, tokenizer, concurrency: int, tokens: int, constrained: b
 def in_process(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     import torch
 
-    from services.tokenizer.loading import load_tokenizer
-    from services.worker import grammar
-    from services.worker.backend import load_model
+    from ztgi.services.tokenizer.loading import load_tokenizer
+    from ztgi.services.worker import grammar
+    from ztgi.services.worker.backend import load_model
 
     model = load_model(args.model_id, dtype="float32", device="cuda" if torch.cuda.is_available() else "cpu",
                        kv_cache="padded")

@@ -1,6 +1,6 @@
 """The floor under a first token's messages: its eight ZMQ hops between processes that do nothing.
 
-    python -m benchmarks.hop_floor --messages 300 --gap-ms 25
+    python -m ztgi.bench.hop_floor --messages 300 --gap-ms 25
 
 A first token crosses the scheduler eight times: client -> scheduler -> tokenizer (encode) ->
 scheduler -> worker (prefill) -> scheduler -> tokenizer (detokenize) -> scheduler -> client.
@@ -32,7 +32,7 @@ import uvloop
 import zmq
 from aiohttp import web
 
-from common.config import ConfigError, parse_config, require
+from ztgi.common.config import ConfigError, parse_config, require
 
 NUM_HOPS = 8
 ROUTE = {  # the hub's routing: the stop a message has just left -> (the next peer, the stop there)
@@ -200,7 +200,7 @@ def measure_route(config: HopFloorConfig) -> list[float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        config = parse_config(HopFloorConfig, argv, prog="python -m benchmarks.hop_floor")
+        config = parse_config(HopFloorConfig, argv, prog="python -m ztgi.bench.hop_floor")
     except ConfigError as exc:
         sys.stderr.write(f"{exc}\n")
         return 2

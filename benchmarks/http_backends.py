@@ -10,8 +10,8 @@ import dataclasses
 import json
 from typing import Any
 
-from benchmarks.config import BenchConfig
-from benchmarks.workload import Prompt
+from ztgi.bench.config import BenchConfig
+from ztgi.bench.workload import Prompt
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """`--quantize int4` decode on CPU piece by piece: the GGUF block products, and a step's layers in one C call.
 
-    python -m benchmarks.int4_decode --rows 1,4,8,16 --steps 1x64,1x700,4x300,8x64
+    python -m ztgi.bench.int4_decode --rows 1,4,8,16 --steps 1x64,1x700,4x300,8x64
 
 Products (`--rows`): SmolLM2-135M's 30 layers of q/k/v, output, gate/up and down products (random
 weights: the time does not depend on them), as ztgi's 4-bit block products in C
@@ -23,14 +23,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from benchmarks.compiled_forward import call_forward, step_shapes
-from common.config import ConfigError, parse_config, require
-from services.worker.backend import load_paged_model
-from services.worker.block_linear import Int4BlockLinear, Int8BlockLinear, quantize_blocks
-from services.worker.packed_linear import PackedLinear
-from services.worker.paged.decode_stack import NativeDecodeStack
-from services.worker.paged.llama import PagedLlamaForward
-from services.worker.quantized_linear import Int4Linear, quantize_int4
+from ztgi.bench.compiled_forward import call_forward, step_shapes
+from ztgi.common.config import ConfigError, parse_config, require
+from ztgi.services.worker.backend import load_paged_model
+from ztgi.services.worker.block_linear import Int4BlockLinear, Int8BlockLinear, quantize_blocks
+from ztgi.services.worker.packed_linear import PackedLinear
+from ztgi.services.worker.paged.decode_stack import NativeDecodeStack
+from ztgi.services.worker.paged.llama import PagedLlamaForward
+from ztgi.services.worker.quantized_linear import Int4Linear, quantize_int4
 
 LAYER_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # SmolLM2-135M: q/k/v, output, gate/up, down
 NUM_LAYERS, HEAD_SHAPE = 30, (49152, 576)
@@ -150,7 +150,7 @@ def _forward(model, inputs, stack: NativeDecodeStack | None) -> torch.Tensor:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config = parse_config(Int4DecodeConfig, argv, prog="python -m benchmarks.int4_decode")
+    config = parse_config(Int4DecodeConfig, argv, prog="python -m ztgi.bench.int4_decode")
     if Int8BlockLinear.load(*quantize_blocks(torch.ones(16, 32))) is None:
         print("the block products cannot be built here (see the log): nothing to compare", file=sys.stderr)
         return 1

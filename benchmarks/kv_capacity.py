@@ -1,6 +1,6 @@
 """Capacity: how many requests the paged and the padded engine run at once on one KV budget.
 
-    python -m benchmarks.kv_capacity --memory-budget-mb 64 --concurrency 64 --output capacity.json
+    python -m ztgi.bench.kv_capacity --memory-budget-mb 64 --concurrency 64 --output capacity.json
 
 Launches ztgi twice with the same `--memory-budget-mb` (`--kv-cache paged`, then `--kv-cache
 padded`), sends the mixed set (`--dataset`) closed-loop at `--concurrency` with `ignore_eos`,
@@ -25,12 +25,12 @@ import sys
 
 import aiohttp
 
-from benchmarks.config import BenchConfig
-from benchmarks.launched_server import LaunchedServer
-from benchmarks.load_generator import LoadGenerator
-from benchmarks.offline_workload import load_prompts
-from benchmarks.server_metrics import RunningSampler, counter, scrape, server_info
-from benchmarks.workload import Prompt
+from ztgi.bench.config import BenchConfig
+from ztgi.bench.launched_server import LaunchedServer
+from ztgi.bench.load_generator import LoadGenerator
+from ztgi.bench.offline_workload import load_prompts
+from ztgi.bench.server_metrics import RunningSampler, counter, scrape, server_info
+from ztgi.bench.workload import Prompt
 
 logger = logging.getLogger(__name__)
 

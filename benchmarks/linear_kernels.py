@@ -1,6 +1,6 @@
 """One linear layer in every weight format the CPU worker can serve, timed at a server's row counts.
 
-    python -m benchmarks.linear_kernels --rows 1,16,128,512 --repeats 5
+    python -m ztgi.bench.linear_kernels --rows 1,16,128,512 --repeats 5
 
 For each of SmolLM2-135M's matrix shapes (fused q/k/v, attention output, fused gate/up, down,
 lm_head) and each row count (decode at batch 1 and 16, prefill chunks), the median time of
@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from common.config import ConfigError, parse_config, require
-from services.worker.packed_linear import PackedLinear
-from services.worker.quantized_linear import Int4Linear, Int8Linear
+from ztgi.common.config import ConfigError, parse_config, require
+from ztgi.services.worker.packed_linear import PackedLinear
+from ztgi.services.worker.quantized_linear import Int4Linear, Int8Linear
 
 SHAPES = {  # name: (out_features, in_features), SmolLM2-135M
     "qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
@@ -101,7 +101,7 @@ def fastest_ms(fns: Mapping[str, Callable[[], object]], repeats: int, min_time_s
 
 @torch.inference_mode()
 def main(argv: Sequence[str] | None = None) -> int:
-    config = parse_config(LinearKernelsConfig, argv, prog="python -m benchmarks.linear_kernels")
+    config = parse_config(LinearKernelsConfig, argv, prog="python -m ztgi.bench.linear_kernels")
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     formats = config.formats.split(",")

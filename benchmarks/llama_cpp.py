@@ -1,6 +1,6 @@
 """ztgi against llama.cpp's `llama-server`: the same GGUF, the same prompts, the same client, one run.
 
-    python -m benchmarks.llama_cpp --llama-server /work/llama.cpp-build/bin/llama-server \\
+    python -m ztgi.bench.llama_cpp --llama-server /work/llama.cpp-build/bin/llama-server \\
         --systems ztgi-float32,ztgi-bfloat16,ztgi-bfloat16-int8 --concurrencies 1,16 --repeats 3 \\
         --output llama_cpp.json --plot llama_cpp.png
 
@@ -46,16 +46,16 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks.baseline_run import write_results
-from benchmarks.baseline_setup import parse_workload
-from benchmarks.bench import run_event_loop
-from benchmarks.config import BenchConfig, parse_sweep
-from benchmarks.launched_server import LaunchedServer, ServerStartError
-from benchmarks.llama_server import LlamaServer, server_flags
-from benchmarks.load_generator import READ_BUFFER_BYTES, LoadGenerator, RunResult
-from benchmarks.workload import Prompt
-from common.config import ConfigError, require
-from common.model_source import DEFAULT_MODEL_ID, EMBEDDED_NAME, embedded_gguf_path
+from ztgi.bench.baseline_run import write_results
+from ztgi.bench.baseline_setup import parse_workload
+from ztgi.bench.bench import run_event_loop
+from ztgi.bench.config import BenchConfig, parse_sweep
+from ztgi.bench.launched_server import LaunchedServer, ServerStartError
+from ztgi.bench.llama_server import LlamaServer, server_flags
+from ztgi.bench.load_generator import READ_BUFFER_BYTES, LoadGenerator, RunResult
+from ztgi.bench.workload import Prompt
+from ztgi.common.config import ConfigError, require
+from ztgi.common.model_source import DEFAULT_MODEL_ID, EMBEDDED_NAME, embedded_gguf_path
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import os
 import subprocess
 from collections.abc import Sequence
 
-from benchmarks.launched_server import LaunchedServer, ServerStartError
+from ztgi.bench.launched_server import LaunchedServer, ServerStartError
 
 logger = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import aiohttp
 from tqdm import tqdm
 
-from benchmarks.client import send_request
-from benchmarks.config import BenchConfig
-from benchmarks.http_backends import make_backend
-from benchmarks.metrics import RequestRecord, Summary, summarize
-from benchmarks.workload import Prompt
+from ztgi.bench.client import send_request
+from ztgi.bench.config import BenchConfig
+from ztgi.bench.http_backends import make_backend
+from ztgi.bench.metrics import RequestRecord, Summary, summarize
+from ztgi.bench.workload import Prompt
 
 logger = logging.getLogger(__name__)
 

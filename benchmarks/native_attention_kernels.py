@@ -1,6 +1,6 @@
 """ztgi's C attention kernels against torch's path, alone, on SmolLM2-135M's attention shapes.
 
-    python -m benchmarks.native_attention_kernels --decode 1x500,16x500 --prefill 0+256,0+740,300+200
+    python -m ztgi.bench.native_attention_kernels --decode 1x500,16x500 --prefill 0+256,0+740,300+200
 
 `--decode RxC`: R decode rows over contexts spread around C (0.5x to 1.5x), 30 layers' pools;
 `--prefill K+N`: a chunk of N tokens after K cached. Blocks are scattered over the pool, as after
@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from common.config import ConfigError, parse_config, require
-from services.worker.paged.attention import AttentionInputs, PagedAttention, PrefillSpan, decode_groups
-from services.worker.paged.kv_pool import KVPool, KVShape
-from services.worker.paged.native_attention import NativeAttention
+from ztgi.common.config import ConfigError, parse_config, require
+from ztgi.services.worker.paged.attention import AttentionInputs, PagedAttention, PrefillSpan, decode_groups
+from ztgi.services.worker.paged.kv_pool import KVPool, KVShape
+from ztgi.services.worker.paged.native_attention import NativeAttention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, LAYERS = 9, 3, 64, 16, 30
 
@@ -117,7 +117,7 @@ def time_in_turns(run: Callable[[PagedAttention], None], paths: dict[str, PagedA
 
 @torch.inference_mode()
 def main(argv: Sequence[str] | None = None) -> int:
-    config = parse_config(KernelsConfig, argv, prog="python -m benchmarks.native_attention_kernels")
+    config = parse_config(KernelsConfig, argv, prog="python -m ztgi.bench.native_attention_kernels")
     kernels = NativeAttention.load()
     if kernels is None:
         print("the C kernels cannot be built here (see the log): nothing to compare", file=sys.stderr)

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from benchmarks.config import BenchConfig
-from benchmarks.workload import Prompt, build_workload
+from ztgi.bench.config import BenchConfig
+from ztgi.bench.workload import Prompt, build_workload
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """What the pipeline adds to each worker step, read off a running server under load.
 
-    python -m benchmarks.pipeline_costs --url http://127.0.0.1:8080 --dataset mixed --concurrency 1 --num-requests 16
+    python -m ztgi.bench.pipeline_costs --url http://127.0.0.1:8080 --dataset mixed --concurrency 1 --num-requests 16
 
-`benchmarks.step_profile` splits a step inside the worker; this tool measures the rest. It reads
+`ztgi.bench.step_profile` splits a step inside the worker; this tool measures the rest. It reads
 `/metrics` before and after one `ztgi bench` load level and splits the scheduler's round trip of
 each Prefill and Decode (`tgi_batch_inference_duration`: sent to answer received) into what the
 worker reported (forward, next-token choice and Generation building, concatenate) and the
@@ -24,12 +24,12 @@ from collections.abc import Sequence
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.bench import run_event_loop
-from benchmarks.config import BenchConfig
-from benchmarks.load_generator import LoadGenerator
-from benchmarks.workload import WorkloadError, build_workload
-from common.config import ConfigError, parse_config
-from common.logs import setup_logging
+from ztgi.bench.bench import run_event_loop
+from ztgi.bench.config import BenchConfig
+from ztgi.bench.load_generator import LoadGenerator
+from ztgi.bench.workload import WorkloadError, build_workload
+from ztgi.common.config import ConfigError, parse_config
+from ztgi.common.logs import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def step_costs(before: Totals, after: Totals, method: str) -> StepCosts | None:
 
 
 def service_cpu_seconds() -> dict[int, tuple[str, float]]:
-    """pid -> (service, CPU seconds so far) for every `python -m services.<name>` on this machine."""
+    """pid -> (service, CPU seconds so far) for every `python -m ztgi.services.<name>` on this machine."""
     ticks = os.sysconf("SC_CLK_TCK")
     found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -161,7 +161,7 @@ def render(steps: list[StepCosts], filters: tuple[int, float | None], cpu: dict[
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit 0 with a report, 1 when /metrics could not be read, 2 for a bad flag or dataset."""
     try:
-        config = parse_config(BenchConfig, argv, prog="python -m benchmarks.pipeline_costs")
+        config = parse_config(BenchConfig, argv, prog="python -m ztgi.bench.pipeline_costs")
         setup_logging("pipeline_costs", config.log_level)
         generator = LoadGenerator(config, build_workload(config))
     except (ConfigError, WorkloadError) as exc:

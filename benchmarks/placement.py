@@ -1,7 +1,7 @@
 """Cache-aware placement against round-robin over HTTP: two launched servers of two workers each,
 questions on two shared documents interleaved.
 
-    python -m benchmarks.placement [--requests 32] [--concurrency 4] [--tokens 8] [--rounds 3]
+    python -m ztgi.bench.placement [--requests 32] [--concurrency 4] [--tokens 8] [--rounds 3]
         [--patterns alternate,random] [--document-words 1100] [--flags "..."]
 
 Both servers (`ztgi launch --num-workers 2 --placement cache-aware`, and `round-robin`) are up at
@@ -34,11 +34,11 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.config import BenchConfig
-from benchmarks.launched_server import LaunchedServer
-from benchmarks.load_generator import LoadGenerator
-from benchmarks.prefix_datasets import two_documents
-from benchmarks.workload import Prompt
+from ztgi.bench.config import BenchConfig
+from ztgi.bench.launched_server import LaunchedServer
+from ztgi.bench.load_generator import LoadGenerator
+from ztgi.bench.prefix_datasets import two_documents
+from ztgi.bench.workload import Prompt
 
 POLICIES = ("cache-aware", "round-robin")
 OUTCOMES = ("holder", "not_holder", "no_holder")

@@ -9,8 +9,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.load_generator import RunResult
-from benchmarks.report import LATENCIES, load_label
+from ztgi.bench.load_generator import RunResult
+from ztgi.bench.report import LATENCIES, load_label
 
 
 def write_plot(path: str, runs: Sequence[RunResult]) -> None:

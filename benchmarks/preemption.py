@@ -1,7 +1,7 @@
 """Preemption: many long requests against a deliberately small block pool, each checked against
 its greedy text from an unconstrained run.
 
-    python -m benchmarks.preemption --requests 64 --max-new-tokens 128 --small-pool-tokens 1024 \\
+    python -m ztgi.bench.preemption --requests 64 --max-new-tokens 128 --small-pool-tokens 1024 \\
         --output preemption.json [-- ztgi launch flags]
 
 Launches ztgi (paged) twice: first with a pool of `--large-budget-mb` (room for every request at
@@ -26,10 +26,10 @@ import time
 
 import aiohttp
 
-from benchmarks.greedy_parity import GreedyStream, parts_at_near_tie
-from benchmarks.launched_server import LaunchedServer
-from benchmarks.server_metrics import counter, scrape, server_info
-from benchmarks.workload import WORDS
+from ztgi.bench.greedy_parity import GreedyStream, parts_at_near_tie
+from ztgi.bench.launched_server import LaunchedServer
+from ztgi.bench.server_metrics import counter, scrape, server_info
+from ztgi.bench.workload import WORDS
 
 logger = logging.getLogger(__name__)
 

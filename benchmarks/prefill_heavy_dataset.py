@@ -1,4 +1,4 @@
-"""Writes the prefill-heavy set, `benchmarks/data/prefill_heavy.jsonl` (`python -m benchmarks.prefill_heavy_dataset`).
+"""Writes the prefill-heavy set, `benchmarks/data/prefill_heavy.jsonl` (`python -m ztgi.bench.prefill_heavy_dataset`).
 
 The traffic issue 23 describes: prompts of 20 to 740 tokens and short answers that stop at EOS, so
 that prompt tokens outweigh output tokens about five to one (the mixed set is the other way round:
@@ -15,7 +15,7 @@ import json
 import os
 import random
 
-from benchmarks.prefix_datasets import DATA_DIR, sentences
+from ztgi.bench.prefix_datasets import DATA_DIR, sentences
 
 NUM_REQUESTS = 64
 MIN_PROMPT_TOKENS = 20

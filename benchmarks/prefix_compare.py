@@ -1,5 +1,5 @@
 """Two `ztgi bench --output` files of the same workload, caching on and off, side by side:
-`python -m benchmarks.prefix_compare ON.json OFF.json`. Prints TTFT, E2E and throughput of each,
+`python -m ztgi.bench.prefix_compare ON.json OFF.json`. Prints TTFT, E2E and throughput of each,
 the ratio, whether every request's text is the same in both, and the cached tokens reported."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Writes the prefix-caching workloads next to the mixed set (`python -m benchmarks.prefix_datasets`).
+"""Writes the prefix-caching workloads next to the mixed set (`python -m ztgi.bench.prefix_datasets`).
 
 - `shared_prefix.jsonl`: 32 requests sharing one ~1,500-token document, each with its own question
   (RAG, a long system prompt): with prefix caching only the first computes the document.
@@ -16,7 +16,7 @@ import json
 import os
 import random
 
-from benchmarks.workload import WORDS
+from ztgi.bench.workload import WORDS
 
 DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 DOCUMENT_WORDS = 1450

@@ -1,7 +1,7 @@
 """The worker's engine in-process on SmolLM2: the first token of a shared-prefix question computed
 whole, against the same question over the cached document (`cache_len`), in alternating turns
 (A B A B) so drift in machine speed cancels; and the greedy tokens of both, which must match.
-`python -m benchmarks.prefix_prefill [--repeats N] [--threads T] [--new-tokens K]`."""
+`python -m ztgi.bench.prefix_prefill [--repeats N] [--threads T] [--new-tokens K]`."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import time
 
 import torch
 
-from benchmarks.workload import BUILT_IN_DATASETS
-from common.messages import SamplingParameters, WorkerRequest
-from services.tokenizer.loading import load_tokenizer
-from services.worker.backend import load_paged_model
-from services.worker.paged.batch import PagedBatch
+from ztgi.bench.workload import BUILT_IN_DATASETS
+from ztgi.common.messages import SamplingParameters, WorkerRequest
+from ztgi.services.tokenizer.loading import load_tokenizer
+from ztgi.services.worker.backend import load_paged_model
+from ztgi.services.worker.paged.batch import PagedBatch
 
 
 def _prompts(tokenizer, count: int) -> list[list[int]]:

@@ -7,9 +7,9 @@ import dataclasses
 import json
 from collections.abc import Sequence
 
-from benchmarks.config import BenchConfig
-from benchmarks.load_generator import RunResult
-from benchmarks.metrics import Distribution, Summary
+from ztgi.bench.config import BenchConfig
+from ztgi.bench.load_generator import RunResult
+from ztgi.bench.metrics import Distribution, Summary
 
 LATENCIES = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"))
 MAX_ERRORS_SHOWN = 3

@@ -1,6 +1,6 @@
 """--speculate against speculation off, side by side in one run, over HTTP.
 
-    python -m benchmarks.speculation --speculate 4 --dtype float32 --repeats 3 --output spec.json
+    python -m ztgi.bench.speculation --speculate 4 --dtype float32 --repeats 3 --output spec.json
 
 Two `ztgi launch` servers run at once on free ports, one with `--speculate N` and one without (each
 otherwise idle while the other works); with `--draft-model-id`, a third proposes with that draft
@@ -28,8 +28,8 @@ from typing import Any
 
 import requests
 
-from benchmarks.launched_server import LaunchedServer
-from benchmarks.workload import MIXED_DATASET_PATH, Prompt, load_dataset
+from ztgi.bench.launched_server import LaunchedServer
+from ztgi.bench.workload import MIXED_DATASET_PATH, Prompt, load_dataset
 
 CODE = ("import json\n\n\ndef load_config(path):\n    with open(path) as f:\n        data = json.load(f)\n"
         "    if 'name' not in data:\n        raise ValueError('missing name')\n    return data\n\n\n"

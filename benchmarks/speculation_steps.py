@@ -1,8 +1,8 @@
 """What speculation does per step, in the engine alone (no servers): tokens a step and a step's cost.
 
-    python -m benchmarks.speculation_steps --speculate 4 --max-new-tokens 128 --pairs 40
+    python -m ztgi.bench.speculation_steps --speculate 4 --max-new-tokens 128 --pairs 40
 
-Part one runs each of `benchmarks.speculation`'s input-grounded chat prompts alone through the paged
+Part one runs each of `ztgi.bench.speculation`'s input-grounded chat prompts alone through the paged
 engine with `--speculate N` and counts its tokens, steps, proposed and accepted tokens (greedy: the
 same on any machine). Part two times one request's step after a 300-token prompt, alternately a
 1-token decode and its last token plus N proposals (drafts set by hand, the rest of the step the
@@ -23,10 +23,10 @@ from collections.abc import Sequence
 
 import torch
 
-from benchmarks.speculation import GROUNDED
-from common.messages import SamplingParameters, WorkerRequest
-from common.model_source import resolve_model
-from services.worker.backend import load_paged_model
+from ztgi.bench.speculation import GROUNDED
+from ztgi.common.messages import SamplingParameters, WorkerRequest
+from ztgi.common.model_source import resolve_model
+from ztgi.services.worker.backend import load_paged_model
 
 
 def one_request(model, request_id: int, input_ids: list[int], max_new_tokens: int, ignore_eos: bool = False):

@@ -1,6 +1,6 @@
 """The classic baseline: `transformers` `generate` over fixed batches (static batching).
 
-    python -m benchmarks.static_batching --dataset mixed --batch-size 16 --model-id smollm2 --dtype float32
+    python -m ztgi.bench.static_batching --dataset mixed --batch-size 16 --model-id smollm2 --dtype float32
 
 The prompts are taken in order, `--batch-size` at a time, left-padded (pad id = EOS) and decoded
 greedily with `max_new_tokens` = the largest of the batch: a batch runs until its longest request
@@ -33,14 +33,14 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from benchmarks.baseline_config import BaselineConfig
-from benchmarks.baseline_model import eos_token_ids, load_model, load_tokenizer
-from benchmarks.baseline_run import BaselineRun, results_json, write_results
-from benchmarks.baseline_setup import parse_workload
-from benchmarks.metrics import RequestRecord, summarize
-from benchmarks.offline_workload import OfflineRequest, encode_prompts
-from common.config import require
-from services.worker.transformers_module import TransformersModule
+from ztgi.bench.baseline_config import BaselineConfig
+from ztgi.bench.baseline_model import eos_token_ids, load_model, load_tokenizer
+from ztgi.bench.baseline_run import BaselineRun, results_json, write_results
+from ztgi.bench.baseline_setup import parse_workload
+from ztgi.bench.metrics import RequestRecord, summarize
+from ztgi.bench.offline_workload import OfflineRequest, encode_prompts
+from ztgi.common.config import require
+from ztgi.services.worker.transformers_module import TransformersModule
 
 logger = logging.getLogger(__name__)
 

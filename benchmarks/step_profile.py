@@ -1,6 +1,6 @@
 """Where one decode step's time goes, at a few batch sizes: forward, choice, host transfer, Python, message.
 
-    python -m benchmarks.step_profile --dtype float32 --batch-sizes 1,16,32 --num-threads 1
+    python -m ztgi.bench.step_profile --dtype float32 --batch-sizes 1,16,32 --num-threads 1
 
 Each batch holds the first prompts of the mixed set (cycled), prefilled together and decoded
 `--warmup-steps` steps, then `--steps` timed steps split as `Model.generate_token` runs them:
@@ -19,18 +19,18 @@ from collections.abc import Sequence
 
 import torch
 
-from benchmarks.baseline_config import BaselineConfig
-from benchmarks.baseline_model import load_tokenizer
-from benchmarks.baseline_setup import parse_workload
-from benchmarks.config import parse_sweep
-from benchmarks.offline_workload import encode_prompts
-from common.codec import encode
-from common.config import require
-from common.messages import SamplingParameters, StepResult, Timings, WorkerRequest
-from services.worker.backend import load_padded_model
-from services.worker.batch import CausalLMBatch
-from services.worker.generations import step_rows
-from services.worker.model import PaddedModel
+from ztgi.bench.baseline_config import BaselineConfig
+from ztgi.bench.baseline_model import load_tokenizer
+from ztgi.bench.baseline_setup import parse_workload
+from ztgi.bench.config import parse_sweep
+from ztgi.bench.offline_workload import encode_prompts
+from ztgi.common.codec import encode
+from ztgi.common.config import require
+from ztgi.common.messages import SamplingParameters, StepResult, Timings, WorkerRequest
+from ztgi.services.worker.backend import load_padded_model
+from ztgi.services.worker.batch import CausalLMBatch
+from ztgi.services.worker.generations import step_rows
+from ztgi.services.worker.model import PaddedModel
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import json
 import os
 import random
 
-from benchmarks.config import BenchConfig
+from ztgi.bench.config import BenchConfig
 
 MIXED_DATASET_PATH = os.path.join(os.path.dirname(__file__), "data", "mixed.jsonl")
 # name -> file in benchmarks/data; prefill_heavy_dataset.py and prefix_datasets.py write all but `mixed`

@@ -30,13 +30,13 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from common import handshake
-from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
-from common.curve import CurveKeys
-from common.curve import apply as apply_curve
-from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
-from common.identity import new_boot_nonce, new_identity
-from common.messages import (
+from ztgi.common import handshake
+from ztgi.common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
+from ztgi.common.curve import CurveKeys
+from ztgi.common.curve import apply as apply_curve
+from ztgi.common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
+from ztgi.common.identity import new_boot_nonce, new_identity
+from ztgi.common.messages import (
     PROTOCOL_VERSION,
     Cancel,
     ChatMessage,
@@ -109,7 +109,7 @@ class AsyncZtgiClient:
     `query_timeout_s` bounds health/info/stats; `request_timeout_s` (None: no bound) is the
     longest wait for a request's next event before it is cancelled. `observe(parameters)`, when
     given, makes a `StreamObserver` for each request. `curve_keys`
-    (`common.curve.client_keys(...)`) encrypts the link to a scheduler that runs CURVE; a
+    (`ztgi.common.curve.client_keys(...)`) encrypts the link to a scheduler that runs CURVE; a
     handshake that fails (keys missing or wrong) is logged in plain words, and `handshake.expired`
     says when it has kept failing for `handshake_timeout_s`.
     """

@@ -5,7 +5,7 @@ direct clients are CURVE clients that must know the scheduler's public key. A so
 completes no handshake, so it sends and receives nothing.
 
 Keys live in zmq's certificate files, written by `ztgi keygen DIR NAME` (or
-`python -m common.curve DIR NAME`) from `zmq.curve_keypair()`: `NAME.key` holds the public key
+`python -m ztgi.common.curve DIR NAME`) from `zmq.curve_keypair()`: `NAME.key` holds the public key
 (hand it to the other side), `NAME.key_secret` holds both keys (keep it private, mode 0600).
 
 - Server: `--curve-secret-key-file` (its `.key_secret`) turns CURVE on. With
@@ -32,7 +32,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from common.config import ConfigError
+from ztgi.common.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def start_authenticator(context: zmq.Context, client_keys_dir: str | None) -> Th
     """
     if client_keys_dir is None:
         return None
-    authenticator = ThreadAuthenticator(context, log=logging.getLogger("common.curve.zap"))
+    authenticator = ThreadAuthenticator(context, log=logging.getLogger("ztgi.common.curve.zap"))
     authenticator.start()
     authenticator.configure_curve(domain="*", location=client_keys_dir)
     logger.info("CURVE: only clients with a public key in %s are let in", client_keys_dir)

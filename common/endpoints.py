@@ -21,7 +21,7 @@ import dataclasses
 import os
 from urllib.parse import urlsplit
 
-from common.config import ConfigError
+from ztgi.common.config import ConfigError
 
 ENDPOINT_NAMES = ("frontend", "tokenize", "tokenized", "detokenize", "workers")
 DEFAULT_SCHEDULER_URL = "tcp://127.0.0.1:5550"

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import llguidance
 import llguidance.hf
 
-from common.messages import Grammar
-from common.parameters import ValidationError
+from ztgi.common.messages import Grammar
+from ztgi.common.parameters import ValidationError
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions

@@ -12,7 +12,7 @@ import signal
 from collections.abc import Callable
 from typing import Protocol
 
-from common.gc_freeze import freeze_startup_objects
+from ztgi.common.gc_freeze import freeze_startup_objects
 
 logger = logging.getLogger(__name__)
 

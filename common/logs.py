@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 
-from common.log_rate_limit import RateLimitFilter
+from ztgi.common.log_rate_limit import RateLimitFilter
 
 _FORMAT = "%(asctime)s %(levelname)s %(service)s %(name)s: %(message)s"
 

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import secrets
 
-from common.messages.parameters import GenerateParameters, SamplingParameters
+from ztgi.common.messages.parameters import GenerateParameters, SamplingParameters
 
 MAX_SEED = 2**64 - 1
 """TGI seeds are u64."""

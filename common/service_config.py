@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from common import curve
-from common.config import require
-from common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
-from common.parameters import ParameterLimits
+from ztgi.common import curve
+from ztgi.common.config import require
+from ztgi.common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
+from ztgi.common.parameters import ParameterLimits
 
 
 @dataclasses.dataclass(frozen=True)

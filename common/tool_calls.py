@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from common.grammar import JSON_OPTIONS
-from common.messages import Grammar, Tool
+from ztgi.common.grammar import JSON_OPTIONS
+from ztgi.common.messages import Grammar, Tool
 
 RESPONSE_OPEN = "<tool_response>\n"
 RESPONSE_CLOSE = "\n</tool_response>"

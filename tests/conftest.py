@@ -14,7 +14,7 @@ import torch
 # doing at that moment. tests/worker/test_thread_governor.py tests the adaptive policy itself.
 os.environ.setdefault("ZTGI_CPU_ADAPTIVE_THREADS", "false")
 
-from common.model_source import ModelSource, resolve_model
+from ztgi.common.model_source import ModelSource, resolve_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 

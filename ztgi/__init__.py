@@ -26,10 +26,10 @@ _EXPORTS = {
     "RequestOutput": ("ztgi.outputs", "RequestOutput"),
     "CompletionOutput": ("ztgi.outputs", "CompletionOutput"),
     "Logprob": ("ztgi.outputs", "Logprob"),
-    "Client": ("common.client", "ZtgiClient"),
-    "AsyncClient": ("common.client", "AsyncZtgiClient"),
-    "ZtgiError": ("common.client", "ZtgiError"),
-    "GenerateParameters": ("common.messages", "GenerateParameters"),
+    "Client": ("ztgi.common.client", "ZtgiClient"),
+    "AsyncClient": ("ztgi.common.client", "AsyncZtgiClient"),
+    "ZtgiError": ("ztgi.common.client", "ZtgiError"),
+    "GenerateParameters": ("ztgi.common.messages", "GenerateParameters"),
 }
 
 __all__ = [

@@ -16,40 +16,40 @@ from collections.abc import Callable, Sequence
 
 
 def _launch(argv: Sequence[str]) -> int:
-    from services.launcher.service import main
+    from ztgi.services.launcher.service import main
     return main(argv)
 
 
 def _scheduler(argv: Sequence[str]) -> int:
-    from services.scheduler.service import main
+    from ztgi.services.scheduler.service import main
     return main(argv)
 
 
 def _tokenizer(argv: Sequence[str]) -> int:
-    from services.tokenizer.service import main
+    from ztgi.services.tokenizer.service import main
     return main(argv)
 
 
 def _worker(argv: Sequence[str]) -> int:
-    from services.worker.service import main
+    from ztgi.services.worker.service import main
     return main(argv)
 
 
 def _gateway(argv: Sequence[str]) -> int:
-    from services.gateway.service import main
+    from ztgi.services.gateway.service import main
     return main(argv)
 
 
 def _bench(argv: Sequence[str]) -> int:
     if "--offline" in argv:
-        from benchmarks.offline import main as offline_main
+        from ztgi.bench.offline import main as offline_main
         return offline_main([arg for arg in argv if arg != "--offline"])
-    from benchmarks.bench import main
+    from ztgi.bench.bench import main
     return main(argv)
 
 
 def _keygen(argv: Sequence[str]) -> int:
-    from common.curve import main
+    from ztgi.common.curve import main
     return main(argv)
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from services.scheduler.config import DEFAULT_MAX_BATCH_PREFILL_TOKENS, SchedulerConfig
-from services.worker.backend import Model
-from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS
+from ztgi.services.scheduler.config import DEFAULT_MAX_BATCH_PREFILL_TOKENS, SchedulerConfig
+from ztgi.services.worker.backend import Model
+from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS
 
 SCHEDULER_OPTIONS = ("max_input_tokens", "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
                      "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode",

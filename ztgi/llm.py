@@ -23,21 +23,16 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from common.gc_freeze import freeze_startup_objects
-from common.messages import (
+from ztgi.common.gc_freeze import freeze_startup_objects
+from ztgi.common.messages import (
     Generate,
     GenerateParameters,
     Generation,
     RequestKey,
     TokenStep,
 )
-from common.model_source import DEFAULT_MODEL_ID
-from common.parameters import ParameterLimits, ValidationError
-from services.tokenizer.detokenizer import Detokenizer
-from services.tokenizer.encoder import Encoder
-from services.tokenizer.loading import load_tokenizer
-from services.worker.backend import load_model
-from services.worker.config import DEVICES, DTYPES, KV_CACHES
+from ztgi.common.model_source import DEFAULT_MODEL_ID
+from ztgi.common.parameters import ParameterLimits, ValidationError
 from ztgi.engine_options import EngineOptions
 from ztgi.local_engine import LocalEngine
 from ztgi.outputs import RequestOutput
@@ -45,6 +40,11 @@ from ztgi.progress import Progress
 from ztgi.prompts import Prompt, as_conversations, as_prompts, per_prompt
 from ztgi.sampling_params import MAX_LOGPROBS, SamplingParams
 from ztgi.sequence import Sequence as GeneratedSequence
+from ztgi.services.tokenizer.detokenizer import Detokenizer
+from ztgi.services.tokenizer.encoder import Encoder
+from ztgi.services.tokenizer.loading import load_tokenizer
+from ztgi.services.worker.backend import load_model
+from ztgi.services.worker.config import DEVICES, DTYPES, KV_CACHES
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import time
 
-from common.messages import (
+from ztgi.common.messages import (
     PROTOCOL_VERSION,
     Clear,
     CommandFailed,
@@ -35,15 +35,15 @@ from common.messages import (
     Prefill,
     Warmup,
 )
-from services.scheduler.batcher import Batcher
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.outbox import Outbox
-from services.scheduler.queue import RequestQueue
-from services.scheduler.request import Request, RequestStatus
-from services.scheduler.request_table import RequestTable
-from services.scheduler.worker_slot import WorkerSlot
-from services.worker.backend import Model
-from services.worker.engine import Engine
+from ztgi.services.scheduler.batcher import Batcher
+from ztgi.services.scheduler.config import SchedulerConfig
+from ztgi.services.scheduler.outbox import Outbox
+from ztgi.services.scheduler.queue import RequestQueue
+from ztgi.services.scheduler.request import Request, RequestStatus
+from ztgi.services.scheduler.request_table import RequestTable
+from ztgi.services.scheduler.worker_slot import WorkerSlot
+from ztgi.services.worker.backend import Model
+from ztgi.services.worker.engine import Engine
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
-from common.messages import ChatMessage
+from ztgi.common.messages import ChatMessage
 from ztgi.sampling_params import SamplingParams
 
 

@@ -15,8 +15,8 @@ import dataclasses
 import math
 import numbers
 
-from common.messages import GenerateParameters
-from common.parameters import MAX_SEED
+from ztgi.common.messages import GenerateParameters
+from ztgi.common.parameters import MAX_SEED
 
 MAX_LOGPROBS = 20
 """Top tokens per step `logprobs` may ask for (vLLM's default `max_logprobs`)."""

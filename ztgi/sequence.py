@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from common.messages import Encoded, GenerateParameters, RequestKey, StreamEvent, Token
-from services.gateway.stop_trim import trim_stop
+from ztgi.common.messages import Encoded, GenerateParameters, RequestKey, StreamEvent, Token
 from ztgi.outputs import (
     FINISH_REASONS,
     CompletionOutput,
@@ -12,6 +11,7 @@ from ztgi.outputs import (
     SampleLogprobs,
 )
 from ztgi.sampling_params import SamplingParams
+from ztgi.services.gateway.stop_trim import trim_stop
 
 
 class Sequence:

@@ -16,12 +16,12 @@
 # parameters, tools and tool calls in chats; 3: paged KV blocks and prefill chunks; 2: presence_penalty
 PROTOCOL_VERSION = 8
 
-from common.messages.batches import *  # noqa: E402,F401,F403
-from common.messages.chat import *  # noqa: E402,F401,F403
-from common.messages.client import *  # noqa: E402,F401,F403
-from common.messages.events import *  # noqa: E402,F401,F403
-from common.messages.parameters import *  # noqa: E402,F401,F403
-from common.messages.peer import *  # noqa: E402,F401,F403
-from common.messages.scheduler import *  # noqa: E402,F401,F403
-from common.messages.tokenizer import *  # noqa: E402,F401,F403
-from common.messages.worker import *  # noqa: E402,F401,F403
+from ztgi.common.messages.batches import *  # noqa: E402,F401,F403
+from ztgi.common.messages.chat import *  # noqa: E402,F401,F403
+from ztgi.common.messages.client import *  # noqa: E402,F401,F403
+from ztgi.common.messages.events import *  # noqa: E402,F401,F403
+from ztgi.common.messages.parameters import *  # noqa: E402,F401,F403
+from ztgi.common.messages.peer import *  # noqa: E402,F401,F403
+from ztgi.common.messages.scheduler import *  # noqa: E402,F401,F403
+from ztgi.common.messages.tokenizer import *  # noqa: E402,F401,F403
+from ztgi.common.messages.worker import *  # noqa: E402,F401,F403

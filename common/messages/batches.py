@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from common.codec import record
-from common.messages.events import FinishReason
-from common.messages.parameters import SamplingParameters
+from ztgi.common.codec import record
+from ztgi.common.messages.events import FinishReason
+from ztgi.common.messages.parameters import SamplingParameters
 
 __all__ = ["WorkerRequest", "SeqUpdate", "Batch", "CachedBatch", "Generation", "Timings", "WorkerInfo"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from common.codec import record
+from ztgi.common.codec import record
 
 __all__ = ["Grammar", "Tool", "ToolCall", "ChatMessage", "GrammarType"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from common.codec import message, record
-from common.messages.events import StreamEvent
+from ztgi.common.codec import message, record
+from ztgi.common.messages.events import StreamEvent
 
 __all__ = [
     "StreamEvents", "HealthReply", "InfoReply", "StatsReply", "ErrorReply", "MetricSample", "MetricFamily",

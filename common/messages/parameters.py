@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from common.codec import record
-from common.messages.chat import Grammar
+from ztgi.common.codec import record
+from ztgi.common.messages.chat import Grammar
 
 __all__ = ["GenerateParameters", "SamplingParameters"]
 

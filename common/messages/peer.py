@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from common.codec import message
-from common.messages.batches import WorkerInfo
+from ztgi.common.codec import message
+from ztgi.common.messages.batches import WorkerInfo
 
 __all__ = ["Hello", "Heartbeat", "Role"]
 

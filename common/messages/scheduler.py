@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from common.codec import message, record
-from common.messages.batches import CachedBatch, Generation, Timings
-from common.messages.chat import ChatMessage, Tool
-from common.messages.events import RequestKey
-from common.messages.parameters import GenerateParameters, SamplingParameters
+from ztgi.common.codec import message, record
+from ztgi.common.messages.batches import CachedBatch, Generation, Timings
+from ztgi.common.messages.chat import ChatMessage, Tool
+from ztgi.common.messages.events import RequestKey
+from ztgi.common.messages.parameters import GenerateParameters, SamplingParameters
 
 __all__ = [
     "Generate", "Cancel", "Query", "Encoded", "Rejected", "ClientOutput", "TextBatch",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from common.codec import message, record
-from common.messages.batches import Generation
-from common.messages.events import RequestKey
-from common.messages.parameters import GenerateParameters
-from common.messages.scheduler import Encoded, Generate, TokenizeQuery
+from ztgi.common.codec import message, record
+from ztgi.common.messages.batches import Generation
+from ztgi.common.messages.events import RequestKey
+from ztgi.common.messages.parameters import GenerateParameters
+from ztgi.common.messages.scheduler import Encoded, Generate, TokenizeQuery
 
 __all__ = ["EncodeJob", "TokenStep", "DetokenizeJob", "Forget", "Adopt", "TokenizeJob"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from common.codec import message
-from common.messages.batches import Batch, SeqUpdate
+from ztgi.common.codec import message
+from ztgi.common.messages.batches import Batch, SeqUpdate
 
 __all__ = ["Warmup", "Prefill", "Decode", "Filter", "Clear", "HealthCheck"]
 

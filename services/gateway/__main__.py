@@ -1,9 +1,9 @@
 import sys
 
-from common.early_stop import exit_on_stop_signals
+from ztgi.common.early_stop import exit_on_stop_signals
 
 exit_on_stop_signals()
 
-from services.gateway.service import main  # noqa: E402 (after the stop hook: this import is the slow part)
+from ztgi.services.gateway.service import main  # noqa: E402 (after the stop hook: this import is the slow part)
 
 sys.exit(main())

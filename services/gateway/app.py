@@ -11,16 +11,16 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from common.client import AsyncZtgiClient
-from services.gateway import api_docs, handlers, openai_handlers
-from services.gateway.auth import auth_middleware
-from services.gateway.config import GatewayConfig
-from services.gateway.cors import install_cors
-from services.gateway.errors import error_middleware
-from services.gateway.metrics import METRICS, GatewayMetrics, handle_metrics, rejection_middleware
-from services.gateway.served_model import ServedModel
-from services.gateway.sse import EventStream
-from services.gateway.state import CLIENT, CONFIG, EXIT_STATUS, SERVED_MODEL, STREAMS, ExitStatus
+from ztgi.common.client import AsyncZtgiClient
+from ztgi.services.gateway import api_docs, handlers, openai_handlers
+from ztgi.services.gateway.auth import auth_middleware
+from ztgi.services.gateway.config import GatewayConfig
+from ztgi.services.gateway.cors import install_cors
+from ztgi.services.gateway.errors import error_middleware
+from ztgi.services.gateway.metrics import METRICS, GatewayMetrics, handle_metrics, rejection_middleware
+from ztgi.services.gateway.served_model import ServedModel
+from ztgi.services.gateway.sse import EventStream
+from ztgi.services.gateway.state import CLIENT, CONFIG, EXIT_STATUS, SERVED_MODEL, STREAMS, ExitStatus
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import hmac
 
 from aiohttp import web
 
-from services.gateway.errors import OPENAI_PREFIX, Handler, HttpError
-from services.gateway.state import CONFIG
+from ztgi.services.gateway.errors import OPENAI_PREFIX, Handler, HttpError
+from ztgi.services.gateway.state import CONFIG
 
 GENERATION_PATHS = frozenset({"/", "/generate", "/generate_stream", "/invocations", "/tokenize"})
 """Routes that spend model time (and every `/v1` route); health, info, docs and metrics stay open."""

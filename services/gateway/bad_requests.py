@@ -3,7 +3,7 @@
 aiohttp answers a request it cannot parse (a bad request line, header or URL) with 400 and
 logs the parser's exception with its whole traceback, about ten lines a request. That is the
 client's fault, not the server's: this filter turns such a record into one WARNING line (and
-the handler's rate limit then counts a flood of them, `common.log_rate_limit`).
+the handler's rate limit then counts a flood of them, `ztgi.common.log_rate_limit`).
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ import dataclasses
 import math
 import secrets
 
-from common.client import AsyncZtgiClient, GenerateResult
-from common.messages import GenerateParameters
-from services.gateway.streaming import gather_all
+from ztgi.common.client import AsyncZtgiClient, GenerateResult
+from ztgi.common.messages import GenerateParameters
+from ztgi.services.gateway.streaming import gather_all
 
 _SEED_BITS = 63  # derived seeds stay signed 64-bit integers, like the tokenizer's own
 

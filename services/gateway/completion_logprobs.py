@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from common.messages import Token
+from ztgi.common.messages import Token
 
 
 def logprob_json(token: Token) -> float:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.config import require
-from common.service_config import PeerConfig, RequestLimits
+from ztgi.common.config import require
+from ztgi.common.service_config import PeerConfig, RequestLimits
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from services.gateway.errors import Handler, error_for
+from ztgi.services.gateway.errors import Handler, error_for
 
 ALLOWED_METHODS = "GET, POST, OPTIONS"
 ALLOWED_HEADERS = "Authorization, Content-Type"

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from common.client import ZtgiError
-from common.parameters import ValidationError
+from ztgi.common.client import ZtgiError
+from ztgi.common.parameters import ValidationError
 
 logger = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from typing import Any
 
 from aiohttp import web
 
-from services.gateway import render
-from services.gateway.best_of import BestOf, generate_best_of
-from services.gateway.errors import HttpError
-from services.gateway.schemas import TextRequest, parse_text_request, read_json
-from services.gateway.state import CLIENT, CONFIG
-from services.gateway.streaming import serve_sse
+from ztgi.services.gateway import render
+from ztgi.services.gateway.best_of import BestOf, generate_best_of
+from ztgi.services.gateway.errors import HttpError
+from ztgi.services.gateway.schemas import TextRequest, parse_text_request, read_json
+from ztgi.services.gateway.state import CLIENT, CONFIG
+from ztgi.services.gateway.streaming import serve_sse
 
 logger = logging.getLogger(__name__)
 

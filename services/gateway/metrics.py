@@ -25,11 +25,11 @@ from prometheus_client.core import (
     Metric,
 )
 
-from common.client import ZtgiError
-from common.messages import GenerateParameters, MetricFamily, StatsReply, StreamEvent
-from common.parameters import ValidationError
-from services.gateway.errors import HttpError
-from services.gateway.state import CLIENT
+from ztgi.common.client import ZtgiError
+from ztgi.common.messages import GenerateParameters, MetricFamily, StatsReply, StreamEvent
+from ztgi.common.parameters import ValidationError
+from ztgi.services.gateway.errors import HttpError
+from ztgi.services.gateway.state import CLIENT
 
 logger = logging.getLogger(__name__)
 

@@ -10,17 +10,17 @@ from typing import Any
 
 from aiohttp import web
 
-from common.client import AsyncZtgiClient, GenerateResult
-from common.messages import FinalDetails, GenerateParameters, InfoReply, StreamEvent
-from services.gateway import openai_render as render
-from services.gateway.completion_logprobs import CompletionLogprobs
-from services.gateway.openai_render import Envelope
-from services.gateway.openai_schemas import OpenAIRequest, parse_chat_request, parse_completion_request
-from services.gateway.schemas import read_json
-from services.gateway.state import CLIENT, CONFIG, SERVED_MODEL
-from services.gateway.stop_trim import StopTrimmer, trim_stop
-from services.gateway.streaming import gather_all, merge, serve_sse
-from services.gateway.tool_stream import ToolCallStream
+from ztgi.common.client import AsyncZtgiClient, GenerateResult
+from ztgi.common.messages import FinalDetails, GenerateParameters, InfoReply, StreamEvent
+from ztgi.services.gateway import openai_render as render
+from ztgi.services.gateway.completion_logprobs import CompletionLogprobs
+from ztgi.services.gateway.openai_render import Envelope
+from ztgi.services.gateway.openai_schemas import OpenAIRequest, parse_chat_request, parse_completion_request
+from ztgi.services.gateway.schemas import read_json
+from ztgi.services.gateway.state import CLIENT, CONFIG, SERVED_MODEL
+from ztgi.services.gateway.stop_trim import StopTrimmer, trim_stop
+from ztgi.services.gateway.streaming import gather_all, merge, serve_sse
+from ztgi.services.gateway.tool_stream import ToolCallStream
 
 DONE = "[DONE]"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from common.client import GenerateResult
-from common.messages import FinalDetails, InfoReply, StreamEvent, Token
-from common.tool_calls import parse_calls
-from services.gateway.completion_logprobs import logprob_json
-from services.gateway.tool_stream import ToolCallDelta, new_call_id
+from ztgi.common.client import GenerateResult
+from ztgi.common.messages import FinalDetails, InfoReply, StreamEvent, Token
+from ztgi.common.tool_calls import parse_calls
+from ztgi.services.gateway.completion_logprobs import logprob_json
+from ztgi.services.gateway.tool_stream import ToolCallDelta, new_call_id
 
 _FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
 

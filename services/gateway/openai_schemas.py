@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from common.messages import ChatMessage, GenerateParameters, Grammar, Tool, ToolCall
-from common.parameters import MAX_SEED, ParameterLimits, ValidationError, validate_parameters
-from services.gateway.schemas import json_type, optional_integer, optional_number, optional_value
-from services.gateway.structured_output import parse_response_format, parse_tool_use
+from ztgi.common.messages import ChatMessage, GenerateParameters, Grammar, Tool, ToolCall
+from ztgi.common.parameters import MAX_SEED, ParameterLimits, ValidationError, validate_parameters
+from ztgi.services.gateway.schemas import json_type, optional_integer, optional_number, optional_value
+from ztgi.services.gateway.structured_output import parse_response_format, parse_tool_use
 
 COMPLETION_MAX_NEW_TOKENS = 100
 """TGI's default for /v1/completions when `max_tokens` is not given."""

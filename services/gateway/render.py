@@ -6,9 +6,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from common.client import GenerateResult
-from common.messages import FinalDetails, GenerateParameters, InfoReply, StreamEvent, Token
-from services.gateway.config import GatewayConfig
+from ztgi.common.client import GenerateResult
+from ztgi.common.messages import FinalDetails, GenerateParameters, InfoReply, StreamEvent, Token
+from ztgi.services.gateway.config import GatewayConfig
 
 ROUTER_NAME = "ztgi"
 

@@ -1,7 +1,7 @@
 """TGI's HTTP request schemas: a JSON body in, a checked `TextRequest` out.
 
 Types are checked field by field (a JSON body error is a 422 naming the field, as TGI answers
-for bodies its JSON extractor rejects); ranges are checked by `common.parameters`, the same
+for bodies its JSON extractor rejects); ranges are checked by `ztgi.common.parameters`, the same
 rules the tokenizer applies to direct clients. `null` means "the default" everywhere, as in TGI.
 """
 
@@ -15,11 +15,11 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
-from common.messages import GenerateParameters
-from common.parameters import ParameterLimits, ValidationError, validate_best_of, validate_parameters
-from services.gateway.errors import HttpError
-from services.gateway.json_values import json_type
-from services.gateway.structured_output import parse_tgi_grammar
+from ztgi.common.messages import GenerateParameters
+from ztgi.common.parameters import ParameterLimits, ValidationError, validate_best_of, validate_parameters
+from ztgi.services.gateway.errors import HttpError
+from ztgi.services.gateway.json_values import json_type
+from ztgi.services.gateway.structured_output import parse_tgi_grammar
 
 _INT_FIELDS = ("max_new_tokens", "top_k", "seed", "truncate", "top_n_tokens")
 _FLOAT_FIELDS = ("temperature", "top_p", "typical_p", "repetition_penalty", "frequency_penalty",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from common.client import AsyncZtgiClient
-from common.messages import InfoReply
+from ztgi.common.client import AsyncZtgiClient
+from ztgi.common.messages import InfoReply
 
 
 class ServedModel:

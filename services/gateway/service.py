@@ -8,13 +8,13 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from common.config import parse_config
-from common.gc_freeze import freeze_startup_objects
-from common.logs import setup_logging
-from services.gateway import bad_requests
-from services.gateway.app import make_app
-from services.gateway.config import GatewayConfig
-from services.gateway.state import EXIT_STATUS
+from ztgi.common.config import parse_config
+from ztgi.common.gc_freeze import freeze_startup_objects
+from ztgi.common.logs import setup_logging
+from ztgi.services.gateway import bad_requests
+from ztgi.services.gateway.app import make_app
+from ztgi.services.gateway.config import GatewayConfig
+from ztgi.services.gateway.state import EXIT_STATUS
 
 logger = logging.getLogger(__name__)
 

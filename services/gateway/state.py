@@ -7,9 +7,9 @@ import weakref
 
 from aiohttp import web
 
-from common.client import AsyncZtgiClient
-from services.gateway.config import GatewayConfig
-from services.gateway.served_model import ServedModel
+from ztgi.common.client import AsyncZtgiClient
+from ztgi.services.gateway.config import GatewayConfig
+from ztgi.services.gateway.served_model import ServedModel
 
 
 @dataclasses.dataclass

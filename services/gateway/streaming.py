@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from common.client import ZtgiError
-from common.messages import StreamEvent
-from services.gateway.sse import EventStream
-from services.gateway.state import STREAMS
+from ztgi.common.client import ZtgiError
+from ztgi.common.messages import StreamEvent
+from ztgi.services.gateway.sse import EventStream
+from ztgi.services.gateway.state import STREAMS
 
 logger = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ import json
 import re
 from typing import Any
 
-from common.grammar import json_grammar
-from common.messages import Grammar, Tool
-from common.parameters import ValidationError
-from common.tool_calls import tool_call_grammar
-from services.gateway.json_values import json_type
+from ztgi.common.grammar import json_grammar
+from ztgi.common.messages import Grammar, Tool
+from ztgi.common.parameters import ValidationError
+from ztgi.common.tool_calls import tool_call_grammar
+from ztgi.services.gateway.json_values import json_type
 
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 JSON_OBJECT_SCHEMA = {"type": "object"}

@@ -1,6 +1,6 @@
 """Tool calls read from a streamed answer as it comes, for OpenAI's `delta.tool_calls`.
 
-The grammar fixes how calls are written (`common.tool_calls`), so reading them needs no JSON
+The grammar fixes how calls are written (`ztgi.common.tool_calls`), so reading them needs no JSON
 parser: an answer that begins with `<tool_call>` is calls; each call's name comes between fixed
 texts, and its arguments run until `}` + newline + `</tool_call>` (JSON written compactly holds no
 raw newline). Text that might still become the start of a call is held back; the rest of an
@@ -12,7 +12,14 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-from common.tool_calls import ARGUMENTS_PREFIX, ARGUMENTS_SUFFIX, CALL_CLOSE, CALL_OPEN, CALL_SEPARATOR, NAME_PREFIX
+from ztgi.common.tool_calls import (
+    ARGUMENTS_PREFIX,
+    ARGUMENTS_SUFFIX,
+    CALL_CLOSE,
+    CALL_OPEN,
+    CALL_SEPARATOR,
+    NAME_PREFIX,
+)
 
 _START = CALL_OPEN + NAME_PREFIX
 _END = ARGUMENTS_SUFFIX + CALL_CLOSE

@@ -25,7 +25,7 @@ def _die_with_parent() -> None:
 
 
 class Child:
-    """A service process: `python -m services.<service> ARGS` with extra environment."""
+    """A service process: `python -m ztgi.services.<service> ARGS` with extra environment."""
 
     def __init__(self, name: str, service: str, args: Sequence[str], env: dict[str, str]) -> None:
         self.name = name

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.config import require
-from common.model_source import DEFAULT_MODEL_ID
-from common.service_config import LogConfig, RequestLimits
-from services.scheduler.placement import CACHE_AWARE, PLACEMENTS
-from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, KV_CACHES
+from ztgi.common.config import require
+from ztgi.common.model_source import DEFAULT_MODEL_ID
+from ztgi.common.service_config import LogConfig, RequestLimits
+from ztgi.services.scheduler.placement import CACHE_AWARE, PLACEMENTS
+from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, KV_CACHES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,8 +10,8 @@ import time
 import urllib.error
 import urllib.request
 
-from services.launcher.child import Child
-from services.launcher.config import LaunchConfig
+from ztgi.services.launcher.child import Child
+from ztgi.services.launcher.config import LaunchConfig
 
 logger = logging.getLogger(__name__)
 

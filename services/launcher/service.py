@@ -6,11 +6,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from common.config import ConfigError, parse_config
-from common.lifecycle import on_stop_signals
-from common.logs import setup_logging
-from services.launcher.config import LaunchConfig
-from services.launcher.launcher import Launcher, StartupError
+from ztgi.common.config import ConfigError, parse_config
+from ztgi.common.lifecycle import on_stop_signals
+from ztgi.common.logs import setup_logging
+from ztgi.services.launcher.config import LaunchConfig
+from ztgi.services.launcher.launcher import Launcher, StartupError
 
 logger = logging.getLogger(__name__)
 

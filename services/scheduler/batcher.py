@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from common.messages import (
+from ztgi.common.messages import (
     Batch,
     Clear,
     CommandDone,
@@ -51,19 +51,19 @@ from common.messages import (
     WarmupResult,
     WorkerRequest,
 )
-from services.scheduler.block_allocator import BlockAllocator
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.outbox import Outbox
-from services.scheduler.paged_batcher import PagedBatcher, PagedStep
-from services.scheduler.placement import ROUND_ROBIN, Placement, PlacementPolicy, placement_outcome
-from services.scheduler.queue import RequestQueue
-from services.scheduler.request import Request, RequestStatus
-from services.scheduler.request_table import RequestTable
-from services.scheduler.round_robin_placement import RoundRobinPlacement
-from services.scheduler.sliding_window import free_blocks_behind_window
-from services.scheduler.worker_pool import WorkerPool
-from services.scheduler.worker_slot import CommandKind, InFlight, WorkerSlot
+from ztgi.services.scheduler.block_allocator import BlockAllocator
+from ztgi.services.scheduler.config import SchedulerConfig
+from ztgi.services.scheduler.metrics import SchedulerMetrics
+from ztgi.services.scheduler.outbox import Outbox
+from ztgi.services.scheduler.paged_batcher import PagedBatcher, PagedStep
+from ztgi.services.scheduler.placement import ROUND_ROBIN, Placement, PlacementPolicy, placement_outcome
+from ztgi.services.scheduler.queue import RequestQueue
+from ztgi.services.scheduler.request import Request, RequestStatus
+from ztgi.services.scheduler.request_table import RequestTable
+from ztgi.services.scheduler.round_robin_placement import RoundRobinPlacement
+from ztgi.services.scheduler.sliding_window import free_blocks_behind_window
+from ztgi.services.scheduler.worker_pool import WorkerPool
+from ztgi.services.scheduler.worker_slot import CommandKind, InFlight, WorkerSlot
 
 logger = logging.getLogger(__name__)
 

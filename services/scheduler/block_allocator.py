@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 
-from services.scheduler.prefix_cache import PrefixCache
+from ztgi.services.scheduler.prefix_cache import PrefixCache
 
 
 class BlockAllocator:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from common import curve
-from common.config import require
-from common.endpoints import Endpoints
-from common.service_config import ServiceConfig
-from services.scheduler.placement import CACHE_AWARE, PLACEMENTS
+from ztgi.common import curve
+from ztgi.common.config import require
+from ztgi.common.endpoints import Endpoints
+from ztgi.common.service_config import ServiceConfig
+from ztgi.services.scheduler.placement import CACHE_AWARE, PLACEMENTS
 
 DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096
 

@@ -15,10 +15,10 @@ import dataclasses
 import logging
 from collections.abc import Iterable
 
-from common.codec import encode
-from common.messages import HealthReply
-from services.scheduler.outbox import Outbox
-from services.scheduler.worker_slot import WorkerSlot
+from ztgi.common.codec import encode
+from ztgi.common.messages import HealthReply
+from ztgi.services.scheduler.outbox import Outbox
+from ztgi.services.scheduler.worker_slot import WorkerSlot
 
 logger = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from common.messages import Generation, MetricFamily, MetricKind, MetricSample, Timings
-from services.scheduler.request import Request
-from services.scheduler.worker_slot import WorkerSlot
+from ztgi.common.messages import Generation, MetricFamily, MetricKind, MetricSample, Timings
+from ztgi.services.scheduler.request import Request
+from ztgi.services.scheduler.worker_slot import WorkerSlot
 
 if TYPE_CHECKING:
-    from services.scheduler.paged_batcher import PagedStep
+    from ztgi.services.scheduler.paged_batcher import PagedStep
 
 DURATION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.codec import encode
+from ztgi.common.codec import encode
 
 
 @dataclasses.dataclass

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.scheduler.block_allocator import BlockAllocator
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.placement import PlacementPolicy
-from services.scheduler.queue import RequestQueue
-from services.scheduler.request import Request
+from ztgi.services.scheduler.block_allocator import BlockAllocator
+from ztgi.services.scheduler.config import SchedulerConfig
+from ztgi.services.scheduler.placement import PlacementPolicy
+from ztgi.services.scheduler.queue import RequestQueue
+from ztgi.services.scheduler.request import Request
 
 RESERVE_FRACTION = 0.01  # admissions leave this share of blocks free for running requests to grow
 MAX_SPECULATING_REQUESTS = 8  # the worker's back-off: above this many decodes it proposes nothing

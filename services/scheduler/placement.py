@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Literal
 
-from services.scheduler.request import Request
-from services.scheduler.worker_slot import WorkerSlot
+from ztgi.services.scheduler.request import Request
+from ztgi.services.scheduler.worker_slot import WorkerSlot
 
 CACHE_AWARE, ROUND_ROBIN = "cache-aware", "round-robin"
 PLACEMENTS = (CACHE_AWARE, ROUND_ROBIN)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterator
 
-from services.scheduler.request import Request
+from ztgi.services.scheduler.request import Request
 
 
 class RequestQueue:

@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import time
 
-from common.messages import Encoded, GenerateParameters, RequestKey, WorkerRequest
+from ztgi.common.messages import Encoded, GenerateParameters, RequestKey, WorkerRequest
 
 
 class RequestStatus(enum.Enum):

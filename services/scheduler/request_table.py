@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from common.messages import Generation, RequestKey
-from services.scheduler.request import Request
+from ztgi.common.messages import Generation, RequestKey
+from ztgi.services.scheduler.request import Request
 
 
 class RequestTable:

@@ -11,9 +11,9 @@ room, so a full or stuck worker never holds a request back while another could r
 
 from __future__ import annotations
 
-from services.scheduler.placement import PlacementPolicy
-from services.scheduler.request import Request
-from services.scheduler.worker_slot import WorkerSlot
+from ztgi.services.scheduler.placement import PlacementPolicy
+from ztgi.services.scheduler.request import Request
+from ztgi.services.scheduler.worker_slot import WorkerSlot
 
 
 class RoundRobinPlacement(PlacementPolicy):

@@ -12,8 +12,8 @@ import dataclasses
 import logging
 import time
 
-from common.codec import MessageError, decode, encode
-from common.messages import (
+from ztgi.common.codec import MessageError, decode, encode
+from ztgi.common.messages import (
     PROTOCOL_VERSION,
     Adopt,
     Cancel,
@@ -42,16 +42,16 @@ from common.messages import (
     TokenStep,
     WarmupResult,
 )
-from services.scheduler.batcher import Batcher
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.health import Assessment, HealthMonitor, WorkerLoss, assess
-from services.scheduler.outbox import Outbox
-from services.scheduler.queue import RequestQueue
-from services.scheduler.request import Request, RequestStatus
-from services.scheduler.request_table import RequestTable
-from services.scheduler.tokenize_router import TokenizeRouter
-from services.scheduler.tokenizer_pool import TokenizerPool
-from services.scheduler.worker_slot import WorkerSlot
+from ztgi.services.scheduler.batcher import Batcher
+from ztgi.services.scheduler.config import SchedulerConfig
+from ztgi.services.scheduler.health import Assessment, HealthMonitor, WorkerLoss, assess
+from ztgi.services.scheduler.outbox import Outbox
+from ztgi.services.scheduler.queue import RequestQueue
+from ztgi.services.scheduler.request import Request, RequestStatus
+from ztgi.services.scheduler.request_table import RequestTable
+from ztgi.services.scheduler.tokenize_router import TokenizeRouter
+from ztgi.services.scheduler.tokenizer_pool import TokenizerPool
+from ztgi.services.scheduler.worker_slot import WorkerSlot
 
 logger = logging.getLogger(__name__)
 

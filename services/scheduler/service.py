@@ -11,15 +11,15 @@ from collections.abc import Sequence
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from common import curve
-from common.codec import MAX_MESSAGE_BYTES
-from common.config import parse_config
-from common.identity import new_boot_nonce
-from common.lifecycle import on_stop_signals, serve
-from common.logs import setup_logging
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.peer_connections import PeerConnections
-from services.scheduler.scheduler import Scheduler
+from ztgi.common import curve
+from ztgi.common.codec import MAX_MESSAGE_BYTES
+from ztgi.common.config import parse_config
+from ztgi.common.identity import new_boot_nonce
+from ztgi.common.lifecycle import on_stop_signals, serve
+from ztgi.common.logs import setup_logging
+from ztgi.services.scheduler.config import SchedulerConfig
+from ztgi.services.scheduler.peer_connections import PeerConnections
+from ztgi.services.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ never gathers them for a decode, and masks them for a prefill chunk.
 
 from __future__ import annotations
 
-from services.scheduler.block_allocator import BlockAllocator
-from services.scheduler.request import Request
+from ztgi.services.scheduler.block_allocator import BlockAllocator
+from ztgi.services.scheduler.request import Request
 
 
 def blocks_behind_window(next_position: int, window: int, block_size: int) -> int:

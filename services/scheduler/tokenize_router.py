@@ -13,9 +13,9 @@ import dataclasses
 import itertools
 import logging
 
-from common.codec import encode
-from common.messages import TokenizeDone, TokenizeJob, TokenizeQuery, TokenizeReply
-from services.scheduler.outbox import Outbox
+from ztgi.common.codec import encode
+from ztgi.common.messages import TokenizeDone, TokenizeJob, TokenizeQuery, TokenizeReply
+from ztgi.services.scheduler.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 

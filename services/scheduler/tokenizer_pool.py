@@ -12,9 +12,9 @@ import collections
 import itertools
 import logging
 
-from common.messages import DetokenizeJob, Forget, RequestKey, TokenStep
-from services.scheduler.outbox import Outbox
-from services.scheduler.request import Request
+from ztgi.common.messages import DetokenizeJob, Forget, RequestKey, TokenStep
+from ztgi.services.scheduler.outbox import Outbox
+from ztgi.services.scheduler.request import Request
 
 logger = logging.getLogger(__name__)
 

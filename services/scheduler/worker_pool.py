@@ -12,8 +12,8 @@ import logging
 import time
 from collections.abc import Iterator
 
-from common.messages import CommandDone, CommandFailed, FilterResult, StepResult, WarmupResult, WorkerInfo
-from services.scheduler.worker_slot import CommandKind, InFlight, WorkerSlot
+from ztgi.common.messages import CommandDone, CommandFailed, FilterResult, StepResult, WarmupResult, WorkerInfo
+from ztgi.services.scheduler.worker_slot import CommandKind, InFlight, WorkerSlot
 
 logger = logging.getLogger(__name__)
 

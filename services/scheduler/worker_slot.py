@@ -7,8 +7,8 @@ import dataclasses
 import enum
 import time
 
-from common.messages import CachedBatch, WorkerInfo
-from services.scheduler.block_allocator import BlockAllocator
+from ztgi.common.messages import CachedBatch, WorkerInfo
+from ztgi.services.scheduler.block_allocator import BlockAllocator
 
 
 class CommandKind(enum.Enum):

@@ -4,7 +4,7 @@ A template with a tool format (it renders the `tools` it is given, as Qwen's, Ll
 Hermes' do) gets OpenAI's structure as Hugging Face templates expect it: `tools`, assistant
 `tool_calls` (arguments as an object) and `tool` turns with their `tool_call_id`. A template
 without one (SmolLM2's ChatML) gets the same conversation in words: the tools listed in the system
-message (`common.tool_calls.tools_prompt`), earlier calls written as the model writes them, and
+message (`ztgi.common.tool_calls.tools_prompt`), earlier calls written as the model writes them, and
 tool results as user turns in `<tool_response>` blocks.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from common.messages import ChatMessage, Tool
-from common.parameters import ValidationError
-from common.tool_calls import RESPONSE_CLOSE, RESPONSE_OPEN, call_text, tool_json, tools_prompt
+from ztgi.common.messages import ChatMessage, Tool
+from ztgi.common.parameters import ValidationError
+from ztgi.common.tool_calls import RESPONSE_CLOSE, RESPONSE_OPEN, call_text, tool_json, tools_prompt
 
 _PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool", "description": "probe",
                                                   "parameters": {"type": "object", "properties": {}}}}

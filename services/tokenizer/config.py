@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.config import require
-from common.model_source import DEFAULT_MODEL_ID
-from common.service_config import PeerConfig, RequestLimits
+from ztgi.common.config import require
+from ztgi.common.model_source import DEFAULT_MODEL_ID
+from ztgi.common.service_config import PeerConfig, RequestLimits
 
 
 @dataclasses.dataclass(frozen=True)

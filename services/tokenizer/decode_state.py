@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from common.messages import Encoded, GenerateParameters, Token
-from services.tokenizer.stop_sequences import StopSequences
+from ztgi.common.messages import Encoded, GenerateParameters, Token
+from ztgi.services.tokenizer.stop_sequences import StopSequences
 
 NUM_CONTEXT_TOKENS = 5
 """Prompt tokens decoded before the first new one (TGI), so tokenizers that drop a leading

@@ -8,8 +8,8 @@ import math
 
 from transformers import PreTrainedTokenizerBase
 
-from common.codec import encode
-from common.messages import (
+from ztgi.common.codec import encode
+from ztgi.common.messages import (
     Adopt,
     ClientOutput,
     DetokenizeJob,
@@ -25,7 +25,7 @@ from common.messages import (
     Token,
     TokenStep,
 )
-from services.tokenizer.decode_state import DecodeState
+from ztgi.services.tokenizer.decode_state import DecodeState
 
 logger = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from common.grammar import GrammarChecker
-from common.messages import (
+from ztgi.common.grammar import GrammarChecker
+from ztgi.common.messages import (
     ChatMessage,
     Encoded,
     Generate,
@@ -15,14 +15,14 @@ from common.messages import (
     TokenizeQuery,
     Tool,
 )
-from common.parameters import (
+from ztgi.common.parameters import (
     ParameterLimits,
     ValidationError,
     resolve_sampling,
     validate_lengths,
     validate_parameters,
 )
-from services.tokenizer.chat_template import ChatTemplate
+from ztgi.services.tokenizer.chat_template import ChatTemplate
 
 
 class Encoder:

@@ -6,7 +6,7 @@ import logging
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from common.model_source import resolve_model
+from ztgi.common.model_source import resolve_model
 
 logger = logging.getLogger(__name__)
 

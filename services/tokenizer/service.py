@@ -11,13 +11,13 @@ from typing import Any
 import zmq
 from transformers import PreTrainedTokenizerBase
 
-from common import curve, handshake
-from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
-from common.config import parse_config
-from common.identity import new_boot_nonce, new_identity
-from common.lifecycle import on_stop_signals, serve
-from common.logs import setup_logging
-from common.messages import (
+from ztgi.common import curve, handshake
+from ztgi.common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
+from ztgi.common.config import parse_config
+from ztgi.common.identity import new_boot_nonce, new_identity
+from ztgi.common.lifecycle import on_stop_signals, serve
+from ztgi.common.logs import setup_logging
+from ztgi.common.messages import (
     PROTOCOL_VERSION,
     Adopt,
     DetokenizeJob,
@@ -31,12 +31,12 @@ from common.messages import (
     TokenizeJob,
     TokenizeReply,
 )
-from common.model_source import ModelNotFoundError
-from common.parameters import ValidationError
-from services.tokenizer.config import TokenizerConfig
-from services.tokenizer.detokenizer import Detokenizer
-from services.tokenizer.encoder import Encoder
-from services.tokenizer.loading import load_tokenizer
+from ztgi.common.model_source import ModelNotFoundError
+from ztgi.common.parameters import ValidationError
+from ztgi.services.tokenizer.config import TokenizerConfig
+from ztgi.services.tokenizer.detokenizer import Detokenizer
+from ztgi.services.tokenizer.encoder import Encoder
+from ztgi.services.tokenizer.loading import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -14,15 +14,24 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
 
-from common.messages import CachedBatch, Generation, SeqUpdate, Timings, Warmup, WarmupResult, WorkerInfo, WorkerRequest
-from common.model_source import ModelNotFoundError, resolve_model
-from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, KV_CACHES
-from services.worker.loading import LoadedModel, load
-from services.worker.paged import families
+from ztgi.common.messages import (
+    CachedBatch,
+    Generation,
+    SeqUpdate,
+    Timings,
+    Warmup,
+    WarmupResult,
+    WorkerInfo,
+    WorkerRequest,
+)
+from ztgi.common.model_source import ModelNotFoundError, resolve_model
+from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, KV_CACHES
+from ztgi.services.worker.loading import LoadedModel, load
+from ztgi.services.worker.paged import families
 
 if TYPE_CHECKING:
-    from services.worker.model import PaddedModel
-    from services.worker.paged.model import PagedModel
+    from ztgi.services.worker.model import PaddedModel
+    from ztgi.services.worker.paged.model import PagedModel
 logger = logging.getLogger(__name__)
 
 BatchT = TypeVar("BatchT", bound="Batch")
@@ -102,8 +111,8 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
     """The model behind the layout `kv_cache` picks; ValueError/TypeError/ModelNotFoundError.
     `speculate` (proposed tokens per step) needs the paged layout, and so does a draft model
     (`draft_model_id`, loaded like the model, on its device and dtype), which needs `speculate`."""
-    from services.worker.model import PaddedModel
-    from services.worker.paged.model import PagedModel
+    from ztgi.services.worker.model import PaddedModel
+    from ztgi.services.worker.paged.model import PagedModel
 
     if draft_model_id is not None and not speculate:
         raise ValueError("--draft-model-id needs --speculate N > 0: the number of tokens the draft proposes "
@@ -145,7 +154,7 @@ def load_padded_model(model_id: str, dtype: str = "auto", device: str = "auto", 
                       quantize: str = "none",
                       quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS) -> PaddedModel:
     """`load_model` with `kv_cache="padded"`, typed as what it is (benchmarks use the layout's own calls)."""
-    from services.worker.model import PaddedModel
+    from ztgi.services.worker.model import PaddedModel
 
     model = load_model(model_id, dtype, device, backend, "padded", quantize=quantize,
                        quantized_max_rows=quantized_max_rows)
@@ -156,7 +165,7 @@ def load_padded_model(model_id: str, dtype: str = "auto", device: str = "auto", 
 def load_paged_model(model_id: str, dtype: str = "auto", device: str = "auto", block_size: int = 16,
                      quantize: str = "none", speculate: int = 0, draft_model_id: str | None = None) -> PagedModel:
     """`load_model` with `kv_cache="paged"`, typed as what it is (benchmarks use the layout's own calls)."""
-    from services.worker.paged.model import PagedModel
+    from ztgi.services.worker.paged.model import PagedModel
 
     model = load_model(model_id, dtype, device, kv_cache="paged", block_size=block_size, quantize=quantize,
                        speculate=speculate, draft_model_id=draft_model_id)

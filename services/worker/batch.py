@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from common.messages import CachedBatch, SeqUpdate, WorkerRequest
-from services.worker.kv_cache import KVCache, swap_remove_order
-from services.worker.next_token_chooser import NextTokenChooser
-from services.worker.request_checks import chooser_for, require_unique, validate_requests
-from services.worker.stopping_criteria import StoppingCriteria
+from ztgi.common.messages import CachedBatch, SeqUpdate, WorkerRequest
+from ztgi.services.worker.kv_cache import KVCache, swap_remove_order
+from ztgi.services.worker.next_token_chooser import NextTokenChooser
+from ztgi.services.worker.request_checks import chooser_for, require_unique, validate_requests
+from ztgi.services.worker.stopping_criteria import StoppingCriteria
 
 if TYPE_CHECKING:
-    from services.worker.model import PaddedModel
+    from ztgi.services.worker.model import PaddedModel
 
 
 @dataclasses.dataclass(eq=False)

@@ -25,8 +25,8 @@ import functools
 
 import torch
 
-from services.worker.paged import native_library
-from services.worker.paged.native_library import INT, INT64, POINTER
+from ztgi.services.worker.paged import native_library
+from ztgi.services.worker.paged.native_library import INT, INT64, POINTER
 
 BLOCK_SIZE = 32
 TILE = 16  # outputs side by side in one VNNI operand

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from common.messages import (
+from ztgi.common.messages import (
     Clear,
     CommandDone,
     CommandFailed,
@@ -28,9 +28,9 @@ from common.messages import (
     Warmup,
     WarmupResult,
 )
-from services.worker.backend import Batch, Model, new_batch
-from services.worker.batch_cache import BatchCache
-from services.worker.heap_trimmer import HeapTrimmer
+from ztgi.services.worker.backend import Batch, Model, new_batch
+from ztgi.services.worker.batch_cache import BatchCache
+from ztgi.services.worker.heap_trimmer import HeapTrimmer
 
 logger = logging.getLogger(__name__)
 

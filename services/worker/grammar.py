@@ -24,9 +24,9 @@ from collections.abc import Sequence
 import llguidance
 import torch
 
-from common.grammar import lltokenizer, new_matcher
-from common.messages import Grammar
-from common.model_source import DEFAULT_MODEL_ID, resolve_model
+from ztgi.common.grammar import lltokenizer, new_matcher
+from ztgi.common.messages import Grammar
+from ztgi.common.model_source import DEFAULT_MODEL_ID, resolve_model
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-from services.worker.transformers_module import TransformersConfig
+from ztgi.services.worker.transformers_module import TransformersConfig
 
 
 class KVCache:

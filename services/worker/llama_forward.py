@@ -16,9 +16,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from services.worker.kv_cache import KVCache
-from services.worker.packed_linear import PackedLinear
-from services.worker.transformers_module import TransformersConfig, TransformersModule
+from ztgi.services.worker.kv_cache import KVCache
+from ztgi.services.worker.packed_linear import PackedLinear
+from ztgi.services.worker.transformers_module import TransformersConfig, TransformersModule
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # PackedLinear, or a quantized layer
 

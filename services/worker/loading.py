@@ -9,11 +9,11 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
-from common.messages import WorkerInfo
-from common.model_source import resolve_model
-from services.worker import dtype_choice
-from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS
-from services.worker.transformers_module import TransformersConfig, TransformersModule
+from ztgi.common.messages import WorkerInfo
+from ztgi.common.model_source import resolve_model
+from ztgi.services.worker import dtype_choice
+from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS
+from ztgi.services.worker.transformers_module import TransformersConfig, TransformersModule
 
 logger = logging.getLogger(__name__)
 

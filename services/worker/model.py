@@ -8,15 +8,15 @@ from typing import ClassVar
 
 import torch
 
-from common.messages import Generation, Timings, Warmup, WarmupResult, WorkerInfo
-from services.worker import kv_cache, llama_forward, quantized_linear
-from services.worker.batch import CausalLMBatch
-from services.worker.config import BACKENDS
-from services.worker.generations import step_rows, top_of_row
-from services.worker.kv_cache import KVCache
-from services.worker.llama_forward import LlamaForward
-from services.worker.loading import LoadedModel
-from services.worker.transformers_forward import TransformersForward
+from ztgi.common.messages import Generation, Timings, Warmup, WarmupResult, WorkerInfo
+from ztgi.services.worker import kv_cache, llama_forward, quantized_linear
+from ztgi.services.worker.batch import CausalLMBatch
+from ztgi.services.worker.config import BACKENDS
+from ztgi.services.worker.generations import step_rows, top_of_row
+from ztgi.services.worker.kv_cache import KVCache
+from ztgi.services.worker.llama_forward import LlamaForward
+from ztgi.services.worker.loading import LoadedModel
+from ztgi.services.worker.transformers_forward import TransformersForward
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class PaddedModel:
 
     def warmup(self, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: int | None,
                step_target_ms: int) -> WarmupResult:
-        from services.worker.warmup import run_warmup
+        from ztgi.services.worker.warmup import run_warmup
         return WarmupResult(command.command_id, run_warmup(self, command, memory_budget_mb, cpu_prefill_tokens))
 
     @property

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 
 import torch
 
-from common.messages import SamplingParameters
-from services.worker import grammar as grammars
-from services.worker import logits_processors as processors
-from services.worker import watermark
+from ztgi.common.messages import SamplingParameters
+from ztgi.services.worker import grammar as grammars
+from ztgi.services.worker import logits_processors as processors
+from ztgi.services.worker import watermark
 
 MAX_SEED = 2**64 - 1
 

@@ -39,10 +39,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from services.worker.block_linear import Int4BlockLinear, Int8BlockLinear, quantize_blocks
-from services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, FALLBACK_QUANTIZED_MAX_ROWS, QUANTIZE
-from services.worker.packed_linear import PackedLinear
-from services.worker.transformers_module import TransformersModule
+from ztgi.services.worker.block_linear import Int4BlockLinear, Int8BlockLinear, quantize_blocks
+from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, FALLBACK_QUANTIZED_MAX_ROWS, QUANTIZE
+from ztgi.services.worker.packed_linear import PackedLinear
+from ztgi.services.worker.transformers_module import TransformersModule
 
 logger = logging.getLogger(__name__)
 

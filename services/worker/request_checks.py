@@ -8,8 +8,8 @@ from typing import Protocol
 
 import torch
 
-from common.messages import WorkerRequest
-from services.worker.next_token_chooser import NextTokenChooser
+from ztgi.common.messages import WorkerRequest
+from ztgi.services.worker.next_token_chooser import NextTokenChooser
 
 
 class ModelLimits(Protocol):

@@ -26,14 +26,14 @@ from typing import cast
 import torch
 import zmq
 
-from common import curve, handshake
-from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
-from common.config import parse_config
-from common.gc_freeze import freeze_startup_objects
-from common.identity import new_boot_nonce, new_identity
-from common.lifecycle import on_stop_signals, serve
-from common.logs import setup_logging
-from common.messages import (
+from ztgi.common import curve, handshake
+from ztgi.common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
+from ztgi.common.config import parse_config
+from ztgi.common.gc_freeze import freeze_startup_objects
+from ztgi.common.identity import new_boot_nonce, new_identity
+from ztgi.common.lifecycle import on_stop_signals, serve
+from ztgi.common.logs import setup_logging
+from ztgi.common.messages import (
     PROTOCOL_VERSION,
     Clear,
     CommandFailed,
@@ -46,14 +46,14 @@ from common.messages import (
     Warmup,
     WarmupResult,
 )
-from common.model_source import ModelNotFoundError
-from services.worker import grammar, thread_governor, watermark
-from services.worker.backend import load_model
-from services.worker.config import WorkerConfig
-from services.worker.engine import Engine
-from services.worker.loading import resolve_device
-from services.worker.registration import Registration, Rejoin
-from services.worker.thread_governor import ThreadGovernor
+from ztgi.common.model_source import ModelNotFoundError
+from ztgi.services.worker import grammar, thread_governor, watermark
+from ztgi.services.worker.backend import load_model
+from ztgi.services.worker.config import WorkerConfig
+from ztgi.services.worker.engine import Engine
+from ztgi.services.worker.loading import resolve_device
+from ztgi.services.worker.registration import Registration, Rejoin
+from ztgi.services.worker.thread_governor import ThreadGovernor
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.messages import FinishReason
+from ztgi.common.messages import FinishReason
 
 
 class StoppingCriteria:

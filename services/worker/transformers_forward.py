@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from services.worker import kv_cache
-from services.worker.kv_cache import KVCache
-from services.worker.transformers_module import TransformersModule
+from ztgi.services.worker import kv_cache
+from ztgi.services.worker.kv_cache import KVCache
+from ztgi.services.worker.transformers_module import TransformersModule
 
 
 class TransformersForward:

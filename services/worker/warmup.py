@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from common.messages import SamplingParameters, Warmup, WorkerRequest
-from services.worker.batch import CausalLMBatch
-from services.worker.model import PaddedModel
-from services.worker.request_checks import ModelLimits
+from ztgi.common.messages import SamplingParameters, Warmup, WorkerRequest
+from ztgi.services.worker.batch import CausalLMBatch
+from ztgi.services.worker.model import PaddedModel
+from ztgi.services.worker.request_checks import ModelLimits
 
 logger = logging.getLogger(__name__)
 

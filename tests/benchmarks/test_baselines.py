@@ -8,16 +8,16 @@ import sys
 
 import pytest
 
-from benchmarks.baseline_model import load_model, load_tokenizer
-from benchmarks.baseline_run import BaselineRun, joined
-from benchmarks.compare import CompareConfig, turns
-from benchmarks.comparison import Comparison
-from benchmarks.engine_alone import EngineAlone
-from benchmarks.metrics import RequestRecord, summarize
-from benchmarks.offline_workload import OfflineRequest, encode_prompts, load_prompts
-from benchmarks.static_batching import StaticBatching, useful_token_count
-from common.config import ConfigError
-from services.worker.backend import load_model as load_engine_model
+from ztgi.bench.baseline_model import load_model, load_tokenizer
+from ztgi.bench.baseline_run import BaselineRun, joined
+from ztgi.bench.compare import CompareConfig, turns
+from ztgi.bench.comparison import Comparison
+from ztgi.bench.engine_alone import EngineAlone
+from ztgi.bench.metrics import RequestRecord, summarize
+from ztgi.bench.offline_workload import OfflineRequest, encode_prompts, load_prompts
+from ztgi.bench.static_batching import StaticBatching, useful_token_count
+from ztgi.common.config import ConfigError
+from ztgi.services.worker.backend import load_model as load_engine_model
 
 MAX_NEW_TOKENS = [3, 9, 5, 2, 7, 4]
 
@@ -134,10 +134,10 @@ def test_comparison_claims_paged_over_padded_when_padded_ran() -> None:
 
 
 def test_static_batching_command_prints_json(tiny_model_dir: str, tmp_path) -> None:
-    """`python -m benchmarks.static_batching` prints the summary and writes every request to --output."""
+    """`python -m ztgi.bench.static_batching` prints the summary and writes every request to --output."""
     output = tmp_path / "static.json"
     finished = subprocess.run(
-        [sys.executable, "-m", "benchmarks.static_batching", "--model-id", tiny_model_dir, "--dtype", "float32",
+        [sys.executable, "-m", "ztgi.bench.static_batching", "--model-id", tiny_model_dir, "--dtype", "float32",
          "--max-requests", "3", "--output-tokens", "4", "--ignore-eos", "--batch-size", "2",
          "--output", str(output)], capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr

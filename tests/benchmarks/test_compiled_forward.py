@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.compiled_forward import call_forward, step_shapes, variant_forward
-from services.worker.backend import load_model
+from ztgi.bench.compiled_forward import call_forward, step_shapes, variant_forward
+from ztgi.services.worker.backend import load_model
 
 
 @pytest.mark.slow

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.config import BenchConfig
-from common.config import ConfigError, parse_config
+from ztgi.bench.config import BenchConfig
+from ztgi.common.config import ConfigError, parse_config
 
 
 def test_load_levels() -> None:

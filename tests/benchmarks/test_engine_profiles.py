@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from benchmarks.dtype_agreement import agreement, generate
-from benchmarks.step_profile import PHASES, profile_steps
-from common.messages import Generation
-from services.worker.backend import load_model
+from ztgi.bench.dtype_agreement import agreement, generate
+from ztgi.bench.step_profile import PHASES, profile_steps
+from ztgi.common.messages import Generation
+from ztgi.services.worker.backend import load_model
 
 
 def generations(token_ids: list[int], logprobs: list[float]) -> list[Generation]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.greedy_parity import GreedyStream, greedy_difference
+from ztgi.bench.greedy_parity import GreedyStream, greedy_difference
 
 
 def stream(ids: list[int], top2: list[list[tuple[int, float]]] | None = None) -> GreedyStream:

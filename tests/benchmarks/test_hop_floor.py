@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from benchmarks.hop_floor import HopFloorConfig, main, render
+from ztgi.bench.hop_floor import HopFloorConfig, main, render
 
 
 def test_render_reports_percentiles_of_the_route_and_per_hop() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.config import BenchConfig
-from benchmarks.http_backends import StreamChunk, make_backend
-from benchmarks.workload import Prompt
+from ztgi.bench.config import BenchConfig
+from ztgi.bench.http_backends import StreamChunk, make_backend
+from ztgi.bench.workload import Prompt
 
 PROMPT = Prompt("Hello there", max_new_tokens=12)
 

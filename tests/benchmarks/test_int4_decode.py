@@ -1,13 +1,13 @@
-"""`benchmarks.int4_decode` runs its comparisons and checks the one-call step's logits."""
+"""`ztgi.bench.int4_decode` runs its comparisons and checks the one-call step's logits."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from benchmarks import int4_decode
-from common.config import ConfigError
-from services.worker.block_linear import Int8BlockLinear, quantize_blocks
+from ztgi.bench import int4_decode
+from ztgi.common.config import ConfigError
+from ztgi.services.worker.block_linear import Int8BlockLinear, quantize_blocks
 
 pytestmark = pytest.mark.skipif(Int8BlockLinear.load(*quantize_blocks(torch.ones(16, 32))) is None,
                                 reason="no AVX512-VNNI/BF16 CPU or no C compiler here")

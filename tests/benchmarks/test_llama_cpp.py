@@ -9,14 +9,14 @@ import textwrap
 
 import pytest
 
-from benchmarks.launched_server import ServerStartError
-from benchmarks.llama_cpp import LLAMA, LlamaCppConfig, Runner, SystemRun, Table, launch_flags, ztgi_flags
-from benchmarks.llama_server import LlamaServer, server_flags
-from benchmarks.load_generator import RunResult
-from benchmarks.metrics import RequestRecord, summarize
-from benchmarks.offline_workload import load_prompts
-from common.config import ConfigError, parse_config
 from tests.benchmarks.stand_in_server import StandInServer
+from ztgi.bench.launched_server import ServerStartError
+from ztgi.bench.llama_cpp import LLAMA, LlamaCppConfig, Runner, SystemRun, Table, launch_flags, ztgi_flags
+from ztgi.bench.llama_server import LlamaServer, server_flags
+from ztgi.bench.load_generator import RunResult
+from ztgi.bench.metrics import RequestRecord, summarize
+from ztgi.bench.offline_workload import load_prompts
+from ztgi.common.config import ConfigError, parse_config
 
 
 def test_system_names_give_ztgi_flags():

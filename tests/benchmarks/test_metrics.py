@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.metrics import Distribution, RequestRecord, percentile, summarize
+from ztgi.bench.metrics import Distribution, RequestRecord, percentile, summarize
 
 
 def _record(request_id: int, start: float, token_times: list[float], end: float,

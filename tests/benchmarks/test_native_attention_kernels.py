@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import native_attention_kernels
-from common.config import ConfigError
-from services.worker.paged.native_attention import NativeAttention
+from ztgi.bench import native_attention_kernels
+from ztgi.common.config import ConfigError
+from ztgi.services.worker.paged.native_attention import NativeAttention
 
 
 @pytest.mark.skipif(NativeAttention.load() is None, reason="no AVX512-BF16 CPU or no C compiler here")

@@ -1,4 +1,4 @@
-"""`benchmarks.offline` (`ztgi bench --offline`): LLM.generate's throughput beside the baselines."""
+"""`ztgi.bench.offline` (`ztgi bench --offline`): LLM.generate's throughput beside the baselines."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import subprocess
 import sys
 
-from benchmarks.offline import OfflineConfig, render_text, run_all
-from benchmarks.offline_workload import load_prompts
+from ztgi.bench.offline import OfflineConfig, render_text, run_all
+from ztgi.bench.offline_workload import load_prompts
 
 
 def test_every_system_generates_the_same_tokens(tiny_model_dir: str) -> None:

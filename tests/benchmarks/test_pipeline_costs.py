@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from benchmarks.pipeline_costs import _service_of, cpu_used, mean_ms, parse_totals, render, step_costs
+from ztgi.bench.pipeline_costs import _service_of, cpu_used, mean_ms, parse_totals, render, step_costs
 
 
 class StepHistograms:
@@ -63,9 +63,9 @@ def test_prefill_has_no_concatenate_part() -> None:
 
 
 def test_services_are_found_by_their_module() -> None:
-    assert _service_of([b"/venv/bin/python3", b"-m", b"services.worker", b"--worker-index", b"0"]) == "worker"
-    assert _service_of([b"python", b"-m", b"services.launcher"]) is None  # not a pipeline service
-    assert _service_of([b"python", b"services.worker"]) is None
+    assert _service_of([b"/venv/bin/python3", b"-m", b"ztgi.services.worker", b"--worker-index", b"0"]) == "worker"
+    assert _service_of([b"python", b"-m", b"ztgi.services.launcher"]) is None  # not a pipeline service
+    assert _service_of([b"python", b"ztgi.services.worker"]) is None
     assert _service_of([b""]) is None
 
 

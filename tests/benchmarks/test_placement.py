@@ -1,4 +1,4 @@
-"""`python -m benchmarks.placement`: its two-document workload, its medians, and a short run of the
+"""`python -m ztgi.bench.placement`: its two-document workload, its medians, and a short run of the
 tool on the tiny model (two launched servers of two workers each)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from benchmarks.placement import medians
-from benchmarks.prefix_datasets import two_documents
+from ztgi.bench.placement import medians
+from ztgi.bench.prefix_datasets import two_documents
 
 
 def test_two_documents_interleave_questions_on_two_documents() -> None:
@@ -44,7 +44,7 @@ def test_a_short_run_places_every_request_on_its_documents_holder(tiny_model_dir
     """8 questions on two documents in random order, 4 at a time, against both policies: every run
     finishes without failure, and cache-aware puts each one some worker holds on a holder."""
     finished = subprocess.run(
-        [sys.executable, "-m", "benchmarks.placement", "--requests", "8", "--rounds", "1", "--patterns", "random",
+        [sys.executable, "-m", "ztgi.bench.placement", "--requests", "8", "--rounds", "1", "--patterns", "random",
          "--document-words", "120", "--tokens", "2", "--flags", f"--model-id {tiny_model_dir} --dtype float32"],
         check=False, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout + finished.stderr[-3000:]

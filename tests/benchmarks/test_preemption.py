@@ -1,4 +1,4 @@
-"""`python -m benchmarks.preemption` on the tiny model: a pool of a few blocks preempts, and every
+"""`python -m ztgi.bench.preemption` on the tiny model: a pool of a few blocks preempts, and every
 text still equals the unconstrained run's (up to a float near-tie)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from benchmarks.greedy_parity import GreedyStream
-from benchmarks.preemption import compare_runs, prompts
+from ztgi.bench.greedy_parity import GreedyStream
+from ztgi.bench.preemption import compare_runs, prompts
 
 
 def test_prompts_are_distinct() -> None:
@@ -40,7 +40,7 @@ def test_small_pool_preempts_and_every_text_equals_the_unconstrained_run(tiny_mo
     """16 requests of ~60 tokens each against a pool of 8 blocks of 16: preemptions, no failure, equal texts."""
     output = tmp_path / "preemption.json"
     finished = subprocess.run(
-        [sys.executable, "-m", "benchmarks.preemption", "--requests", "16", "--max-new-tokens", "24",
+        [sys.executable, "-m", "ztgi.bench.preemption", "--requests", "16", "--max-new-tokens", "24",
          "--max-total-tokens", "128", "--small-pool-tokens", "128", "--large-budget-mb", "16",
          "--output", str(output), "--", "--model-id", tiny_model_dir, "--dtype", "float32"],
         check=False, capture_output=True, text=True, timeout=600)

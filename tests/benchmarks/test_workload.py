@@ -9,10 +9,10 @@ import random
 import pytest
 from tokenizers import Tokenizer
 
-from benchmarks.config import BenchConfig
-from benchmarks.prefill_heavy_dataset import MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, prefill_heavy
-from benchmarks.workload import MIXED_DATASET_PATH, WorkloadError, build_workload, generate_prompts, load_dataset
-from common.model_source import ModelSource
+from ztgi.bench.config import BenchConfig
+from ztgi.bench.prefill_heavy_dataset import MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, prefill_heavy
+from ztgi.bench.workload import MIXED_DATASET_PATH, WorkloadError, build_workload, generate_prompts, load_dataset
+from ztgi.common.model_source import ModelSource
 
 
 def test_generated_prompts_have_the_asked_length() -> None:

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from common.client import AsyncZtgiClient, ZtgiClient, ZtgiError
-from common.messages import (
+from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps, token_steps
+from ztgi.common.client import AsyncZtgiClient, ZtgiClient, ZtgiError
+from ztgi.common.messages import (
     PROTOCOL_VERSION,
     Cancel,
     ChatMessage,
@@ -23,7 +24,6 @@ from common.messages import (
     InfoReply,
     StatsReply,
 )
-from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps, token_steps
 
 FAST = {"heartbeat_interval_ms": 50, "heartbeat_misses": 4, "query_timeout_s": 1.0}
 

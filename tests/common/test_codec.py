@@ -7,8 +7,8 @@ import math
 import msgpack
 import pytest
 
-from common import messages as m
-from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
+from ztgi.common import messages as m
+from ztgi.common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 
 KEY = m.RequestKey(b"client-1", "r1")
 SAMPLING = m.SamplingParameters(temperature=0.7, top_k=5, do_sample=True, seed=42)

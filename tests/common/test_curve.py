@@ -13,13 +13,13 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from common import curve
-from common.config import ConfigError
-from services.gateway.config import GatewayConfig
-from services.scheduler.config import SchedulerConfig
-from services.tokenizer.config import TokenizerConfig
-from services.worker.config import WorkerConfig
 from ztgi.cli import main as cli_main
+from ztgi.common import curve
+from ztgi.common.config import ConfigError
+from ztgi.services.gateway.config import GatewayConfig
+from ztgi.services.scheduler.config import SchedulerConfig
+from ztgi.services.tokenizer.config import TokenizerConfig
+from ztgi.services.worker.config import WorkerConfig
 
 REPLY_WAIT_MS = 5000  # an answer that should come
 SILENCE_WAIT_MS = 500  # how long a refused socket is watched (loopback handshakes take ~1 ms)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from common.gc_freeze import freeze_startup_objects
+from ztgi.common.gc_freeze import freeze_startup_objects
 
 
 class _Node:

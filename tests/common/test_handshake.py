@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from common import curve, handshake
-from common.handshake import HandshakeWatch
+from ztgi.common import curve, handshake
+from ztgi.common.handshake import HandshakeWatch
 
 WAIT_S = 5.0
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from common.log_rate_limit import RateLimitFilter
+from ztgi.common.log_rate_limit import RateLimitFilter
 
 
 class Clock:

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from common.messages import GenerateParameters, SamplingParameters
-from common.parameters import (
+from ztgi.common.messages import GenerateParameters, SamplingParameters
+from ztgi.common.parameters import (
     ParameterLimits,
     ValidationError,
     resolve_sampling,

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from common.endpoints import DEFAULT_SCHEDULER_URL, ENDPOINT_NAMES, Endpoints
-from services.gateway.config import GatewayConfig
-from services.launcher.config import LaunchConfig
-from services.scheduler.config import SchedulerConfig
+from ztgi.common.endpoints import DEFAULT_SCHEDULER_URL, ENDPOINT_NAMES, Endpoints
+from ztgi.services.gateway.config import GatewayConfig
+from ztgi.services.launcher.config import LaunchConfig
+from ztgi.services.scheduler.config import SchedulerConfig
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("common", "services", "benchmarks")

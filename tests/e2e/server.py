@@ -20,7 +20,7 @@ def free_port() -> int:
 
 
 class LaunchedServer:
-    """`python -m services.launcher` with flags; keeps its log; stops it with SIGTERM."""
+    """`python -m ztgi.services.launcher` with flags; keeps its log; stops it with SIGTERM."""
 
     def __init__(self, run_dir: str, *flags: str, startup_timeout_s: float = 120.0) -> None:
         self.port = free_port()
@@ -29,7 +29,7 @@ class LaunchedServer:
         self.scheduler_url = f"ipc://{run_dir}"
         self.log_lines: list[str] = []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.launcher", "--port", str(self.port), "--run-dir", run_dir,
+            [sys.executable, "-m", "ztgi.services.launcher", "--port", str(self.port), "--run-dir", run_dir,
              "--restart", "--startup-timeout-s", str(startup_timeout_s), *flags],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

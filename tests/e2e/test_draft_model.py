@@ -46,7 +46,7 @@ def test_greedy_with_a_draft_equals_transformers(server: LaunchedServer, smollm2
 def launch_fails(run_dir: str, *flags: str) -> tuple[int, str]:
     """`ztgi launch` with `flags`, expected to stop by itself: its exit code and output."""
     process = subprocess.run(
-        [sys.executable, "-m", "services.launcher", "--port", str(free_port()), "--run-dir", run_dir,
+        [sys.executable, "-m", "ztgi.services.launcher", "--port", str(free_port()), "--run-dir", run_dir,
          "--startup-timeout-s", "120", *flags], capture_output=True, text=True, timeout=180)
     return process.returncode, process.stdout + process.stderr
 

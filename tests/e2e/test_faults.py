@@ -14,7 +14,6 @@ import time
 
 import pytest
 
-from common.client import ZtgiClient
 from tests.e2e.faults import (
     FAST_FLAGS,
     all_child_pids,
@@ -25,6 +24,7 @@ from tests.e2e.faults import (
     wait_for,
 )
 from tests.e2e.server import LaunchedServer
+from ztgi.common.client import ZtgiClient
 
 PROMPT = "The capital of France is"  # every id below the small model's vocabulary
 BAD_PROMPT = "Hello world"  # 19556 is outside it: the worker fails this prefill

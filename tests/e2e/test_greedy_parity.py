@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.greedy_parity import GreedyStream, assert_same_greedy
+from ztgi.bench.greedy_parity import GreedyStream, assert_same_greedy
 
 
 def _stream(ids: list[int], top2: list[list[tuple[int, float]]]) -> GreedyStream:

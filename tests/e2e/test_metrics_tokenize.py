@@ -10,9 +10,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
-from common.client import ZtgiClient
 from tests.e2e.server import LaunchedServer
 from tests.gateway.openapi import load_schemas, validate
+from ztgi.common.client import ZtgiClient
 
 TEXT = "Hello world, ça va? 😀"
 Samples = dict[tuple[str, frozenset], float]

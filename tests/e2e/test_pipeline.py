@@ -10,8 +10,8 @@ import pytest
 import requests
 import torch
 
-from common.client import ZtgiClient
 from tests.e2e.server import LaunchedServer
+from ztgi.common.client import ZtgiClient
 
 PROMPTS = [
     "The capital of France is",

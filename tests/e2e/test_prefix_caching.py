@@ -8,8 +8,8 @@ import concurrent.futures
 import openai
 import pytest
 
-from benchmarks.greedy_parity import GreedyStream, assert_same_greedy
 from tests.e2e.server import LaunchedServer
+from ztgi.bench.greedy_parity import GreedyStream, assert_same_greedy
 
 DOCUMENT = " ".join(f"Fact {i}: the {w} is kept in room {i * 7 % 31}." for i, w in
                     enumerate(["red box", "old map", "blue key", "tin cup", "green book", "iron bell",

@@ -14,8 +14,8 @@ import time
 import pytest
 import requests
 
-from benchmarks.greedy_parity import GreedyStream, assert_same_greedy
 from tests.e2e.server import LaunchedServer
+from ztgi.bench.greedy_parity import GreedyStream, assert_same_greedy
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The best way to learn is",
            "Water boils at", "My favourite food is", "import numpy as np", "The sun is"]

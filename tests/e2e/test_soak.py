@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from common.client import ZtgiClient
 from tests.e2e.faults import (
     FAST_FLAGS,
     SERVICES,
@@ -23,6 +22,7 @@ from tests.e2e.faults import (
     wait_for,
 )
 from tests.e2e.server import LaunchedServer
+from ztgi.common.client import ZtgiClient
 
 SOAK_S = float(os.environ.get("ZTGI_SOAK_S", "90"))
 NUM_CLIENTS = 8

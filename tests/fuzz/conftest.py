@@ -14,11 +14,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from common import curve
-from common.client import ZtgiClient
 from tests.fuzz.processes import LIMITS, Pipeline
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.scripted_scheduler import ScriptedScheduler
+from ztgi.common import curve
+from ztgi.common.client import ZtgiClient
 
 FUZZ_PAYLOAD_BYTES = 65536
 

@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 from hypothesis import strategies as st
 
-from common import (
+from ztgi.common import (
     codec,
     messages,  # noqa: F401  (registers every message tag)
 )

@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 
-from common.client import ZtgiClient, ZtgiError
+from ztgi.common.client import ZtgiClient, ZtgiError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEARTBEAT = ("--heartbeat-interval-ms", "200")
@@ -17,7 +17,7 @@ LIMITS = ("--max-input-tokens", "32", "--max-total-tokens", "64")
 
 
 class ServiceProcess:
-    """`python -m services.<service> ARGS`, its output kept in a temporary file."""
+    """`python -m ztgi.services.<service> ARGS`, its output kept in a temporary file."""
 
     def __init__(self, service: str, *args: str, env: dict[str, str] | None = None) -> None:
         self.service = service

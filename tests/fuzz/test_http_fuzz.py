@@ -18,10 +18,10 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 
-from common.messages import Generate
 from tests.fuzz.bodies import request
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.scripted_scheduler import ScriptedScheduler, default_script
+from ztgi.common.messages import Generate
 
 SCALE = int(os.environ.get("ZTGI_FUZZ_SCALE", "1"))  # more cases: ZTGI_FUZZ_SCALE=10
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")  # large failing cases

@@ -20,12 +20,15 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.client import ZtgiClient
-from common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
-from common.curve import CurveKeys, client_keys
-from common.curve import apply as apply_curve
-from common.endpoints import Endpoints
-from common.messages import (
+from tests.fuzz.conftest import Keys
+from tests.fuzz.frames import frame, multipart, tags_of, wire_message
+from tests.fuzz.processes import HEARTBEAT, LIMITS, Pipeline, ServiceProcess
+from ztgi.common.client import ZtgiClient
+from ztgi.common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
+from ztgi.common.curve import CurveKeys, client_keys
+from ztgi.common.curve import apply as apply_curve
+from ztgi.common.endpoints import Endpoints
+from ztgi.common.messages import (
     PROTOCOL_VERSION,
     Adopt,
     CommandDone,
@@ -50,15 +53,12 @@ from common.messages import (
     WarmupResult,
     WorkerInfo,
 )
-from common.messages import (
+from ztgi.common.messages import (
     HealthCheck as HealthCheckCommand,
 )
-from services.scheduler.scheduler import CLIENT_MESSAGES, TOKENIZER_MESSAGES, WORKER_MESSAGES
-from services.tokenizer.service import SCHEDULER_MESSAGES as TOKENIZER_INBOUND
-from services.worker.service import SCHEDULER_MESSAGES as WORKER_INBOUND
-from tests.fuzz.conftest import Keys
-from tests.fuzz.frames import frame, multipart, tags_of, wire_message
-from tests.fuzz.processes import HEARTBEAT, LIMITS, Pipeline, ServiceProcess
+from ztgi.services.scheduler.scheduler import CLIENT_MESSAGES, TOKENIZER_MESSAGES, WORKER_MESSAGES
+from ztgi.services.tokenizer.service import SCHEDULER_MESSAGES as TOKENIZER_INBOUND
+from ztgi.services.worker.service import SCHEDULER_MESSAGES as WORKER_INBOUND
 
 SCALE = int(os.environ.get("ZTGI_FUZZ_SCALE", "1"))  # more cases: ZTGI_FUZZ_SCALE=10
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")  # large failing cases

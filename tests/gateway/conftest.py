@@ -33,12 +33,12 @@ def new_run_dir() -> str:
 
 
 class GatewayProcess:
-    """`python -m services.gateway` on a free port, for as long as a test needs it."""
+    """`python -m ztgi.services.gateway` on a free port, for as long as a test needs it."""
 
     def __init__(self, scheduler_url: str, *args: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "services.gateway", "--port", str(self.port),
+        command = [sys.executable, "-m", "ztgi.services.gateway", "--port", str(self.port),
                    "--scheduler-url", scheduler_url, *FAST_LIVENESS, *args]
         self.log = tempfile.TemporaryFile()  # a pipe nobody reads could fill up and block it
         self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,

@@ -16,10 +16,10 @@ from typing import Any
 
 import zmq
 
-from common.codec import decode, encode
-from common.endpoints import Endpoints
-from common.identity import new_boot_nonce
-from common.messages import (
+from ztgi.common.codec import decode, encode
+from ztgi.common.endpoints import Endpoints
+from ztgi.common.identity import new_boot_nonce
+from ztgi.common.messages import (
     Cancel,
     FinalDetails,
     Generate,

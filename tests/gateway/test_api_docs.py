@@ -9,11 +9,11 @@ import pytest
 import requests
 from openapi_spec_validator import validate as validate_spec
 
-from services.gateway.api_docs import OPENAPI_PATH
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate_response
 from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps
 from tests.gateway.sse_reader import read_events
+from ztgi.services.gateway.api_docs import OPENAPI_PATH
 
 ROUTES = ["/", "/generate", "/generate_stream", "/invocations", "/tokenize", "/health", "/info", "/ping", "/metrics",
           "/v1/chat/completions", "/v1/completions", "/v1/models", "/docs", "/api-doc/openapi.json"]

@@ -8,11 +8,11 @@ import openai
 import pytest
 import requests
 
-from common.messages import Generate, Token
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate
 from tests.gateway.scripted_scheduler import ScriptedScheduler, Steps, default_script, token_steps
 from tests.gateway.sse_reader import read_events
+from ztgi.common.messages import Generate, Token
 
 SAMPLED = {"max_new_tokens": 2, "do_sample": True, "details": True}
 

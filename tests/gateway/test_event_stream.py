@@ -7,7 +7,7 @@ import asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from services.gateway.sse import EventStream
+from ztgi.services.gateway.sse import EventStream
 
 NOTHING_ARRIVES_S = 0.3
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import requests
 
-from common.messages import Generate
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate
 from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps
+from ztgi.common.messages import Generate
 
 
 def post(gateway: GatewayProcess, path: str, body: dict) -> requests.Response:

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from common.messages import Generate
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.scripted_scheduler import ScriptedScheduler
+from ztgi.common.messages import Generate
 
 BODY_READ_TIMEOUT_S = 0.5
 LOG_RATE_LIMIT_S = 1.0

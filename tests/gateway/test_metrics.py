@@ -9,13 +9,13 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.client import AsyncZtgiClient, ZtgiError
-from common.messages import StatsReply, Timings
-from services.gateway.metrics import GatewayMetrics
-from services.scheduler.metrics import SchedulerMetrics
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate
 from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps
+from ztgi.common.client import AsyncZtgiClient, ZtgiError
+from ztgi.common.messages import StatsReply, Timings
+from ztgi.services.gateway.metrics import GatewayMetrics
+from ztgi.services.scheduler.metrics import SchedulerMetrics
 
 Samples = dict[tuple[str, frozenset], float]
 

@@ -8,11 +8,11 @@ import openai
 import pytest
 import requests
 
-from common.messages import ChatMessage, Generate
-from common.parameters import resolve_sampling
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate
 from tests.gateway.scripted_scheduler import ScriptedScheduler, Steps, error_steps, token_steps
+from ztgi.common.messages import ChatMessage, Generate
+from ztgi.common.parameters import resolve_sampling
 
 CHAT = [{"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]

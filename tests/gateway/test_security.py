@@ -8,10 +8,10 @@ import openai
 import pytest
 import requests
 
-from common.messages import Generate
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.scripted_scheduler import ScriptedScheduler
 from tests.gateway.sse_reader import read_events
+from ztgi.common.messages import Generate
 
 API_KEY = "s3cret-key"
 ALLOWED = "https://app.example.com"

@@ -8,11 +8,11 @@ import time
 
 import requests
 
-from common.messages import Cancel, Generate, Query
 from tests.gateway.conftest import GatewayProcess, new_run_dir
 from tests.gateway.openapi import validate
 from tests.gateway.scripted_scheduler import ScriptedScheduler, token_steps
 from tests.gateway.sse_reader import iter_events
+from ztgi.common.messages import Cancel, Generate, Query
 
 
 def test_ping_answers_200(gateway: GatewayProcess) -> None:

@@ -6,11 +6,11 @@ import socket
 
 import requests
 
-from common.messages import Cancel, Generate
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate
 from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps, token_steps
 from tests.gateway.sse_reader import iter_events, read_events
+from ztgi.common.messages import Cancel, Generate
 
 
 def stream(gateway: GatewayProcess, body: dict, path: str = "/generate_stream") -> requests.Response:

@@ -10,12 +10,12 @@ import openai
 import pytest
 import requests
 
-from common.messages import ChatMessage, Generate, Tool, ToolCall
-from common.tool_calls import call_text
-from services.gateway.api_docs import openapi_document
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate_response
 from tests.gateway.scripted_scheduler import ScriptedScheduler, token_steps
+from ztgi.common.messages import ChatMessage, Generate, Tool, ToolCall
+from ztgi.common.tool_calls import call_text
+from ztgi.services.gateway.api_docs import openapi_document
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

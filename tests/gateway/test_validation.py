@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import requests
 
-from common.messages import Generate
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate
 from tests.gateway.scripted_scheduler import ScriptedScheduler
+from ztgi.common.messages import Generate
 
 BAD_BODIES = [
     # (body, route, a word the error must contain)

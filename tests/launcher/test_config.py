@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import ConfigError, parse_config
-from services.launcher.config import LaunchConfig
-from services.launcher.launcher import Launcher
+from ztgi.common.config import ConfigError, parse_config
+from ztgi.services.launcher.config import LaunchConfig
+from ztgi.services.launcher.launcher import Launcher
 
 
 def test_liveness_and_drain_settings_reach_every_child() -> None:
@@ -35,7 +35,7 @@ def test_drain_must_end_before_the_kill() -> None:
 def test_placement_reaches_the_scheduler_and_a_bad_one_is_refused() -> None:
     """`--placement round-robin` travels as ZTGI_PLACEMENT (the scheduler's own flag reads it);
     an unknown policy is refused with the choices named, by the launcher and by the scheduler."""
-    from services.scheduler.config import SchedulerConfig
+    from ztgi.services.scheduler.config import SchedulerConfig
 
     env = parse_config(LaunchConfig, ["--placement", "round-robin"]).shared_environment("ipc:///tmp/x")
     assert env["ZTGI_PLACEMENT"] == "round-robin"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from common import messages as m
-from common.codec import encode
 from tests.scheduler.test_scheduler import CLIENT, WORKER_A, Harness
+from ztgi.common import messages as m
+from ztgi.common.codec import encode
 
 OTHER_CLIENT = b"client-2"
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from common import messages as m
-from common.codec import encode
 from tests.scheduler.test_scheduler import CLIENT, INFO, TOKENIZER, WORKER_A, Harness
+from ztgi.common import messages as m
+from ztgi.common.codec import encode
 
 
 def health(h: Harness, query_id: str = "q") -> list[m.HealthReply]:

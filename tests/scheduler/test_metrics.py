@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from common import messages as m
-from common.codec import decode, encode
-from services.scheduler.metrics import Histogram
 from tests.scheduler.test_scheduler import CLIENT, WORKER_A, Harness
+from ztgi.common import messages as m
+from ztgi.common.codec import decode, encode
+from ztgi.services.scheduler.metrics import Histogram
 
 
 def families(h: Harness) -> dict[str, m.MetricFamily]:

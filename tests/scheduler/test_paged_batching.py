@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from common import messages as m
-from common.codec import decode, encode
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.scheduler import Scheduler
 from tests.scheduler.test_scheduler import CLIENT, INFO, TOKENIZER
+from ztgi.common import messages as m
+from ztgi.common.codec import decode, encode
+from ztgi.services.scheduler.config import SchedulerConfig
+from ztgi.services.scheduler.scheduler import Scheduler
 
 WORKER = b"paged-worker"
 BLOCK_SIZE = 4

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.scheduler.peer_connections import PeerConnections
+from ztgi.services.scheduler.peer_connections import PeerConnections
 
 
 def test_disconnect_names_the_peer_once() -> None:

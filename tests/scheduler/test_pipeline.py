@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from common import messages as m
-from common.codec import encode
 from tests.scheduler.test_scheduler import CLIENT, WORKER_A, Harness
+from ztgi.common import messages as m
+from ztgi.common.codec import encode
 
 
 def running(h: Harness, max_new_tokens: int = 10, *request_ids: str) -> tuple[list[int], list[object]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.block_allocator import BlockAllocator
+from ztgi.services.scheduler.block_allocator import BlockAllocator
 
 SIZE = 4
 

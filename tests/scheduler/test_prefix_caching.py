@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import random
 
-from common import messages as m
-from common.codec import decode, encode
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.scheduler import Scheduler
 from tests.scheduler.test_paged_batching import BLOCK_SIZE, PagedPeer, next_token
 from tests.scheduler.test_scheduler import CLIENT, INFO, TOKENIZER
+from ztgi.common import messages as m
+from ztgi.common.codec import decode, encode
+from ztgi.services.scheduler.config import SchedulerConfig
+from ztgi.services.scheduler.scheduler import Scheduler
 
 
 def expected_tokens(prompt: list[int], max_new: int) -> list[int]:

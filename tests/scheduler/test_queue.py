@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from common.messages import Encoded, RequestKey, SamplingParameters
-from services.scheduler.queue import RequestQueue
-from services.scheduler.request import Request, RequestStatus
+from ztgi.common.messages import Encoded, RequestKey, SamplingParameters
+from ztgi.services.scheduler.queue import RequestQueue
+from ztgi.services.scheduler.request import Request, RequestStatus
 
 
 def make_request(seq_id: int, input_length: int, max_new_tokens: int) -> Request:

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from common import messages as m
-from common.codec import decode, encode
-from services.scheduler.config import SchedulerConfig
-from services.scheduler.scheduler import Scheduler
+from ztgi.common import messages as m
+from ztgi.common.codec import decode, encode
+from ztgi.services.scheduler.config import SchedulerConfig
+from ztgi.services.scheduler.scheduler import Scheduler
 
 CLIENT = b"client-1"
 TOKENIZER = b"tokenizer-1"

@@ -10,15 +10,15 @@ import time
 import pytest
 import zmq
 
-from common import messages as m
-from common.codec import decode, encode
-from common.endpoints import Endpoints
+from ztgi.common import messages as m
+from ztgi.common.codec import decode, encode
+from ztgi.common.endpoints import Endpoints
 
 
 @pytest.fixture
 def scheduler(tmp_path):
     endpoints = Endpoints(f"ipc://{tmp_path}")
-    process = subprocess.Popen([sys.executable, "-m", "services.scheduler", "--scheduler-url",
+    process = subprocess.Popen([sys.executable, "-m", "ztgi.services.scheduler", "--scheduler-url",
                                 endpoints.scheduler_url, "--heartbeat-interval-ms", "200",
                                 "--drain-timeout-s", "2"])
     context = zmq.Context()
@@ -74,7 +74,7 @@ def test_a_flood_of_malformed_frames_is_logged_as_a_count(tmp_path) -> None:
     the rest (--log-rate-limit-s); the scheduler keeps answering."""
     endpoints = Endpoints(f"ipc://{tmp_path}")
     log = open(tmp_path / "scheduler.log", "w+")
-    process = subprocess.Popen([sys.executable, "-m", "services.scheduler", "--scheduler-url",
+    process = subprocess.Popen([sys.executable, "-m", "ztgi.services.scheduler", "--scheduler-url",
                                 endpoints.scheduler_url, "--log-rate-limit-s", "1"],
                                stdout=log, stderr=subprocess.STDOUT)
     context = zmq.Context()

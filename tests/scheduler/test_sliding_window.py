@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from common.messages import RequestKey
-from services.scheduler.block_allocator import BlockAllocator
-from services.scheduler.request import Request
-from services.scheduler.sliding_window import blocks_behind_window, free_blocks_behind_window
+from ztgi.common.messages import RequestKey
+from ztgi.services.scheduler.block_allocator import BlockAllocator
+from ztgi.services.scheduler.request import Request
+from ztgi.services.scheduler.sliding_window import blocks_behind_window, free_blocks_behind_window
 
 
 @pytest.mark.parametrize("next_position, expected", [(0, 0), (8, 0), (10, 0), (11, 1), (14, 1), (15, 2), (40, 8)])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from common import messages as m
-from common.codec import decode, encode
 from tests.scheduler.test_scheduler import CLIENT, TOKENIZER, Harness
+from ztgi.common import messages as m
+from ztgi.common.codec import decode, encode
 
 TOKENIZER_2 = b"tokenizer-2"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from common.model_source import ModelSource
-from services.tokenizer.loading import load_tokenizer
+from ztgi.common.model_source import ModelSource
+from ztgi.services.tokenizer.loading import load_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from common.config import ConfigError, add_config_arguments, config_from_namespace, parse_config
-from common.parameters import ParameterLimits
-from services.tokenizer.config import TokenizerConfig
+from ztgi.common.config import ConfigError, add_config_arguments, config_from_namespace, parse_config
+from ztgi.common.parameters import ParameterLimits
+from ztgi.services.tokenizer.config import TokenizerConfig
 
 
 def test_defaults_are_tgis_limits():

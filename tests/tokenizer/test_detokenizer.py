@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from common.codec import decode
-from common.messages import (
+from ztgi.common.codec import decode
+from ztgi.common.messages import (
     DetokenizeJob,
     Generate,
     GenerateParameters,
@@ -18,9 +18,9 @@ from common.messages import (
     TextBatch,
     TokenStep,
 )
-from common.parameters import ParameterLimits
-from services.tokenizer.detokenizer import Detokenizer
-from services.tokenizer.encoder import Encoder
+from ztgi.common.parameters import ParameterLimits
+from ztgi.services.tokenizer.detokenizer import Detokenizer
+from ztgi.services.tokenizer.encoder import Encoder
 
 PROMPT = "Write something:"
 EOS_ID = 2  # <|im_end|>
@@ -230,7 +230,7 @@ def test_finished_request_state_is_dropped(detokenizer, tokenizer):
 
 def test_adopted_request_continues_the_stream(detokenizer, tokenizer):
     """A request adopted from a lost tokenizer streams exactly the texts the original would have."""
-    from common.messages import Adopt
+    from ztgi.common.messages import Adopt
 
     key = RequestKey(b"client", "adopted")
     ids = tokenizer.encode(MULTILINGUAL_OUTPUTS[0], add_special_tokens=False)

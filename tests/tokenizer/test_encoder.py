@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.messages import ChatMessage, Generate, GenerateParameters, RequestKey
-from common.parameters import ParameterLimits, ValidationError
-from services.tokenizer.encoder import Encoder
+from ztgi.common.messages import ChatMessage, Generate, GenerateParameters, RequestKey
+from ztgi.common.parameters import ParameterLimits, ValidationError
+from ztgi.services.tokenizer.encoder import Encoder
 
 KEY = RequestKey(b"client-1", "r1")
 TOKENIZER_ID = b"tokenizer-test"

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from common.grammar import json_grammar
-from common.messages import ChatMessage, Generate, GenerateParameters, Grammar, RequestKey, Tool, ToolCall
-from common.parameters import ParameterLimits, ValidationError
-from common.tool_calls import tool_call_grammar
-from services.tokenizer.encoder import Encoder
+from ztgi.common.grammar import json_grammar
+from ztgi.common.messages import ChatMessage, Generate, GenerateParameters, Grammar, RequestKey, Tool, ToolCall
+from ztgi.common.parameters import ParameterLimits, ValidationError
+from ztgi.common.tool_calls import tool_call_grammar
+from ztgi.services.tokenizer.encoder import Encoder
 
 KEY = RequestKey(b"client-1", "r1")
 WEATHER = Tool("get_weather", "The weather of a city",

@@ -11,9 +11,9 @@ import time
 import pytest
 import zmq
 
-from common.codec import decode, encode
-from common.endpoints import Endpoints
-from common.messages import (
+from ztgi.common.codec import decode, encode
+from ztgi.common.endpoints import Endpoints
+from ztgi.common.messages import (
     PROTOCOL_VERSION,
     DetokenizeJob,
     Encoded,
@@ -85,13 +85,13 @@ class FakeSchedulerSide:
 
 @pytest.fixture(scope="module")
 def tokenizer_process(tiny_model_dir, tmp_path_factory):
-    """A running `python -m services.tokenizer` wired to the test's scheduler sockets, and its first Hello."""
+    """A running `python -m ztgi.services.tokenizer` wired to the test's scheduler sockets, and its first Hello."""
     run_dir = tmp_path_factory.mktemp("run")
     scheduler_url = f"ipc://{run_dir}"
     side = FakeSchedulerSide(scheduler_url)
     log = open(run_dir / "tokenizer.log", "w+")
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.tokenizer", "--scheduler-url", scheduler_url,
+        [sys.executable, "-m", "ztgi.services.tokenizer", "--scheduler-url", scheduler_url,
          "--model-id", tiny_model_dir, "--max-input-tokens", "32", "--max-total-tokens", "64",
          "--heartbeat-interval-ms", "100"],
         cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.tokenizer.stop_sequences import StopSequences
+from ztgi.services.tokenizer.stop_sequences import StopSequences
 
 
 def _feed(stops: StopSequences, texts: list[str]) -> list[int | None]:

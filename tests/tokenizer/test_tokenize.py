@@ -8,12 +8,12 @@ import threading
 import pytest
 from tokenizers import processors
 
-from common.codec import decode
-from common.messages import TokenizeJob, TokenizeQuery, TokenizeReply
-from common.parameters import ParameterLimits, ValidationError
-from services.tokenizer.config import TokenizerConfig
-from services.tokenizer.encoder import Encoder
-from services.tokenizer.service import TokenizerService
+from ztgi.common.codec import decode
+from ztgi.common.messages import TokenizeJob, TokenizeQuery, TokenizeReply
+from ztgi.common.parameters import ParameterLimits, ValidationError
+from ztgi.services.tokenizer.config import TokenizerConfig
+from ztgi.services.tokenizer.encoder import Encoder
+from ztgi.services.tokenizer.service import TokenizerService
 
 TEXT = "Hello world, ça va? 😀 def f(x):\n    return x"
 

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from services.worker.backend import load_model
-from services.worker.model import PaddedModel
-from services.worker.paged.model import PagedModel
+from ztgi.services.worker.backend import load_model
+from ztgi.services.worker.model import PaddedModel
+from ztgi.services.worker.paged.model import PagedModel
 
 TEST_POOL_BLOCKS = 2048
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from common.messages import Generation, SamplingParameters, WorkerRequest
-from services.worker.batch import CausalLMBatch
-from services.worker.model import PaddedModel as Model
+from ztgi.common.messages import Generation, SamplingParameters, WorkerRequest
+from ztgi.services.worker.batch import CausalLMBatch
+from ztgi.services.worker.model import PaddedModel as Model
 
 
 def request(seq_id: int, input_ids: list[int], max_new_tokens: int = 8, *, ignore_eos: bool = False,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.worker.batch import CausalLMBatch
 from tests.worker.engine_helpers import alone, batch_of, request, run_to_end, step, token_ids
+from ztgi.services.worker.batch import CausalLMBatch
 
 PROMPTS = {
     1: [1, 504, 3458, 282, 4649, 314],

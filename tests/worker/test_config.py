@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import ConfigError, parse_config
-from common.endpoints import DEFAULT_SCHEDULER_URL
-from common.model_source import DEFAULT_MODEL_ID
-from services.worker.config import WorkerConfig
+from ztgi.common.config import ConfigError, parse_config
+from ztgi.common.endpoints import DEFAULT_SCHEDULER_URL
+from ztgi.common.model_source import DEFAULT_MODEL_ID
+from ztgi.services.worker.config import WorkerConfig
 
 
 def test_defaults():

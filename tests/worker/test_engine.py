@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.messages import (
+from tests.worker.engine_helpers import request
+from ztgi.common.messages import (
     Batch,
     Clear,
     CommandDone,
@@ -19,10 +20,9 @@ from common.messages import (
     Warmup,
     WarmupResult,
 )
-from services.worker.engine import Engine
-from services.worker.heap_trimmer import HeapTrimmer
-from services.worker.warmup import warmup_batch
-from tests.worker.engine_helpers import request
+from ztgi.services.worker.engine import Engine
+from ztgi.services.worker.heap_trimmer import HeapTrimmer
+from ztgi.services.worker.warmup import warmup_batch
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from benchmarks.greedy_parity import GreedyStream, greedy_difference
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
+from ztgi.bench.greedy_parity import GreedyStream, greedy_difference
 
 MAX_NEW_TOKENS = 32
 RAW_PROMPTS = [

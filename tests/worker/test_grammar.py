@@ -10,12 +10,12 @@ import jsonschema
 import pytest
 from transformers import AutoTokenizer
 
-from common.grammar import json_grammar
-from common.messages import Grammar
-from services.worker import grammar as grammars
-from services.worker.backend import Model
-from services.worker.engine import Engine
 from tests.worker.engine_helpers import batch_of, request, run_to_end, step, token_ids
+from ztgi.common.grammar import json_grammar
+from ztgi.common.messages import Grammar
+from ztgi.services.worker import grammar as grammars
+from ztgi.services.worker.backend import Model
+from ztgi.services.worker.engine import Engine
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 8},
@@ -100,7 +100,7 @@ def test_grammars_compile_once_and_free_batches_do_no_grammar_work(tiny_model: M
 
 def test_a_grammar_that_cannot_compile_fails_its_prefill_not_the_worker(tiny_model: Model) -> None:
     """A Prefill with an invalid grammar answers CommandFailed naming the request; the engine goes on."""
-    from common.messages import Batch, CommandFailed, Prefill, StepResult
+    from ztgi.common.messages import Batch, CommandFailed, Prefill, StepResult
 
     engine = Engine(tiny_model, memory_budget_mb=64)
     bad = constrained(1, Grammar("regex", "[a-z"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.worker.heap_trimmer import HeapTrimmer
+from ztgi.services.worker.heap_trimmer import HeapTrimmer
 
 
 def test_trims_only_once_the_interval_has_passed() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from services.worker.kv_cache import KVCache, swap_remove_order
 from tests.worker.engine_helpers import batch_of, request
+from ztgi.services.worker.kv_cache import KVCache, swap_remove_order
 
 
 def states(num_rows: int, num_positions: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.model_source import ModelNotFoundError
-from services.worker.backend import load_model
-from services.worker.loading import resolve_device, resolve_dtype
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
+from ztgi.common.model_source import ModelNotFoundError
+from ztgi.services.worker.backend import load_model
+from ztgi.services.worker.loading import resolve_device, resolve_dtype
 
 
 def test_auto_picks_cuda_when_present_and_the_rules_dtype_on_cpu():

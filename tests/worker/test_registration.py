@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.worker.registration import Registration, Rejoin
+from ztgi.services.worker.registration import Registration, Rejoin
 
 
 def test_known_worker_stays_registered() -> None:

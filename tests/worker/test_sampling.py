@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from common.messages import SamplingParameters
-from services.worker import logits_processors as processors
-from services.worker.next_token_chooser import NextTokenChooser, validate_sampling
 from tests.worker.engine_helpers import alone, batch_of, request, run_to_end, step, token_ids
+from ztgi.common.messages import SamplingParameters
+from ztgi.services.worker import logits_processors as processors
+from ztgi.services.worker.next_token_chooser import NextTokenChooser, validate_sampling
 
 CPU = torch.device("cpu")
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])

@@ -11,10 +11,11 @@ import time
 import pytest
 import zmq
 
-from common.codec import decode, encode
-from common.endpoints import Endpoints
-from common.identity import new_boot_nonce
-from common.messages import (
+from tests.worker.engine_helpers import request
+from ztgi.common.codec import decode, encode
+from ztgi.common.endpoints import Endpoints
+from ztgi.common.identity import new_boot_nonce
+from ztgi.common.messages import (
     PROTOCOL_VERSION,
     Batch,
     Clear,
@@ -31,7 +32,6 @@ from common.messages import (
     Warmup,
     WarmupResult,
 )
-from tests.worker.engine_helpers import request
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_TIMEOUT_S = 90.0
@@ -89,13 +89,13 @@ class SchedulerSide:
 
 @pytest.fixture(scope="module")
 def worker(tiny_model_dir, tmp_path_factory):
-    """A running `python -m services.worker` on the tiny model, its scheduler side, and its first Hello."""
+    """A running `python -m ztgi.services.worker` on the tiny model, its scheduler side, and its first Hello."""
     run_dir = tmp_path_factory.mktemp("run")
     scheduler_url = f"ipc://{run_dir}"
     side = SchedulerSide(scheduler_url)
     log = open(run_dir / "worker.log", "w+")
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.worker", "--scheduler-url", scheduler_url, "--model-id", tiny_model_dir,
+        [sys.executable, "-m", "ztgi.services.worker", "--scheduler-url", scheduler_url, "--model-id", tiny_model_dir,
          "--dtype", "float32",  # the pool arithmetic below is float32's (auto may be bfloat16)
          "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--memory-budget-mb", "32",
          "--cpu-warmup-prefill-tokens", "none"],
@@ -235,7 +235,7 @@ def test_sigterm_exits_zero(worker):
 def test_unknown_model_exits_with_a_clear_error(tmp_path):
     """A model id that names nothing loadable ends the process with code 1 and says why."""
     result = subprocess.run(
-        [sys.executable, "-m", "services.worker", "--scheduler-url", f"ipc://{tmp_path}",
+        [sys.executable, "-m", "ztgi.services.worker", "--scheduler-url", f"ipc://{tmp_path}",
          "--model-id", str(tmp_path / "missing.gguf")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "does not exist" in result.stderr

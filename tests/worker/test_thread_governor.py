@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from common.config import parse_config
-from services.worker import thread_governor
-from services.worker.config import WorkerConfig
-from services.worker.thread_governor import CpuTimes, ThreadGovernor, others_cores, read_cpu_times, threads_for
+from ztgi.common.config import parse_config
+from ztgi.services.worker import thread_governor
+from ztgi.services.worker.config import WorkerConfig
+from ztgi.services.worker.thread_governor import CpuTimes, ThreadGovernor, others_cores, read_cpu_times, threads_for
 
 
 @pytest.mark.parametrize(("others", "max_threads", "current", "expected"), [

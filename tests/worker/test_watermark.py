@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker import watermark
-from services.worker.config import WorkerConfig
-from services.worker.model import PaddedModel as Model
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
+from ztgi.services.worker import watermark
+from ztgi.services.worker.config import WorkerConfig
+from ztgi.services.worker.model import PaddedModel as Model
 
 VOCAB_SIZE = 1000
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from common.messages import Encoded, RequestKey, SamplingParameters
-from services.scheduler.config import SchedulerConfig
-from services.worker.backend import load_model
+from ztgi.common.messages import Encoded, RequestKey, SamplingParameters
 from ztgi.local_engine import EngineError, LocalEngine
+from ztgi.services.scheduler.config import SchedulerConfig
+from ztgi.services.worker.backend import load_model
 
 KV_CACHE = "padded"  # the step counts below are the padded loop's; the paged one is checked at the end
 

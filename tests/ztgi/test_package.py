@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import ztgi
-from common.client import AsyncZtgiClient, ZtgiClient
+from ztgi.common.client import AsyncZtgiClient, ZtgiClient
 
 
 def test_exports() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.layers.norm import RMSNorm
-from services.worker.packed_linear import PackedLinear
-from services.worker.transformers_module import TransformersModule
+from ztgi.services.worker.layers.norm import RMSNorm
+from ztgi.services.worker.packed_linear import PackedLinear
+from ztgi.services.worker.transformers_module import TransformersModule
 
 
 class QKVProjection:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.transformers_module import TransformersModule
+from ztgi.services.worker.transformers_module import TransformersModule
 
 
 class Rotary:

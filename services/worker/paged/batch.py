@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from common.messages import CachedBatch, SeqUpdate, WorkerRequest
-from services.worker.next_token_chooser import NextTokenChooser
-from services.worker.paged.prompt_lookup import PromptLookup
-from services.worker.request_checks import chooser_for, require_unique, validate_requests
-from services.worker.stopping_criteria import StoppingCriteria
+from ztgi.common.messages import CachedBatch, SeqUpdate, WorkerRequest
+from ztgi.services.worker.next_token_chooser import NextTokenChooser
+from ztgi.services.worker.paged.prompt_lookup import PromptLookup
+from ztgi.services.worker.request_checks import chooser_for, require_unique, validate_requests
+from ztgi.services.worker.stopping_criteria import StoppingCriteria
 
 if TYPE_CHECKING:
-    from services.worker.paged.model import PagedModel
+    from ztgi.services.worker.paged.model import PagedModel
 
 
 @dataclasses.dataclass(eq=False)

@@ -17,12 +17,12 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from services.worker.block_linear import Int4BlockLinear
-from services.worker.paged import native_library
-from services.worker.paged.attention import AttentionInputs, PagedAttention
-from services.worker.paged.kv_pool import KVPool
-from services.worker.paged.layer_ops import NativeLayerOps
-from services.worker.quantized_linear import RowDispatch
+from ztgi.services.worker.block_linear import Int4BlockLinear
+from ztgi.services.worker.paged import native_library
+from ztgi.services.worker.paged.attention import AttentionInputs, PagedAttention
+from ztgi.services.worker.paged.kv_pool import KVPool
+from ztgi.services.worker.paged.layer_ops import NativeLayerOps
+from ztgi.services.worker.quantized_linear import RowDispatch
 
 P = ctypes.c_void_p
 

@@ -11,20 +11,20 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from services.worker import llama_forward
-from services.worker.layers.embedding import Embedding
-from services.worker.layers.mlp import ACTIVATIONS, GatedMLP
-from services.worker.layers.norm import RMSNorm
-from services.worker.layers.qkv_projection import QKVProjection
-from services.worker.layers.rotary import Rotary
-from services.worker.packed_linear import PackedLinear
-from services.worker.paged.attention import PagedAttention
-from services.worker.paged.decoder import Decoder, DecoderLayer, PagedDecoderForward
-from services.worker.paged.llama import PagedLlamaForward
-from services.worker.transformers_module import TransformersConfig, TransformersModule
+from ztgi.services.worker import llama_forward
+from ztgi.services.worker.layers.embedding import Embedding
+from ztgi.services.worker.layers.mlp import ACTIVATIONS, GatedMLP
+from ztgi.services.worker.layers.norm import RMSNorm
+from ztgi.services.worker.layers.qkv_projection import QKVProjection
+from ztgi.services.worker.layers.rotary import Rotary
+from ztgi.services.worker.packed_linear import PackedLinear
+from ztgi.services.worker.paged.attention import PagedAttention
+from ztgi.services.worker.paged.decoder import Decoder, DecoderLayer, PagedDecoderForward
+from ztgi.services.worker.paged.llama import PagedLlamaForward
+from ztgi.services.worker.transformers_module import TransformersConfig, TransformersModule
 
 if TYPE_CHECKING:
-    from services.worker.quantized_linear import LinearFactory
+    from ztgi.services.worker.quantized_linear import LinearFactory
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,9 +14,9 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from services.worker.llama_forward import rms_norm, rotate
-from services.worker.paged import native_library
-from services.worker.paged.native_library import FLOAT, INT, INT64, POINTER
+from ztgi.services.worker.llama_forward import rms_norm, rotate
+from ztgi.services.worker.paged import native_library
+from ztgi.services.worker.paged.native_library import FLOAT, INT, INT64, POINTER
 
 
 class TorchLayerOps:

@@ -12,12 +12,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from services.worker.llama_forward import Linear, LlamaForward, LlamaLayer
-from services.worker.paged.attention import AttentionInputs, PagedAttention
-from services.worker.paged.decode_stack import NativeDecodeStack
-from services.worker.paged.kv_pool import KVPool
-from services.worker.paged.layer_ops import NativeLayerOps, TorchLayerOps
-from services.worker.transformers_module import TransformersModule
+from ztgi.services.worker.llama_forward import Linear, LlamaForward, LlamaLayer
+from ztgi.services.worker.paged.attention import AttentionInputs, PagedAttention
+from ztgi.services.worker.paged.decode_stack import NativeDecodeStack
+from ztgi.services.worker.paged.kv_pool import KVPool
+from ztgi.services.worker.paged.layer_ops import NativeLayerOps, TorchLayerOps
+from ztgi.services.worker.transformers_module import TransformersModule
 
 
 class PagedLlamaForward:

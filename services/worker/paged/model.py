@@ -10,21 +10,21 @@ from typing import ClassVar
 
 import torch
 
-from common.messages import Generation, Timings, Warmup, WarmupResult, WorkerInfo
-from services.worker import quantized_linear
-from services.worker.generations import step_rows, top_of_row
-from services.worker.loading import LoadedModel
-from services.worker.paged import families
-from services.worker.paged.batch import PagedBatch
-from services.worker.paged.decode_stack import NativeDecodeStack
-from services.worker.paged.draft_proposer import DraftProposer
-from services.worker.paged.families import layer_windows, paged_forward
-from services.worker.paged.kv_pool import KVPool, KVShape
-from services.worker.paged.layer_ops import NativeLayerOps
-from services.worker.paged.llama import PagedLlamaForward
-from services.worker.paged.native_attention import NativeAttention
-from services.worker.paged.speculator import Speculator
-from services.worker.paged.step_inputs import StepInputs, build_step_inputs
+from ztgi.common.messages import Generation, Timings, Warmup, WarmupResult, WorkerInfo
+from ztgi.services.worker import quantized_linear
+from ztgi.services.worker.generations import step_rows, top_of_row
+from ztgi.services.worker.loading import LoadedModel
+from ztgi.services.worker.paged import families
+from ztgi.services.worker.paged.batch import PagedBatch
+from ztgi.services.worker.paged.decode_stack import NativeDecodeStack
+from ztgi.services.worker.paged.draft_proposer import DraftProposer
+from ztgi.services.worker.paged.families import layer_windows, paged_forward
+from ztgi.services.worker.paged.kv_pool import KVPool, KVShape
+from ztgi.services.worker.paged.layer_ops import NativeLayerOps
+from ztgi.services.worker.paged.llama import PagedLlamaForward
+from ztgi.services.worker.paged.native_attention import NativeAttention
+from ztgi.services.worker.paged.speculator import Speculator
+from ztgi.services.worker.paged.step_inputs import StepInputs, build_step_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class PagedModel:
 
     def warmup(self, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: int | None,
                step_target_ms: int) -> WarmupResult:
-        from services.worker.paged.warmup import warm_up
+        from ztgi.services.worker.paged.warmup import warm_up
         return warm_up(self, command, memory_budget_mb, cpu_prefill_tokens, step_target_ms)
 
     # -- one step ------------------------------------------------------------------------------

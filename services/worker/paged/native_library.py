@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loaded first: see the module docstring)
 
-from common.model_source import cache_root
+from ztgi.common.model_source import cache_root
 
 logger = logging.getLogger(__name__)
 

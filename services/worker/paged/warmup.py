@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from common.messages import SamplingParameters, Warmup, WarmupResult, WorkerRequest
-from services.worker.paged.batch import PagedBatch
-from services.worker.warmup import CUDA_MEMORY_FRACTION, TOKEN_STRIDE, validate_warmup
+from ztgi.common.messages import SamplingParameters, Warmup, WarmupResult, WorkerRequest
+from ztgi.services.worker.paged.batch import PagedBatch
+from ztgi.services.worker.warmup import CUDA_MEMORY_FRACTION, TOKEN_STRIDE, validate_warmup
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gguf
 import torch
 
-from common.model_source import embedded_gguf_path
+from ztgi.common.model_source import embedded_gguf_path
 
 TENSOR_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",

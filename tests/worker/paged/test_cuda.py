@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.backend import load_model
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
+from ztgi.services.worker.backend import load_model
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -34,8 +34,8 @@ def test_paged_greedy_on_cuda_equals_transformers(tiny_model_dir, dtype):
 
 
 def test_pool_is_sized_from_free_device_memory(tiny_model_dir):
-    from common.messages import Warmup
-    from services.worker.engine import Engine
+    from ztgi.common.messages import Warmup
+    from ztgi.services.worker.engine import Engine
 
     model = load_model(tiny_model_dir, dtype="bfloat16", device="cuda", kv_cache="paged")
     result = Engine(model, memory_budget_mb=1).warmup(Warmup(1, 256, 512, 1024, None))

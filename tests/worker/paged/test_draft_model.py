@@ -9,16 +9,16 @@ import time
 import pytest
 import torch
 
-from common.messages import SeqUpdate, Warmup, WarmupResult
-from common.model_source import ModelNotFoundError
-from services.worker.backend import load_model
-from services.worker.engine import Engine
-from services.worker.loading import load
-from services.worker.paged.batch import PagedBatch
-from services.worker.paged.model import PagedModel
 from tests.worker.conftest import TEST_POOL_BLOCKS
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids, with_blocks
 from tests.worker.paged.test_speculation import run, same_generations
+from ztgi.common.messages import SeqUpdate, Warmup, WarmupResult
+from ztgi.common.model_source import ModelNotFoundError
+from ztgi.services.worker.backend import load_model
+from ztgi.services.worker.engine import Engine
+from ztgi.services.worker.loading import load
+from ztgi.services.worker.paged.batch import PagedBatch
+from ztgi.services.worker.paged.model import PagedModel
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11] * 3
 
@@ -155,7 +155,7 @@ def test_large_batches_skip_the_draft_and_filter_catches_it_up(drafted, near_dra
     """With more decoding sequences than the back-off allows the draft runs nothing; once a filter
     leaves a few, they catch up on the tokens it missed and propose its greedy tokens; a newcomer
     joined by concatenate is prefilled by the draft with the target."""
-    from services.worker.paged.speculator import MAX_SPECULATING_ROWS
+    from ztgi.services.worker.paged.speculator import MAX_SPECULATING_ROWS
 
     requests = [request(i + 1, PROMPT[i:], 16, ignore_eos=True) for i in range(MAX_SPECULATING_ROWS + 1)]
     batch: PagedBatch | None = batch_of(drafted, requests)
@@ -220,9 +220,9 @@ def test_warmup_counts_the_draft_pool_in_each_block(drafted) -> None:
 def test_a_bad_draft_is_refused(tiny_model_dir, tmp_path) -> None:
     """A draft of another vocabulary, a missing one, one without --speculate or on the padded KV
     cache: each a clear error naming the draft, before anything runs."""
-    from common.config import ConfigError
-    from services.worker.config import WorkerConfig
     from tests.e2e.faults import build_small_vocab_model
+    from ztgi.common.config import ConfigError
+    from ztgi.services.worker.config import WorkerConfig
 
     small = build_small_vocab_model(str(tmp_path / "small"), tiny_model_dir)
     with pytest.raises(ValueError, match="vocabulary of 8192 tokens .* one of 49152: a draft must share"):

@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from common.messages import SeqUpdate
-from services.worker.backend import load_model, resolve_kv_cache
-from services.worker.paged.families import FAMILIES, layer_windows
 from tests.worker.engine_helpers import batch_of, request, run_to_end, step, token_ids
 from tests.worker.paged.family_models import WINDOW, save_family_model
+from ztgi.common.messages import SeqUpdate
+from ztgi.services.worker.backend import load_model, resolve_kv_cache
+from ztgi.services.worker.paged.families import FAMILIES, layer_windows
 
 MAX_NEW_TOKENS = 12
 PROMPTS = [
@@ -97,9 +97,9 @@ def test_gguf_of_a_family_serves_natively(smollm2, prompts, tmp_path, monkeypatc
     original model's `generate`."""
     from transformers import Qwen2Config
 
-    from common.model_source import resolve_model
     from tests.worker.paged.family_gguf import write_qwen2_gguf
     from tests.worker.paged.family_models import COMMON
+    from ztgi.common.model_source import resolve_model
 
     monkeypatch.setenv("ZTGI_CACHE_DIR", str(tmp_path / "cache"))
     torch.manual_seed(0)

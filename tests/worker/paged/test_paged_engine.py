@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from common.messages import Batch, CommandFailed, Decode, Prefill, SeqUpdate, StepResult, Warmup, WarmupResult
-from services.worker.engine import Engine
 from tests.worker.engine_helpers import batch_of, request, run_to_end, step, token_ids, with_blocks
+from ztgi.common.messages import Batch, CommandFailed, Decode, Prefill, SeqUpdate, StepResult, Warmup, WarmupResult
+from ztgi.services.worker.engine import Engine
 
 PROMPTS = {1: list(range(3, 40)), 2: [5, 6, 7], 3: list(range(100, 121))}
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.worker.backend import load_model
-from services.worker.paged.prompt_lookup import PromptLookup
 from tests.worker.conftest import TEST_POOL_BLOCKS
 from tests.worker.engine_helpers import batch_of, request
+from ztgi.services.worker.backend import load_model
+from ztgi.services.worker.paged.prompt_lookup import PromptLookup
 
 CODE = ("def add(a, b):\n    return a + b\n\ndef multiply(a, b):\n    return a * b\n\n"
         "def subtract(a, b):\n    return a - b\n")
@@ -116,7 +116,7 @@ def test_seeded_sampling_equals_without_speculation(speculating_model, smollm2_p
 
 def test_grammar_requests_do_not_speculate(speculating_model, chat_ids) -> None:
     """A grammar-constrained request gets no proposals (its grammar state takes one token a step)."""
-    from common.messages import Grammar
+    from ztgi.common.messages import Grammar
 
     grammar = Grammar("regex", "(def add\\(a, b\\):\n    return a \\+ b\n){2}")
     _, _, num_proposed, _ = run(speculating_model, [request(1, chat_ids("Repeat twice:\n" + CODE), 30,
@@ -132,7 +132,7 @@ def test_rejection_sampling_keeps_the_target_distribution(tiny_paged_model) -> N
 
     import torch
 
-    from services.worker.paged.model import PagedModel
+    from ztgi.services.worker.paged.model import PagedModel
 
     model = PagedModel(tiny_paged_model.loaded, tiny_paged_model.block_size, speculate=4)
     model.allocate_pool(4096)
@@ -165,8 +165,8 @@ def test_rejection_sampling_keeps_the_target_distribution(tiny_paged_model) -> N
 def test_large_batches_propose_nothing(tiny_paged_model) -> None:
     """Back-off: a step with more decoding sequences than MAX_SPECULATING_ROWS proposes nothing, a
     small one proposes for every sequence whose suffix occurred before, within MAX_PROPOSED_TOKENS."""
-    from services.worker.paged.model import PagedModel
-    from services.worker.paged.speculator import MAX_PROPOSED_TOKENS, MAX_SPECULATING_ROWS
+    from ztgi.services.worker.paged.model import PagedModel
+    from ztgi.services.worker.paged.speculator import MAX_PROPOSED_TOKENS, MAX_SPECULATING_ROWS
 
     model = PagedModel(tiny_paged_model.loaded, tiny_paged_model.block_size, speculate=4)
     model.allocate_pool(1024)
@@ -184,9 +184,9 @@ def test_large_batches_propose_nothing(tiny_paged_model) -> None:
 
 def test_speculate_is_checked(tiny_model_dir) -> None:
     """--speculate out of range, or on the padded KV cache, is refused with a message naming it."""
-    from common.config import ConfigError
-    from services.scheduler.config import SchedulerConfig
-    from services.worker.config import WorkerConfig
+    from ztgi.common.config import ConfigError
+    from ztgi.services.scheduler.config import SchedulerConfig
+    from ztgi.services.worker.config import WorkerConfig
 
     for config in (WorkerConfig, SchedulerConfig):
         with pytest.raises(ConfigError, match="--speculate"):
