@@ -5,7 +5,8 @@
 `PeerConfig`: a service that connects to the scheduler (tokenizer, worker, gateway): its
 heartbeats, its CURVE keys and how long a failing handshake is retried.
 `RequestLimits`: TGI's per-request limits, checked by the gateway, the tokenizer and the
-scheduler alike (the launcher passes the same values to all three).
+scheduler alike (the launcher passes the same values to all three); each field is the one
+declaration in `request_limit`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,13 @@ from ztgi.common import curve
 from ztgi.common.config import require
 from ztgi.common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
 from ztgi.common.parameters import ParameterLimits
+from ztgi.common.request_limit import (
+    MAX_BEST_OF,
+    MAX_INPUT_TOKENS,
+    MAX_STOP_SEQUENCES,
+    MAX_TOP_N_TOKENS,
+    MAX_TOTAL_TOKENS,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,11 +82,11 @@ class PeerConfig(ServiceConfig):
 class RequestLimits:
     """TGI's limits on one request (HTTP 422 at the gateway, a rejection at the tokenizer)."""
 
-    max_input_tokens: int = 4095
-    max_total_tokens: int = 4096
-    max_stop_sequences: int = 4
-    max_top_n_tokens: int = 5
-    max_best_of: int = 2
+    max_input_tokens: int = MAX_INPUT_TOKENS.field()
+    max_total_tokens: int = MAX_TOTAL_TOKENS.field()
+    max_stop_sequences: int = MAX_STOP_SEQUENCES.field()
+    max_top_n_tokens: int = MAX_TOP_N_TOKENS.field()
+    max_best_of: int = MAX_BEST_OF.field()
 
     def check_limits(self) -> None:
         """Called by each config's `__post_init__` (a mixin's own would not run in the chain)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ztgi.common.config import require
+from ztgi.common.request_limit import MAX_CLIENT_BATCH_SIZE, MAX_PAYLOAD_BYTES
 from ztgi.common.service_config import PeerConfig, RequestLimits
 
 
@@ -20,8 +21,8 @@ class GatewayConfig(PeerConfig, RequestLimits):
     port: int = 8080
     reuse_port: bool = False
     gateway_index: int = 0
-    max_client_batch_size: int = 4
-    max_payload_bytes: int = 2 * 1024 * 1024
+    max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE.field()
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES.field()
     body_read_timeout_s: float = dataclasses.field(default=30.0, metadata={
         "help": "a request body not received within this many seconds is answered 408 and its "
                 "connection closed (a client that sends part of a body and stops holds it until then)"})

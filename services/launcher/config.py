@@ -6,6 +6,7 @@ import dataclasses
 
 from ztgi.common.config import require
 from ztgi.common.model_source import DEFAULT_MODEL_ID
+from ztgi.common.request_limit import MAX_CONCURRENT_REQUESTS
 from ztgi.common.service_config import LogConfig, RequestLimits
 from ztgi.services.scheduler.placement import CACHE_AWARE, PLACEMENTS
 from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, KV_CACHES
@@ -38,7 +39,7 @@ class LaunchConfig(LogConfig, RequestLimits):
     speculate: int = 0  # paged: tokens proposed per request per step by prompt lookup, verified in one forward
     draft_model_id: str | None = None  # paged, with speculate: a small model with the same tokenizer proposes instead
     memory_budget_mb: int | None = None  # the worker's KV budget on CPU (none: the worker's default)
-    max_concurrent_requests: int = 128
+    max_concurrent_requests: int = MAX_CONCURRENT_REQUESTS.field()
     max_batch_prefill_tokens: int | None = None  # none: each paged worker's measured step size
     max_batch_total_tokens: int | None = None
     max_batch_size: int | None = None
