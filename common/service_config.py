@@ -30,7 +30,8 @@ from ztgi.common.request_limit import (
 class LogConfig:
     """The log level, and how often one repeated warning is written."""
 
-    log_level: str = "INFO"
+    log_level: str = dataclasses.field(default="INFO", metadata={
+        "help": "DEBUG, INFO, WARNING or ERROR"})
     log_rate_limit_s: float = dataclasses.field(default=10.0, metadata={
         "help": "a warning repeated more than 10 times within this many seconds is counted, not written "
                 "(one line then says how many were suppressed); 0: every line is written"})
@@ -43,7 +44,8 @@ class LogConfig:
 class ServiceConfig(LogConfig):
     """One service process: the scheduler's URL (every address derives from it) and its logging."""
 
-    scheduler_url: str = DEFAULT_SCHEDULER_URL
+    scheduler_url: str = dataclasses.field(default=DEFAULT_SCHEDULER_URL, metadata={
+        "help": "where the scheduler is: tcp://HOST:PORT (five ports from PORT) or ipc:///RUN/DIR (one host)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -54,7 +56,8 @@ class ServiceConfig(LogConfig):
 class PeerConfig(ServiceConfig):
     """A service that connects to the scheduler: liveness and the CURVE keys of its link."""
 
-    heartbeat_interval_ms: int = 1000
+    heartbeat_interval_ms: int = dataclasses.field(default=1000, metadata={
+        "help": "how often this process tells the scheduler it is alive"})
     handshake_timeout_s: float = dataclasses.field(default=30.0, metadata={
         "help": "exit with code 1 when the handshake with the scheduler (CURVE keys) has kept failing this "
                 "long; a scheduler that is not up yet is waited for without limit"})

@@ -24,7 +24,9 @@ DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096
 class SchedulerConfig(ServiceConfig):
     """The hub: queue, batching limits (TGI's names and defaults), liveness."""
 
-    bind_host: str | None = None
+    bind_host: str | None = dataclasses.field(default=None, metadata={
+        "help": "tcp only: the interface the scheduler's ports listen on (none: the --scheduler-url host; "
+                "0.0.0.0: every interface)"})
     max_concurrent_requests: int = MAX_CONCURRENT_REQUESTS.field()
     max_batch_prefill_tokens: int | None = dataclasses.field(default=None, metadata={
         "help": "tokens one step may carry: paged workers chunk long prompts to fit it (decodes count "
