@@ -62,7 +62,8 @@ class SchedulerConfig(ServiceConfig):
     no_worker_timeout_s: float = 30.0
     drain_timeout_s: float = 30.0
     health_window_s: float = 30.0  # healthy while a worker answered a command this recently...
-    canary_timeout_s: float = 3.0  # ...else a one-token canary must come back this fast
+    canary_timeout_s: float = dataclasses.field(default=3.0, metadata={
+        "help": "/health: a worker quiet for --health-window-s must answer a one-token canary this fast"})
     curve_secret_key_file: str | None = dataclasses.field(default=None, metadata={
         "help": "the scheduler's CURVE keypair (NAME.key_secret from `ztgi keygen`): encrypts every link"})
     curve_client_keys_dir: str | None = dataclasses.field(default=None, metadata={
