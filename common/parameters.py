@@ -13,6 +13,13 @@ import math
 import secrets
 
 from ztgi.common.messages.parameters import GenerateParameters, SamplingParameters
+from ztgi.common.request_limit import (
+    MAX_BEST_OF,
+    MAX_INPUT_TOKENS,
+    MAX_STOP_SEQUENCES,
+    MAX_TOP_N_TOKENS,
+    MAX_TOTAL_TOKENS,
+)
 
 MAX_SEED = 2**64 - 1
 """TGI seeds are u64."""
@@ -30,13 +37,13 @@ class ValidationError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ParameterLimits:
-    """Server limits a request is checked against (TGI launcher defaults)."""
+    """Server limits a request is checked against (TGI launcher defaults, declared in `request_limit`)."""
 
-    max_best_of: int = 2
-    max_stop_sequences: int = 4
-    max_top_n_tokens: int = 5
-    max_input_tokens: int = 4095
-    max_total_tokens: int = 4096
+    max_best_of: int = MAX_BEST_OF.field()
+    max_stop_sequences: int = MAX_STOP_SEQUENCES.field()
+    max_top_n_tokens: int = MAX_TOP_N_TOKENS.field()
+    max_input_tokens: int = MAX_INPUT_TOKENS.field()
+    max_total_tokens: int = MAX_TOTAL_TOKENS.field()
 
 
 def validate_parameters(params: GenerateParameters, limits: ParameterLimits) -> None:

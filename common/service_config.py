@@ -5,7 +5,8 @@
 `PeerConfig`: a service that connects to the scheduler (tokenizer, worker, gateway): its
 heartbeats, its CURVE keys and how long a failing handshake is retried.
 `RequestLimits`: TGI's per-request limits, checked by the gateway, the tokenizer and the
-scheduler alike (the launcher passes the same values to all three).
+scheduler alike (the launcher passes the same values to all three); each field is the one
+declaration in `request_limit`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,21 @@ from ztgi.common import curve
 from ztgi.common.config import require
 from ztgi.common.endpoints import DEFAULT_SCHEDULER_URL, Endpoints
 from ztgi.common.parameters import ParameterLimits
+from ztgi.common.request_limit import (
+    MAX_BEST_OF,
+    MAX_INPUT_TOKENS,
+    MAX_STOP_SEQUENCES,
+    MAX_TOP_N_TOKENS,
+    MAX_TOTAL_TOKENS,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class LogConfig:
     """The log level, and how often one repeated warning is written."""
 
-    log_level: str = "INFO"
+    log_level: str = dataclasses.field(default="INFO", metadata={
+        "help": "DEBUG, INFO, WARNING or ERROR"})
     log_rate_limit_s: float = dataclasses.field(default=10.0, metadata={
         "help": "a warning repeated more than 10 times within this many seconds is counted, not written "
                 "(one line then says how many were suppressed); 0: every line is written"})
@@ -35,7 +44,8 @@ class LogConfig:
 class ServiceConfig(LogConfig):
     """One service process: the scheduler's URL (every address derives from it) and its logging."""
 
-    scheduler_url: str = DEFAULT_SCHEDULER_URL
+    scheduler_url: str = dataclasses.field(default=DEFAULT_SCHEDULER_URL, metadata={
+        "help": "where the scheduler is: tcp://HOST:PORT (five ports from PORT) or ipc:///RUN/DIR (one host)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -46,7 +56,8 @@ class ServiceConfig(LogConfig):
 class PeerConfig(ServiceConfig):
     """A service that connects to the scheduler: liveness and the CURVE keys of its link."""
 
-    heartbeat_interval_ms: int = 1000
+    heartbeat_interval_ms: int = dataclasses.field(default=1000, metadata={
+        "help": "how often this process tells the scheduler it is alive"})
     handshake_timeout_s: float = dataclasses.field(default=30.0, metadata={
         "help": "exit with code 1 when the handshake with the scheduler (CURVE keys) has kept failing this "
                 "long; a scheduler that is not up yet is waited for without limit"})
@@ -74,11 +85,11 @@ class PeerConfig(ServiceConfig):
 class RequestLimits:
     """TGI's limits on one request (HTTP 422 at the gateway, a rejection at the tokenizer)."""
 
-    max_input_tokens: int = 4095
-    max_total_tokens: int = 4096
-    max_stop_sequences: int = 4
-    max_top_n_tokens: int = 5
-    max_best_of: int = 2
+    max_input_tokens: int = MAX_INPUT_TOKENS.field()
+    max_total_tokens: int = MAX_TOTAL_TOKENS.field()
+    max_stop_sequences: int = MAX_STOP_SEQUENCES.field()
+    max_top_n_tokens: int = MAX_TOP_N_TOKENS.field()
+    max_best_of: int = MAX_BEST_OF.field()
 
     def check_limits(self) -> None:
         """Called by each config's `__post_init__` (a mixin's own would not run in the chain)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ztgi.common.request_limit import MAX_TOTAL_TOKENS
 from ztgi.services.scheduler.config import DEFAULT_MAX_BATCH_PREFILL_TOKENS, SchedulerConfig
 from ztgi.services.worker.backend import Model
 from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS
@@ -20,7 +21,7 @@ VLLM_NAMES = {"max_model_len": "max_total_tokens", "max_num_seqs": "max_batch_si
               "max_num_batched_tokens": "max_batch_prefill_tokens", "speculative_model": "draft_model_id",
               "num_speculative_tokens": "speculate", "enable_prefix_caching": "prefix_caching"}
 ALIASES = {**VLLM_NAMES, "draft_model": "draft_model_id"}
-DEFAULT_MAX_TOTAL_TOKENS = SchedulerConfig.max_total_tokens
+DEFAULT_MAX_TOTAL_TOKENS = MAX_TOTAL_TOKENS.default
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ztgi.common.config import require
+from ztgi.common.request_limit import MAX_CLIENT_BATCH_SIZE, MAX_PAYLOAD_BYTES
 from ztgi.common.service_config import PeerConfig, RequestLimits
 
 
@@ -18,17 +19,21 @@ class GatewayConfig(PeerConfig, RequestLimits):
 
     host: str = "127.0.0.1"
     port: int = 8080
-    reuse_port: bool = False
-    gateway_index: int = 0
-    max_client_batch_size: int = 4
-    max_payload_bytes: int = 2 * 1024 * 1024
+    reuse_port: bool = dataclasses.field(default=False, metadata={
+        "help": "let several gateways listen on the same port (SO_REUSEPORT)"})
+    gateway_index: int = dataclasses.field(default=0, metadata={
+        "help": "this replica's number, in its log lines"})
+    max_client_batch_size: int = MAX_CLIENT_BATCH_SIZE.field()
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES.field()
     body_read_timeout_s: float = dataclasses.field(default=30.0, metadata={
         "help": "a request body not received within this many seconds is answered 408 and its "
                 "connection closed (a client that sends part of a body and stops holds it until then)"})
     request_timeout_s: float = 600.0
-    query_timeout_s: float = 5.0
+    query_timeout_s: float = dataclasses.field(default=5.0, metadata={
+        "help": "how long /health, /info and /metrics wait for the scheduler's answer"})
     heartbeat_misses: int = 5
-    compute_type: str = "ztgi"
+    compute_type: str = dataclasses.field(default="ztgi", metadata={
+        "help": "the x-compute-type header of every answer, as TGI sends it"})
     api_key: str | None = dataclasses.field(default=None, metadata={
         "help": "when set, generation routes need `Authorization: Bearer <key>`"})
     cors_allow_origin: str = dataclasses.field(default="", metadata={

@@ -6,6 +6,7 @@ import dataclasses
 
 from ztgi.common.config import require
 from ztgi.common.model_source import DEFAULT_MODEL_ID
+from ztgi.common.request_limit import MAX_CONCURRENT_REQUESTS
 from ztgi.common.service_config import LogConfig, RequestLimits
 from ztgi.services.scheduler.placement import CACHE_AWARE, PLACEMENTS
 from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, KV_CACHES
@@ -19,14 +20,23 @@ class LaunchConfig(LogConfig, RequestLimits):
     variables, so each child reads exactly the fields its own config has.
     """
 
-    model_id: str = DEFAULT_MODEL_ID
-    host: str = "127.0.0.1"
-    port: int = 8080
-    num_workers: int = 1
-    num_tokenizers: int = 1
-    num_gateways: int = 1
-    dtype: str = "auto"
-    device: str = "auto"
+    model_id: str = dataclasses.field(default=DEFAULT_MODEL_ID, metadata={
+        "help": "smollm2 (the embedded SmolLM2-135M-Instruct), a local model directory, a .gguf file or a Hub id"})
+    host: str = dataclasses.field(default="127.0.0.1", metadata={
+        "help": "the HTTP address the gateways listen on"})
+    port: int = dataclasses.field(default=8080, metadata={
+        "help": "the HTTP port the gateways listen on (several gateways share it)"})
+    num_workers: int = dataclasses.field(default=1, metadata={
+        "help": "model worker processes (each holds the model and its own KV cache)"})
+    num_tokenizers: int = dataclasses.field(default=1, metadata={
+        "help": "tokenizer processes"})
+    num_gateways: int = dataclasses.field(default=1, metadata={
+        "help": "HTTP gateway processes"})
+    dtype: str = dataclasses.field(default="auto", metadata={
+        "help": "the weights' dtype: auto (bfloat16 on a GPU and on a CPU with bfloat16 units, AMX or "
+                "avx512_bf16; float32 on other CPUs), float32, bfloat16 or float16"})
+    device: str = dataclasses.field(default="auto", metadata={
+        "help": "auto (CUDA when torch sees it), cpu or cuda"})
     backend: str = "auto"  # the worker's forward: native (ztgi's own, Llama), transformers, or auto
     kv_cache: str = "auto"  # the worker's KV layout: paged, padded, or auto (paged where it fits)
     quantize: str = "none"  # the worker's linear weights: none (float), int8 or int4 (CPU, native forward)
@@ -37,27 +47,44 @@ class LaunchConfig(LogConfig, RequestLimits):
     step_target_ms: int = 500  # paged: the step length warmup sizes the default token budget for
     speculate: int = 0  # paged: tokens proposed per request per step by prompt lookup, verified in one forward
     draft_model_id: str | None = None  # paged, with speculate: a small model with the same tokenizer proposes instead
-    memory_budget_mb: int | None = None  # the worker's KV budget on CPU (none: the worker's default)
-    max_concurrent_requests: int = 128
+    memory_budget_mb: int | None = dataclasses.field(default=None, metadata={
+        "help": "the worker's KV cache budget on CPU, in MiB (none: the worker's own default)"})
+    max_concurrent_requests: int = MAX_CONCURRENT_REQUESTS.field()
     max_batch_prefill_tokens: int | None = None  # none: each paged worker's measured step size
-    max_batch_total_tokens: int | None = None
-    max_batch_size: int | None = None
-    waiting_served_ratio: float = 0.3
-    max_waiting_tokens: int = 20
+    max_batch_total_tokens: int | None = dataclasses.field(default=None, metadata={
+        "help": "tokens (prompt and generated) of all the requests one worker runs at once; none: what its "
+                "KV cache holds, measured at warmup"})
+    max_batch_size: int | None = dataclasses.field(default=None, metadata={
+        "help": "requests one worker runs at once (none: only the token limits cap it)"})
+    waiting_served_ratio: float = dataclasses.field(default=0.3, metadata={
+        "help": "waiting requests join a running batch once at least this many times its size are waiting"})
+    max_waiting_tokens: int = dataclasses.field(default=20, metadata={
+        "help": "decode steps the queue may wait before whatever is waiting joins the running batch"})
     prefix_caching: bool = True  # paged workers reuse the KV blocks of cached prompt prefixes
     placement: str = CACHE_AWARE  # several paged workers: cache-aware or round-robin (the scheduler's flag)
     pipeline_decode: bool = False  # the scheduler sends a batch's next Decode before the last answer is back
-    run_dir: str | None = None
-    heartbeat_interval_ms: int = 1000
-    heartbeat_misses: int = 5
-    no_worker_timeout_s: float = 30.0
-    drain_timeout_s: float = 20.0  # SIGTERM: how long gateways and the scheduler let requests finish
-    health_window_s: float = 30.0  # /health: a worker quiet this long must pass a one-token canary
-    startup_timeout_s: float = 600.0
-    body_read_timeout_s: float = 30.0  # the gateways answer 408 to a request body not received this fast
-    shutdown_timeout_s: float = 30.0  # how long a child may take to exit after SIGTERM before a kill
-    restart: bool = True
-    restart_backoff_s: float = 1.0
+    run_dir: str | None = dataclasses.field(default=None, metadata={
+        "help": "directory of the services' ipc:// sockets (none: a fresh temporary one, removed at exit)"})
+    heartbeat_interval_ms: int = dataclasses.field(default=1000, metadata={
+        "help": "how often each service tells the scheduler it is alive"})
+    heartbeat_misses: int = dataclasses.field(default=5, metadata={
+        "help": "heartbeats missed in a row after which a silent peer is dropped"})
+    no_worker_timeout_s: float = dataclasses.field(default=30.0, metadata={
+        "help": "a queued request fails after waiting this long with no worker to take it"})
+    drain_timeout_s: float = dataclasses.field(default=20.0, metadata={
+        "help": "SIGTERM: how long gateways and the scheduler let requests finish"})
+    health_window_s: float = dataclasses.field(default=30.0, metadata={
+        "help": "/health: a worker quiet this long must pass a one-token canary"})
+    startup_timeout_s: float = dataclasses.field(default=600.0, metadata={
+        "help": "how long the services may take to become healthy before the launch fails"})
+    body_read_timeout_s: float = dataclasses.field(default=30.0, metadata={
+        "help": "the gateways answer 408 to a request body not received this fast"})
+    shutdown_timeout_s: float = dataclasses.field(default=30.0, metadata={
+        "help": "how long a child may take to exit after SIGTERM before a kill"})
+    restart: bool = dataclasses.field(default=True, metadata={
+        "help": "restart a child that exits (off: stop everything with exit code 1)"})
+    restart_backoff_s: float = dataclasses.field(default=1.0, metadata={
+        "help": "wait this long before restarting a child that exited"})
 
     def __post_init__(self) -> None:
         super().__post_init__()

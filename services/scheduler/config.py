@@ -7,6 +7,13 @@ import dataclasses
 from ztgi.common import curve
 from ztgi.common.config import require
 from ztgi.common.endpoints import Endpoints
+from ztgi.common.request_limit import (
+    MAX_BEST_OF,
+    MAX_CONCURRENT_REQUESTS,
+    MAX_INPUT_TOKENS,
+    MAX_STOP_SEQUENCES,
+    MAX_TOTAL_TOKENS,
+)
 from ztgi.common.service_config import ServiceConfig
 from ztgi.services.scheduler.placement import CACHE_AWARE, PLACEMENTS
 
@@ -17,18 +24,20 @@ DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096
 class SchedulerConfig(ServiceConfig):
     """The hub: queue, batching limits (TGI's names and defaults), liveness."""
 
-    bind_host: str | None = None
-    max_concurrent_requests: int = 128
+    bind_host: str | None = dataclasses.field(default=None, metadata={
+        "help": "tcp only: the interface the scheduler's ports listen on (none: the --scheduler-url host; "
+                "0.0.0.0: every interface)"})
+    max_concurrent_requests: int = MAX_CONCURRENT_REQUESTS.field()
     max_batch_prefill_tokens: int | None = dataclasses.field(default=None, metadata={
         "help": "tokens one step may carry: paged workers chunk long prompts to fit it (decodes count "
                 "too), padded workers cap a new batch's padded prefill at it; none: what each paged "
                 "worker measured at warmup, 4096 for padded ones"})
     max_batch_total_tokens: int | None = None
     max_batch_size: int | None = None
-    max_input_tokens: int = 4095
-    max_total_tokens: int = 4096
-    max_best_of: int = 2
-    max_stop_sequences: int = 4
+    max_input_tokens: int = MAX_INPUT_TOKENS.field()
+    max_total_tokens: int = MAX_TOTAL_TOKENS.field()
+    max_best_of: int = MAX_BEST_OF.field()
+    max_stop_sequences: int = MAX_STOP_SEQUENCES.field()
     waiting_served_ratio: float = 0.3
     max_waiting_tokens: int = 20
     pipeline_decode: bool = dataclasses.field(default=False, metadata={
@@ -53,7 +62,8 @@ class SchedulerConfig(ServiceConfig):
     no_worker_timeout_s: float = 30.0
     drain_timeout_s: float = 30.0
     health_window_s: float = 30.0  # healthy while a worker answered a command this recently...
-    canary_timeout_s: float = 3.0  # ...else a one-token canary must come back this fast
+    canary_timeout_s: float = dataclasses.field(default=3.0, metadata={
+        "help": "/health: a worker quiet for --health-window-s must answer a one-token canary this fast"})
     curve_secret_key_file: str | None = dataclasses.field(default=None, metadata={
         "help": "the scheduler's CURVE keypair (NAME.key_secret from `ztgi keygen`): encrypts every link"})
     curve_client_keys_dir: str | None = dataclasses.field(default=None, metadata={

@@ -14,7 +14,8 @@ class TokenizerConfig(PeerConfig, RequestLimits):
     """One tokenizer replica: text to ids and back, with TGI's limits (launcher defaults)."""
 
     model_id: str = DEFAULT_MODEL_ID
-    tokenizer_index: int = 0
+    tokenizer_index: int = dataclasses.field(default=0, metadata={
+        "help": "this replica's number, in its log lines"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
