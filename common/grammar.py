@@ -2,7 +2,7 @@
 
 The tokenizer checks every grammar against the vocabulary (`GrammarChecker`): one the library
 cannot compile is refused there with a `ValidationError` naming the problem, so the worker, which
-compiles it again to mask with it (`services/worker/grammar.py`), never meets a bad one. Both
+compiles it again to mask with it (`services/worker/sampling/grammar.py`), never meets a bad one. Both
 convert a `Grammar` the same way here.
 
 JSON is generated compactly (`", "` and `": "` separators, no free whitespace): a small model

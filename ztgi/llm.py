@@ -43,8 +43,8 @@ from ztgi.sequence import Sequence as GeneratedSequence
 from ztgi.services.tokenizer.detokenizer import Detokenizer
 from ztgi.services.tokenizer.encoder import Encoder
 from ztgi.services.tokenizer.loading import load_tokenizer
-from ztgi.services.worker.backend import load_model
 from ztgi.services.worker.config import DEVICES, DTYPES, KV_CACHES
+from ztgi.services.worker.model_loader import load_model
 
 logger = logging.getLogger(__name__)
 

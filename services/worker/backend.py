@@ -1,16 +1,15 @@
 """The seam between the engine and a KV-cache layout: what a batch and a model must offer.
 
-Two backends implement it: the paged one (`paged/`: a block pool, unpadded batches, chunked
-prefill; the default) and the padded one (TGI's first model server: `batch.py`, `model.py`),
-kept for comparison and for models the paged forward does not cover. The engine, the batch
-cache, warmup and the benchmarks go through these protocols only.
+Two engines implement it: the paged one (`paged/`: a block pool, unpadded batches, chunked
+prefill; the default) and the padded one (`padded/`: TGI's first model server), kept for
+comparison and for models the paged forward does not cover. The engine, the batch cache, warmup
+and the benchmarks go through these protocols only; `model_loader.py` picks and builds the model.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
 
@@ -24,15 +23,6 @@ from ztgi.common.messages import (
     WorkerInfo,
     WorkerRequest,
 )
-from ztgi.common.model_source import ModelNotFoundError, resolve_model
-from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, KV_CACHES
-from ztgi.services.worker.loading import LoadedModel, load
-from ztgi.services.worker.paged import families
-
-if TYPE_CHECKING:
-    from ztgi.services.worker.model import PaddedModel
-    from ztgi.services.worker.paged.model import PagedModel
-logger = logging.getLogger(__name__)
 
 BatchT = TypeVar("BatchT", bound="Batch")
 
@@ -87,87 +77,3 @@ class Model(Protocol, Generic[BatchT]):
 
 def new_batch(model: Model, requests: Sequence[WorkerRequest], batch_id: int, max_tokens: int) -> Batch:
     return model.batch_type.from_requests(requests, batch_id, max_tokens, model)
-
-
-def resolve_kv_cache(kv_cache: str, backend: str, config: object) -> str:
-    """`auto`: paged where the paged forward covers the architecture, else padded."""
-    if kv_cache not in KV_CACHES:
-        raise ValueError(f"--kv-cache {kv_cache!r} must be one of {', '.join(KV_CACHES)}")
-    paged_fits = families.supports(config) and backend != "transformers"
-    if kv_cache == "auto":
-        return "paged" if paged_fits else "padded"
-    if kv_cache == "paged" and not paged_fits:
-        reason = ("--backend transformers was asked for" if backend == "transformers"
-                  else families.unsupported_reason(config))
-        raise ValueError(f"--kv-cache paged: {reason}; use --kv-cache padded (or auto) for the transformers forward")
-    return kv_cache
-
-
-def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
-               kv_cache: str = "auto", block_size: int = 16, quantize: str = "none", speculate: int = 0,
-               float32_decode_attention: bool = False, draft_model_id: str | None = None,
-               quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS,
-               native_kernels: bool = True) -> Model:
-    """The model behind the layout `kv_cache` picks; ValueError/TypeError/ModelNotFoundError.
-    `speculate` (proposed tokens per step) needs the paged layout, and so does a draft model
-    (`draft_model_id`, loaded like the model, on its device and dtype), which needs `speculate`."""
-    from ztgi.services.worker.model import PaddedModel
-    from ztgi.services.worker.paged.model import PagedModel
-
-    if draft_model_id is not None and not speculate:
-        raise ValueError("--draft-model-id needs --speculate N > 0: the number of tokens the draft proposes "
-                         "per step (4 is a common choice)")
-    if draft_model_id is not None:
-        _draft_source(draft_model_id)  # a missing draft fails before the model loads
-    loaded = load(model_id, dtype, device, quantize, quantized_max_rows)
-    if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
-        draft = (_load_draft(draft_model_id, dtype, device, quantize, quantized_max_rows)
-                 if draft_model_id is not None else None)
-        return PagedModel(loaded, block_size, speculate, float32_decode_attention, draft, native_kernels)
-    if draft_model_id is not None:
-        raise ValueError("--draft-model-id needs the paged KV cache, and this model runs on the padded one "
-                         "(--kv-cache padded, or a model the paged forward cannot serve)")
-    if speculate:
-        raise ValueError(f"--speculate {speculate} needs the paged KV cache, and this model runs on the padded one "
-                         "(--kv-cache padded, or a model the paged forward cannot serve): use --speculate 0")
-    if float32_decode_attention:
-        logger.warning("--float32-decode-attention applies to the paged KV cache only; ignored")
-    return PaddedModel(loaded, backend)
-
-
-def _draft_source(draft_model_id: str) -> None:
-    try:
-        resolve_model(draft_model_id)
-    except ModelNotFoundError as exc:
-        raise ModelNotFoundError(f"--draft-model-id {draft_model_id!r}: {exc}") from None
-
-
-def _load_draft(draft_model_id: str, dtype: str, device: str, quantize: str,
-                quantized_max_rows: int | None) -> LoadedModel:
-    try:
-        return load(draft_model_id, dtype, device, quantize, quantized_max_rows)
-    except ModelNotFoundError as exc:
-        raise ModelNotFoundError(f"--draft-model-id {draft_model_id!r}: {exc}") from None
-
-
-def load_padded_model(model_id: str, dtype: str = "auto", device: str = "auto", backend: str = "auto",
-                      quantize: str = "none",
-                      quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS) -> PaddedModel:
-    """`load_model` with `kv_cache="padded"`, typed as what it is (benchmarks use the layout's own calls)."""
-    from ztgi.services.worker.model import PaddedModel
-
-    model = load_model(model_id, dtype, device, backend, "padded", quantize=quantize,
-                       quantized_max_rows=quantized_max_rows)
-    assert isinstance(model, PaddedModel)
-    return model
-
-
-def load_paged_model(model_id: str, dtype: str = "auto", device: str = "auto", block_size: int = 16,
-                     quantize: str = "none", speculate: int = 0, draft_model_id: str | None = None) -> PagedModel:
-    """`load_model` with `kv_cache="paged"`, typed as what it is (benchmarks use the layout's own calls)."""
-    from ztgi.services.worker.paged.model import PagedModel
-
-    model = load_model(model_id, dtype, device, kv_cache="paged", block_size=block_size, quantize=quantize,
-                       speculate=speculate, draft_model_id=draft_model_id)
-    assert isinstance(model, PagedModel)
-    return model

@@ -7,14 +7,12 @@ import dataclasses
 from ztgi.common.config import require
 from ztgi.common.model_source import DEFAULT_MODEL_ID
 from ztgi.common.service_config import PeerConfig
+from ztgi.services.worker.layers.quantization.options import DEFAULT_QUANTIZED_MAX_ROWS, QUANTIZE
+from ztgi.services.worker.padded.options import BACKENDS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-BACKENDS = ("auto", "native", "transformers")
 KV_CACHES = ("auto", "paged", "padded")
-QUANTIZE = ("none", "int8", "int4")
-DEFAULT_QUANTIZED_MAX_ROWS = 16  # ztgi's 4-bit block products measured as fast as bfloat16 up to here (BENCHMARKS.md)
-FALLBACK_QUANTIZED_MAX_ROWS = 8  # torch's int8/int4 kernels and the Q8_0 lm_head: bfloat16 overtakes them above
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,12 +47,13 @@ from ztgi.common.messages import (
     WarmupResult,
 )
 from ztgi.common.model_source import ModelNotFoundError
-from ztgi.services.worker import grammar, thread_governor, watermark
-from ztgi.services.worker.backend import load_model
+from ztgi.services.worker import thread_governor
 from ztgi.services.worker.config import WorkerConfig
 from ztgi.services.worker.engine import Engine
-from ztgi.services.worker.loading import resolve_device
+from ztgi.services.worker.model_loader import load_model
+from ztgi.services.worker.models.loading import resolve_device
 from ztgi.services.worker.registration import Registration, Rejoin
+from ztgi.services.worker.sampling import grammar, watermark
 from ztgi.services.worker.thread_governor import ThreadGovernor
 
 logger = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from ztgi.services.worker.backend import load_model
-from ztgi.services.worker.model import PaddedModel
+from ztgi.services.worker.model_loader import load_model
+from ztgi.services.worker.padded.model import PaddedModel
 from ztgi.services.worker.paged.model import PagedModel
 
 TEST_POOL_BLOCKS = 2048

@@ -6,8 +6,8 @@ import dataclasses
 from collections.abc import Iterable
 
 from ztgi.common.messages import Generation, SamplingParameters, WorkerRequest
-from ztgi.services.worker.batch import CausalLMBatch
-from ztgi.services.worker.model import PaddedModel as Model
+from ztgi.services.worker.padded.batch import CausalLMBatch
+from ztgi.services.worker.padded.model import PaddedModel as Model
 
 
 def request(seq_id: int, input_ids: list[int], max_new_tokens: int = 8, *, ignore_eos: bool = False,

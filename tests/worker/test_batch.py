@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.worker.engine_helpers import alone, batch_of, request, run_to_end, step, token_ids
-from ztgi.services.worker.batch import CausalLMBatch
+from ztgi.services.worker.padded.batch import CausalLMBatch
 
 PROMPTS = {
     1: [1, 504, 3458, 282, 4649, 314],

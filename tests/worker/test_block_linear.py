@@ -7,8 +7,13 @@ import pytest
 import torch
 
 from tests.worker.test_quantized_linear import _weight, _write_gguf
-from ztgi.services.worker.block_linear import BLOCK_SIZE, Int4BlockLinear, Int8BlockLinear, quantize_blocks
-from ztgi.services.worker.quantized_linear import GgufWeights, quantize_int4
+from ztgi.services.worker.layers.quantization.block_linear import (
+    BLOCK_SIZE,
+    Int4BlockLinear,
+    Int8BlockLinear,
+    quantize_blocks,
+)
+from ztgi.services.worker.layers.quantization.quantized_linear import GgufWeights, quantize_int4
 
 needs_kernel = pytest.mark.skipif(Int8BlockLinear.load(*quantize_blocks(torch.ones(16, 32))) is None,
                                   reason="no AVX512-VNNI CPU or no C compiler here")

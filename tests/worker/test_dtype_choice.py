@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ztgi.services.worker import dtype_choice
-from ztgi.services.worker.loading import resolve_dtype
+from ztgi.services.worker.models import dtype_choice
+from ztgi.services.worker.models.loading import resolve_dtype
 
 
 def test_bfloat16_where_the_cpu_has_bfloat16_units(monkeypatch: pytest.MonkeyPatch):

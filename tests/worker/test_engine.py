@@ -22,7 +22,7 @@ from ztgi.common.messages import (
 )
 from ztgi.services.worker.engine import Engine
 from ztgi.services.worker.heap_trimmer import HeapTrimmer
-from ztgi.services.worker.warmup import warmup_batch
+from ztgi.services.worker.padded.warmup import warmup_batch
 
 
 @pytest.fixture

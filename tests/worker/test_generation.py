@@ -66,7 +66,7 @@ def test_top_n_tokens(tiny_each_layout):
 
 def test_top_n_tokens_include_ties():
     """As in TGI, tokens tied with the n-th best come along (and -inf tokens never do)."""
-    from ztgi.services.worker.top_tokens import top_tokens
+    from ztgi.services.worker.sampling.top_tokens import top_tokens
     logprobs = torch.tensor([[-1.0, -2.0, -2.0, -3.0, -math.inf], [-0.5, -1.0, -math.inf, -math.inf, -math.inf]])
     ids, values, counts = top_tokens(logprobs, [2, 4])
     assert counts.tolist() == [3, 2]

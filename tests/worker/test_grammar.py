@@ -13,9 +13,9 @@ from transformers import AutoTokenizer
 from tests.worker.engine_helpers import batch_of, request, run_to_end, step, token_ids
 from ztgi.common.grammar import json_grammar
 from ztgi.common.messages import Grammar
-from ztgi.services.worker import grammar as grammars
 from ztgi.services.worker.backend import Model
 from ztgi.services.worker.engine import Engine
+from ztgi.services.worker.sampling import grammar as grammars
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 8},

@@ -6,7 +6,7 @@ import torch
 from transformers import DynamicCache
 
 from tests.worker.engine_helpers import batch_of, request
-from ztgi.services.worker.kv_cache import KVCache, swap_remove_order
+from ztgi.services.worker.padded.kv_cache import KVCache, swap_remove_order
 
 
 def states(num_rows: int, num_positions: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

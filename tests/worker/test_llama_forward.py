@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from transformers import GPT2Config, LlamaConfig
 
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
-from ztgi.services.worker.model import PaddedModel as Model
-from ztgi.services.worker.model import resolve_backend
-from ztgi.services.worker.packed_linear import PackedLinear
+from ztgi.services.worker.layers.packed_linear import PackedLinear
+from ztgi.services.worker.padded.model import PaddedModel as Model
+from ztgi.services.worker.padded.model import resolve_backend
 
 
 def test_auto_backend_is_native_for_llama_and_transformers_otherwise():
@@ -84,7 +84,7 @@ def test_rms_norm_rounds_as_transformers(dtype: torch.dtype):
     (normalized in float32, cast, then scaled): bfloat16 greedy parity rests on it."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from ztgi.services.worker.llama_forward import rms_norm
+    from ztgi.services.worker.layers.norm import rms_norm
 
     generator = torch.Generator().manual_seed(0)
     norm = LlamaRMSNorm(64, eps=1e-5)

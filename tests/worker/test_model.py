@@ -7,8 +7,8 @@ import torch
 
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
 from ztgi.common.model_source import ModelNotFoundError
-from ztgi.services.worker.backend import load_model
-from ztgi.services.worker.loading import resolve_device, resolve_dtype
+from ztgi.services.worker.model_loader import load_model
+from ztgi.services.worker.models.loading import resolve_device, resolve_dtype
 
 
 def test_auto_picks_cuda_when_present_and_the_rules_dtype_on_cpu():

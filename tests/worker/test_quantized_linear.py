@@ -10,11 +10,17 @@ import torch.nn.functional as F
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
 from ztgi.common.config import ConfigError, parse_config
 from ztgi.services.launcher.config import LaunchConfig
-from ztgi.services.worker.backend import load_model
-from ztgi.services.worker.block_linear import BLOCK_SIZE, BlockLinear, Int4BlockLinear, Int8BlockLinear, quantize_blocks
-from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, FALLBACK_QUANTIZED_MAX_ROWS, WorkerConfig
-from ztgi.services.worker.packed_linear import PackedLinear
-from ztgi.services.worker.quantized_linear import (
+from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, WorkerConfig
+from ztgi.services.worker.layers.packed_linear import PackedLinear
+from ztgi.services.worker.layers.quantization.block_linear import (
+    BLOCK_SIZE,
+    BlockLinear,
+    Int4BlockLinear,
+    Int8BlockLinear,
+    quantize_blocks,
+)
+from ztgi.services.worker.layers.quantization.options import FALLBACK_QUANTIZED_MAX_ROWS
+from ztgi.services.worker.layers.quantization.quantized_linear import (
     GROUP_SIZE,
     GgufWeights,
     GroupCodes,
@@ -25,6 +31,7 @@ from ztgi.services.worker.quantized_linear import (
     _unpermute_order,
     quantize_int4,
 )
+from ztgi.services.worker.model_loader import load_model
 
 ACTIVATION_DTYPES = [torch.float32, torch.bfloat16]
 
@@ -222,7 +229,7 @@ def test_quantize_needs_the_native_forward(tiny_model_dir):
 
 def test_auto_dtype_with_quantize_is_bfloat16_where_the_cpu_has_it(tiny_model_dir):
     """torch's quantized kernels are scalar loops in float32: `auto` takes bfloat16 where it can."""
-    from ztgi.services.worker.dtype_choice import cpu_has_bf16_matrix_units
+    from ztgi.services.worker.models.dtype_choice import cpu_has_bf16_matrix_units
 
     model = load_model(tiny_model_dir, dtype="auto", device="cpu", quantize="int4")
     assert model.dtype == (torch.bfloat16 if cpu_has_bf16_matrix_units() else torch.float32)
@@ -280,7 +287,7 @@ def test_quantized_max_rows_reaches_the_layers_and_the_log_line(tiny_model_dir):
     """The default keeps a float copy above 16 rows for ztgi's 4-bit block products and above 8 for
     torch's int8 kernel and the Q8_0 lm_head, and the log line says so; `None` keeps the quantized
     weights alone; the loaded model carries the choice to the forward's layers."""
-    from ztgi.services.worker.quantized_linear import factory
+    from ztgi.services.worker.layers.quantization.quantized_linear import factory
 
     default = load_model(tiny_model_dir, dtype="bfloat16", device="cpu", kv_cache="paged", quantize="int8")
     qkv = default.forward_pass.weights.layers[0].qkv

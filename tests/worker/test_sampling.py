@@ -9,8 +9,8 @@ import torch
 
 from tests.worker.engine_helpers import alone, batch_of, request, run_to_end, step, token_ids
 from ztgi.common.messages import SamplingParameters
-from ztgi.services.worker import logits_processors as processors
-from ztgi.services.worker.next_token_chooser import NextTokenChooser, validate_sampling
+from ztgi.services.worker.sampling import logits_processors as processors
+from ztgi.services.worker.sampling.next_token_chooser import NextTokenChooser, validate_sampling
 
 CPU = torch.device("cpu")
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])

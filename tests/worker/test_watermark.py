@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
-from ztgi.services.worker import watermark
 from ztgi.services.worker.config import WorkerConfig
-from ztgi.services.worker.model import PaddedModel as Model
+from ztgi.services.worker.padded.model import PaddedModel as Model
+from ztgi.services.worker.sampling import watermark
 
 VOCAB_SIZE = 1000
 

@@ -193,8 +193,8 @@ def test_quantized_weights_in_process(tiny_model_dir) -> None:
     more than `quantized_max_rows` rows) and greedy replies come back whole; `quantized_max_rows=None`
     keeps the 4-bit weights alone and, with every step of this batch within 8 rows either way, gives
     the same tokens."""
-    from ztgi.services.worker.block_linear import Int4BlockLinear
-    from ztgi.services.worker.quantized_linear import Int4Linear, RowDispatch
+    from ztgi.services.worker.layers.quantization.block_linear import Int4BlockLinear
+    from ztgi.services.worker.layers.quantization.quantized_linear import Int4Linear, RowDispatch
 
     quantized = LLM(tiny_model_dir, dtype="bfloat16", device="cpu", quantize="int4")
     alone = LLM(tiny_model_dir, dtype="bfloat16", device="cpu", quantize="int4", quantized_max_rows=None)

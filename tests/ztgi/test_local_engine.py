@@ -7,7 +7,7 @@ import pytest
 from ztgi.common.messages import Encoded, RequestKey, SamplingParameters
 from ztgi.local_engine import EngineError, LocalEngine
 from ztgi.services.scheduler.config import SchedulerConfig
-from ztgi.services.worker.backend import load_model
+from ztgi.services.worker.model_loader import load_model
 
 KV_CACHE = "padded"  # the step counts below are the padded loop's; the paged one is checked at the end
 

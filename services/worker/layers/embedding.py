@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ztgi.services.worker.transformers_module import TransformersModule
+from ztgi.services.worker.layers.transformers_module import TransformersModule
 
 
 class Embedding:

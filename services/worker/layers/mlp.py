@@ -7,8 +7,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ztgi.services.worker.packed_linear import PackedLinear
-from ztgi.services.worker.transformers_module import TransformersModule
+from ztgi.services.worker.layers.packed_linear import PackedLinear
+from ztgi.services.worker.layers.transformers_module import TransformersModule
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from ztgi.services.worker.layers.norm import RMSNorm
-from ztgi.services.worker.packed_linear import PackedLinear
-from ztgi.services.worker.transformers_module import TransformersModule
+from ztgi.services.worker.layers.packed_linear import PackedLinear
+from ztgi.services.worker.layers.transformers_module import TransformersModule
 
 
 class QKVProjection:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ztgi.services.worker.transformers_module import TransformersModule
+from ztgi.services.worker.layers.transformers_module import TransformersModule
 
 
 class Rotary:
@@ -24,8 +24,8 @@ class Rotary:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """transformers' `apply_rotary_pos_emb` on `[tokens, heads, head_dim]`; dimensions past the
-    rotary ones (Phi-3's partial rotary factor) pass unchanged."""
+    """transformers' `apply_rotary_pos_emb` (halves, not interleaved) on `[..., head_dim]` with `cos`/`sin`
+    broadcast to it; dimensions past the rotary ones (Phi-3's partial rotary factor) pass unchanged."""
     dim = cos.shape[-1]
     rotated, passed = (x, None) if dim == x.shape[-1] else (x[..., :dim], x[..., dim:])
     half = dim // 2

@@ -15,18 +15,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from ztgi.common.messages import CachedBatch, SeqUpdate, WorkerRequest
-from ztgi.services.worker.next_token_chooser import NextTokenChooser
+from ztgi.services.worker.models.request_checks import BatchModel, chooser_for, require_unique, validate_requests
 from ztgi.services.worker.paged.prompt_lookup import PromptLookup
-from ztgi.services.worker.request_checks import chooser_for, require_unique, validate_requests
-from ztgi.services.worker.stopping_criteria import StoppingCriteria
+from ztgi.services.worker.sampling.next_token_chooser import NextTokenChooser
+from ztgi.services.worker.sampling.stopping_criteria import StoppingCriteria
 
-if TYPE_CHECKING:
-    from ztgi.services.worker.paged.model import PagedModel
+
+class PagedBatchModel(BatchModel, Protocol):
+    """What a paged batch reads of its model: a batch model's limits and its pool's block size."""
+
+    block_size: int
 
 
 @dataclasses.dataclass(eq=False)
@@ -98,7 +101,7 @@ class PagedBatch:
 
     @classmethod
     def from_requests(cls, requests: Seq[WorkerRequest], batch_id: int, max_tokens: int,
-                      model: PagedModel) -> PagedBatch:
+                      model: PagedBatchModel) -> PagedBatch:
         """A batch ready for its first step; ValueError naming a bad request and field."""
         validate_requests(requests, batch_id, model)
         for request in requests:

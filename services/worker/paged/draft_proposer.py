@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ztgi.services.worker.host_copy import to_device
-from ztgi.services.worker.loading import LoadedModel
-from ztgi.services.worker.paged.attention import AttentionInputs, PrefillSpan, decode_groups
+from ztgi.services.worker.layers.attention import AttentionInputs, PrefillSpan, decode_groups
+from ztgi.services.worker.layers.host_copy import to_device
+from ztgi.services.worker.layers.kv_pool import KVPool, KVShape
+from ztgi.services.worker.models.families import paged_forward
+from ztgi.services.worker.models.loading import LoadedModel
 from ztgi.services.worker.paged.batch import PagedBatch, Sequence
-from ztgi.services.worker.paged.families import paged_forward
-from ztgi.services.worker.paged.kv_pool import KVPool, KVShape
 
 if TYPE_CHECKING:
-    from ztgi.services.worker.quantized_linear import LinearFactory
+    from ztgi.services.worker.layers.quantization.quantized_linear import LinearFactory
 
 MAX_CATCH_UP_TOKENS = 2048  # draft tokens of one step's catch-up forward, in all
 

@@ -11,26 +11,28 @@ from typing import ClassVar
 import torch
 
 from ztgi.common.messages import Generation, Timings, Warmup, WarmupResult, WorkerInfo
-from ztgi.services.worker import quantized_linear
-from ztgi.services.worker.generations import step_rows, top_of_row
-from ztgi.services.worker.loading import LoadedModel
-from ztgi.services.worker.paged import families
-from ztgi.services.worker.paged.batch import PagedBatch
-from ztgi.services.worker.paged.decode_stack import NativeDecodeStack
+from ztgi.services.worker.kernels.native_attention import NativeAttention
+from ztgi.services.worker.layers.kv_pool import KVPool, KVShape
+from ztgi.services.worker.layers.layer_ops import NativeLayerOps
+from ztgi.services.worker.layers.quantization import quantized_linear
+from ztgi.services.worker.models import families
+from ztgi.services.worker.models.decoder import PagedDecoderForward
+from ztgi.services.worker.models.families import layer_windows, paged_forward
+from ztgi.services.worker.models.llama import PagedLlamaForward
+from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack
+from ztgi.services.worker.models.loading import LoadedModel
+from ztgi.services.worker.paged.batch import PagedBatch, Sequence
 from ztgi.services.worker.paged.draft_proposer import DraftProposer
-from ztgi.services.worker.paged.families import layer_windows, paged_forward
-from ztgi.services.worker.paged.kv_pool import KVPool, KVShape
-from ztgi.services.worker.paged.layer_ops import NativeLayerOps
-from ztgi.services.worker.paged.llama import PagedLlamaForward
-from ztgi.services.worker.paged.native_attention import NativeAttention
 from ztgi.services.worker.paged.speculator import Speculator
 from ztgi.services.worker.paged.step_inputs import StepInputs, build_step_inputs
+from ztgi.services.worker.paged.warmup import warm_up
+from ztgi.services.worker.sampling.generations import step_rows, top_of_row
 
 logger = logging.getLogger(__name__)
 
 
 class PagedModel:
-    """A model of a natively served family (`families.py`) served from a block pool; `warmup`
+    """A model of a natively served family (`models/families.py`) served from a block pool; `warmup`
     sizes and allocates the pool."""
 
     kv_cache: ClassVar[str] = "paged"
@@ -123,9 +125,14 @@ class PagedModel:
         if self.draft_model is not None:
             self.draft_model.allocate_pool(num_blocks)
 
+    def release_pools(self) -> None:
+        """Frees the target's pool and the draft model's, before free memory is measured."""
+        self.pool = None
+        if self.draft_model is not None:
+            self.draft_model.pool = None
+
     def warmup(self, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: int | None,
                step_target_ms: int) -> WarmupResult:
-        from ztgi.services.worker.paged.warmup import warm_up
         return warm_up(self, command, memory_budget_mb, cpu_prefill_tokens, step_target_ms)
 
     # -- one step ------------------------------------------------------------------------------
@@ -221,20 +228,20 @@ class PagedModel:
             sequence.prefill_logprobs.extend(chunk.gather(1, ids).squeeze(1).tolist())
 
     @staticmethod
-    def _generation(sequence, row: list[float]) -> Generation:
+    def _generation(sequence: Sequence, row: list[float]) -> Generation:
         token_id = int(row[0])
         sequence.tokens.append(token_id)
         finish_reason = sequence.stopping(token_id)
         top_ids, top_logprobs = top_of_row(row)
         request = sequence.request
-        first = sequence.prefill_logprobs is not None and sequence.stopping.num_generated == 1
+        prefill_logprobs = sequence.prefill_logprobs if sequence.stopping.num_generated == 1 else None
         return Generation(
             seq_id=request.seq_id, token_id=token_id, logprob=row[1], finish_reason=finish_reason,
             generated_tokens=sequence.stopping.num_generated,
             seed=request.sampling.seed if request.sampling.do_sample else None,
             top_ids=top_ids, top_logprobs=top_logprobs,
-            prefill_ids=list(sequence.tokens[:sequence.prompt_len]) if first else None,
-            prefill_logprobs=list(sequence.prefill_logprobs) if first else None)
+            prefill_ids=list(sequence.tokens[:sequence.prompt_len]) if prefill_logprobs is not None else None,
+            prefill_logprobs=list(prefill_logprobs) if prefill_logprobs is not None else None)
 
     def _synchronize(self) -> int:
         if self.device.type == "cuda":
@@ -255,7 +262,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return math.ceil(tokens / block_size)
 
 
-def _use_c_kernels(forward_pass) -> None:
+def _use_c_kernels(forward_pass: PagedLlamaForward | PagedDecoderForward) -> None:
     """ztgi's C attention kernels, and for Llama its layer steps and, where every kernel of a layer
     is C, the one-call decode stack, where they build on this CPU."""
     forward_pass.attention.native = NativeAttention.load()

@@ -31,8 +31,8 @@ from typing import Protocol
 
 import torch
 
-from ztgi.services.worker.generations import step_rows
 from ztgi.services.worker.paged.batch import PagedBatch, Sequence, histories
+from ztgi.services.worker.sampling.generations import step_rows
 
 MAX_SPECULATING_ROWS = 8  # above this many decoding sequences a step is compute-bound: no proposals
 MAX_PROPOSED_TOKENS = 16  # proposals of one step, in all

@@ -6,10 +6,10 @@ import dataclasses
 
 import torch
 
-from ztgi.services.worker.host_copy import to_device
-from ztgi.services.worker.paged.attention import AttentionInputs, PrefillSpan, decode_groups
+from ztgi.services.worker.layers.attention import AttentionInputs, PrefillSpan, decode_groups
+from ztgi.services.worker.layers.host_copy import to_device
+from ztgi.services.worker.layers.kv_pool import KVPool
 from ztgi.services.worker.paged.batch import PagedBatch, Sequence
-from ztgi.services.worker.paged.kv_pool import KVPool
 
 
 @dataclasses.dataclass(frozen=True)

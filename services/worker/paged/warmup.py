@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import Protocol
 
 import torch
 
-from ztgi.common.messages import SamplingParameters, Warmup, WarmupResult, WorkerRequest
-from ztgi.services.worker.paged.batch import PagedBatch
-from ztgi.services.worker.warmup import CUDA_MEMORY_FRACTION, TOKEN_STRIDE, validate_warmup
+from ztgi.common.messages import Generation, SamplingParameters, Timings, Warmup, WarmupResult, WorkerRequest
+from ztgi.services.worker.models.warmup_limits import CUDA_MEMORY_FRACTION, TOKEN_STRIDE, validate_warmup
+from ztgi.services.worker.paged.batch import PagedBatch, PagedBatchModel
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,25 @@ TIMED_CHUNK_TOKENS = 256
 MIN_STEP_TOKENS, MAX_STEP_TOKENS = 256, 8192  # decodes count too: a large batch leaves prefill room
 
 
-def warm_up(model, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: int | None,
+class WarmupModel(PagedBatchModel, Protocol):
+    """What the warmup runs, measures and sets of a paged model."""
+
+    max_step_tokens: int
+
+    @property
+    def bytes_per_block(self) -> int: ...
+
+    @property
+    def kv_window(self) -> int | None: ...
+
+    def allocate_pool(self, num_blocks: int) -> None: ...
+
+    def release_pools(self) -> None: ...
+
+    def generate_token(self, batch: PagedBatch) -> tuple[list[Generation], PagedBatch | None, Timings]: ...
+
+
+def warm_up(model: WarmupModel, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: int | None,
             step_target_ms: int) -> WarmupResult:
     """Runs the warmup steps, allocates the pool; ValueError for limits the pool cannot meet."""
     validate_warmup(model, command)
@@ -54,7 +73,7 @@ def warm_up(model, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: i
                         max_step_tokens, model.kv_window)
 
 
-def _batch(model, num_requests: int, input_len: int, blocks_each: int) -> PagedBatch:
+def _batch(model: WarmupModel, num_requests: int, input_len: int, blocks_each: int) -> PagedBatch:
     input_ids = [(i * TOKEN_STRIDE) % model.vocab_size for i in range(input_len)]
     requests = [WorkerRequest(seq_id=i, input_ids=input_ids, sampling=SamplingParameters(),
                               max_new_tokens=2, ignore_eos=True,
@@ -63,14 +82,14 @@ def _batch(model, num_requests: int, input_len: int, blocks_each: int) -> PagedB
     return PagedBatch.from_requests(requests, batch_id=-1, max_tokens=num_requests * (input_len + 2), model=model)
 
 
-def _run(model, batch: PagedBatch | None) -> None:
+def _run(model: WarmupModel, batch: PagedBatch | None) -> None:
     """Prefill, then one decode."""
     for _ in range(2):
         if batch is not None:
             _, batch, _ = model.generate_token(batch)
 
 
-def _timed_chunk(model, num_tokens: int, blocks_each: int) -> float:
+def _timed_chunk(model: WarmupModel, num_tokens: int, blocks_each: int) -> float:
     batch = _batch(model, 1, num_tokens, blocks_each)
     started = time.perf_counter()
     model.generate_token(batch)
@@ -81,14 +100,12 @@ def _max_step_tokens(tokens_per_second: float, step_target_ms: int) -> int:
     return int(min(MAX_STEP_TOKENS, max(MIN_STEP_TOKENS, tokens_per_second * step_target_ms / 1000)))
 
 
-def _pool_blocks(model, command: Warmup, memory_budget_mb: int) -> int:
+def _pool_blocks(model: WarmupModel, command: Warmup, memory_budget_mb: int) -> int:
     if command.max_batch_total_tokens:
         return math.ceil(command.max_batch_total_tokens / model.block_size)
     bytes_per_block = model.bytes_per_block
     if model.device.type == "cuda":
-        model.pool = None
-        if model.draft_model is not None:
-            model.draft_model.pool = None
+        model.release_pools()
         torch.cuda.synchronize(model.device)
         free, _ = torch.cuda.mem_get_info(model.device)
         free += torch.cuda.memory_reserved(model.device) - torch.cuda.memory_allocated(model.device)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
-from ztgi.services.worker.backend import load_model
+from ztgi.services.worker.model_loader import load_model
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

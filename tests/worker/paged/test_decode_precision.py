@@ -7,10 +7,10 @@ import torch
 
 from ztgi.common.config import parse_config
 from ztgi.services.launcher.config import LaunchConfig
-from ztgi.services.worker.backend import load_model
 from ztgi.services.worker.config import WorkerConfig
-from ztgi.services.worker.paged.attention import AttentionInputs, PagedAttention, PrefillSpan, decode_groups
-from ztgi.services.worker.paged.kv_pool import KVPool, KVShape
+from ztgi.services.worker.layers.attention import AttentionInputs, PagedAttention, PrefillSpan, decode_groups
+from ztgi.services.worker.layers.kv_pool import KVPool, KVShape
+from ztgi.services.worker.model_loader import load_model
 
 BLOCK_SIZE, HEADS, KV_HEADS, HEAD_DIM = 4, 4, 2, 8
 TABLES = {3: [5], 21: [1, 2, 3, 7, 9, 11], 14: [4, 6, 8, 10]}  # context length -> block table

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from tests.worker.engine_helpers import batch_of, request, run_to_end
-from ztgi.services.worker.backend import load_paged_model
-from ztgi.services.worker.paged.attention import AttentionInputs, decode_groups
-from ztgi.services.worker.paged.decode_stack import NativeDecodeStack
-from ztgi.services.worker.paged.layer_ops import TorchLayerOps
+from ztgi.services.worker.layers.attention import AttentionInputs, decode_groups
+from ztgi.services.worker.layers.layer_ops import TorchLayerOps
+from ztgi.services.worker.model_loader import load_paged_model
+from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack
 
 PROMPTS = [[1, 504, 3458, 282, 9690, 17], [9690, 17, 28, 1073], list(range(300, 340))]
 

@@ -14,9 +14,9 @@ from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
 from tests.worker.paged.test_speculation import run, same_generations
 from ztgi.common.messages import SeqUpdate, Warmup, WarmupResult
 from ztgi.common.model_source import ModelNotFoundError
-from ztgi.services.worker.backend import load_model
 from ztgi.services.worker.engine import Engine
-from ztgi.services.worker.loading import load
+from ztgi.services.worker.model_loader import load_model
+from ztgi.services.worker.models.loading import load
 from ztgi.services.worker.paged.batch import PagedBatch
 from ztgi.services.worker.paged.model import PagedModel
 

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.worker.engine_helpers import batch_of, request, run_to_end, step, token_ids
 from tests.worker.paged.family_models import WINDOW, save_family_model
 from ztgi.common.messages import SeqUpdate
-from ztgi.services.worker.backend import load_model, resolve_kv_cache
-from ztgi.services.worker.paged.families import FAMILIES, layer_windows
+from ztgi.services.worker.model_loader import load_model, resolve_kv_cache
+from ztgi.services.worker.models.families import FAMILIES, layer_windows
 
 MAX_NEW_TOKENS = 12
 PROMPTS = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ztgi.services.worker.paged.layer_ops import NativeLayerOps, TorchLayerOps
+from ztgi.services.worker.layers.layer_ops import NativeLayerOps, TorchLayerOps
 
 NATIVE = NativeLayerOps.load()
 needs_native = pytest.mark.skipif(NATIVE is None, reason="no AVX512-BF16 CPU or no C compiler here")

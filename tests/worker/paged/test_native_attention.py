@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from ztgi.services.worker.paged.attention import AttentionInputs, PagedAttention, PrefillSpan, decode_groups
-from ztgi.services.worker.paged.kv_pool import KVPool, KVShape
-from ztgi.services.worker.paged.native_attention import NativeAttention
+from ztgi.services.worker.kernels.native_attention import NativeAttention
+from ztgi.services.worker.layers.attention import AttentionInputs, PagedAttention, PrefillSpan, decode_groups
+from ztgi.services.worker.layers.kv_pool import KVPool, KVShape
 
 KERNELS = NativeAttention.load()
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason="no AVX512-BF16 CPU or no C compiler here")

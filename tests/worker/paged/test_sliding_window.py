@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from ztgi.services.worker.paged.attention import AttentionInputs, PagedAttention, PrefillSpan, decode_groups
-from ztgi.services.worker.paged.kv_pool import KVPool, KVShape
+from ztgi.services.worker.layers.attention import AttentionInputs, PagedAttention, PrefillSpan, decode_groups
+from ztgi.services.worker.layers.kv_pool import KVPool, KVShape
 
 BLOCK_SIZE, HEADS, KV_HEADS, HEAD_DIM, WINDOW = 4, 4, 2, 8, 6
 TABLES = {3: [5], 21: [1, 2, 3, 7, 9, 11], 14: [4, 6, 8, 10]}  # context length -> block table

@@ -6,7 +6,7 @@ import pytest
 
 from tests.worker.conftest import TEST_POOL_BLOCKS
 from tests.worker.engine_helpers import batch_of, request
-from ztgi.services.worker.backend import load_model
+from ztgi.services.worker.model_loader import load_model
 from ztgi.services.worker.paged.prompt_lookup import PromptLookup
 
 CODE = ("def add(a, b):\n    return a + b\n\ndef multiply(a, b):\n    return a * b\n\n"

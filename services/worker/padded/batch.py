@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from ztgi.common.messages import CachedBatch, SeqUpdate, WorkerRequest
-from ztgi.services.worker.kv_cache import KVCache, swap_remove_order
-from ztgi.services.worker.next_token_chooser import NextTokenChooser
-from ztgi.services.worker.request_checks import chooser_for, require_unique, validate_requests
-from ztgi.services.worker.stopping_criteria import StoppingCriteria
-
-if TYPE_CHECKING:
-    from ztgi.services.worker.model import PaddedModel
+from ztgi.services.worker.models.request_checks import BatchModel, chooser_for, require_unique, validate_requests
+from ztgi.services.worker.padded.kv_cache import KVCache, swap_remove_order
+from ztgi.services.worker.sampling.next_token_chooser import NextTokenChooser
+from ztgi.services.worker.sampling.stopping_criteria import StoppingCriteria
 
 
 @dataclasses.dataclass(eq=False)
@@ -70,7 +66,7 @@ class CausalLMBatch:
 
     @classmethod
     def from_requests(cls, requests: Sequence[WorkerRequest], batch_id: int, max_tokens: int,
-                      model: PaddedModel) -> CausalLMBatch:
+                      model: BatchModel) -> CausalLMBatch:
         """A batch ready for prefill; raises ValueError naming a bad request and field."""
         validate_requests(requests, batch_id, model)
         chooser = chooser_for(requests, model.device)

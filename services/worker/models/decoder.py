@@ -12,15 +12,15 @@ import dataclasses
 
 import torch
 
+from ztgi.services.worker.layers.attention import AttentionInputs, PagedAttention
 from ztgi.services.worker.layers.embedding import Embedding
+from ztgi.services.worker.layers.kv_pool import KVPool
 from ztgi.services.worker.layers.mlp import GatedMLP
 from ztgi.services.worker.layers.norm import RMSNorm
+from ztgi.services.worker.layers.packed_linear import PackedLinear
 from ztgi.services.worker.layers.qkv_projection import QKVProjection
 from ztgi.services.worker.layers.rotary import Rotary, rotate
 from ztgi.services.worker.layers.soft_cap import soft_cap
-from ztgi.services.worker.packed_linear import PackedLinear
-from ztgi.services.worker.paged.attention import AttentionInputs, PagedAttention
-from ztgi.services.worker.paged.kv_pool import KVPool
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,12 +9,21 @@ from typing import Protocol
 import torch
 
 from ztgi.common.messages import WorkerRequest
-from ztgi.services.worker.next_token_chooser import NextTokenChooser
+from ztgi.services.worker.sampling.next_token_chooser import NextTokenChooser
 
 
 class ModelLimits(Protocol):
+    """What requests and warmup commands are checked against."""
+
     vocab_size: int
     max_position_embeddings: int
+
+
+class BatchModel(ModelLimits, Protocol):
+    """What a batch reads of its model when it is built from requests."""
+
+    device: torch.device
+    eos_token_ids: frozenset[int]
 
 
 def chooser_for(requests: Sequence[WorkerRequest], device: torch.device) -> NextTokenChooser:

@@ -27,7 +27,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-from ztgi.services.worker.transformers_module import TransformersConfig
+from ztgi.services.worker.layers.transformers_module import TransformersConfig
 
 
 class KVCache:
@@ -208,7 +208,7 @@ class BufferLayer(DynamicLayer):
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)

@@ -9,14 +9,17 @@ from typing import ClassVar
 import torch
 
 from ztgi.common.messages import Generation, Timings, Warmup, WarmupResult, WorkerInfo
-from ztgi.services.worker import kv_cache, llama_forward, quantized_linear
-from ztgi.services.worker.batch import CausalLMBatch
-from ztgi.services.worker.config import BACKENDS
-from ztgi.services.worker.generations import step_rows, top_of_row
-from ztgi.services.worker.kv_cache import KVCache
-from ztgi.services.worker.llama_forward import LlamaForward
-from ztgi.services.worker.loading import LoadedModel
-from ztgi.services.worker.transformers_forward import TransformersForward
+from ztgi.services.worker.layers.quantization import quantized_linear
+from ztgi.services.worker.models import llama_weights
+from ztgi.services.worker.models.loading import LoadedModel
+from ztgi.services.worker.padded import kv_cache
+from ztgi.services.worker.padded.batch import CausalLMBatch
+from ztgi.services.worker.padded.kv_cache import KVCache
+from ztgi.services.worker.padded.llama_forward import LlamaForward
+from ztgi.services.worker.padded.options import BACKENDS
+from ztgi.services.worker.padded.transformers_forward import TransformersForward
+from ztgi.services.worker.padded.warmup import run_warmup
+from ztgi.services.worker.sampling.generations import step_rows, top_of_row
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +27,7 @@ def resolve_backend(backend: str, config: object) -> str:
     """`auto`: ztgi's own forward where it has one for the architecture, else `transformers`."""
     if backend not in BACKENDS:
         raise ValueError(f"--backend {backend!r} must be one of {', '.join(BACKENDS)}")
-    native = llama_forward.supports(config)
+    native = llama_weights.supports(config)
     if backend == "auto":
         return "native" if native else "transformers"
     if backend == "native" and not native:
@@ -68,7 +71,6 @@ class PaddedModel:
 
     def warmup(self, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: int | None,
                step_target_ms: int) -> WarmupResult:
-        from ztgi.services.worker.warmup import run_warmup
         return WarmupResult(command.command_id, run_warmup(self, command, memory_budget_mb, cpu_prefill_tokens))
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ztgi.services.worker.top_tokens import top_tokens
+from ztgi.services.worker.sampling.top_tokens import top_tokens
 
 
 def step_rows(next_ids: torch.Tensor, logprobs: torch.Tensor, top_n_tokens: list[int]) -> list[list[float]]:

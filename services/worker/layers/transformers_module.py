@@ -3,7 +3,7 @@
 Their attributes (`config.num_attention_heads`, `model.layers`, `self_attn.q_proj`) depend on the
 architecture and are set at run time, which no static type can list: code that walks a module
 tree or a config by attribute names takes these, and checks what it needs at run time
-(`llama_forward.supports`, `paged/families.py`).
+(`models/llama_weights.py`'s `supports`, `models/families.py`).
 """
 
 from typing import Any, TypeAlias

@@ -3,7 +3,7 @@
 A decode step of a row or two spends more in Python between its kernels than in most of them: a
 dozen calls a layer, each a few microseconds of interpreter and bindings. With `--quantize int4`
 on a CPU with the C kernels (4-bit GGUF block products, attention in place, the layer steps),
-every kernel of a layer is one of ours, so `csrc/llama_decode_stack.c` runs them all, layer after
+every kernel of a layer is one of ours, so `kernels/csrc/llama_decode_stack.c` runs them all, layer after
 layer, through the function pointers of the libraries already built: the same kernels in the same
 order as `PagedLlamaForward` calls them, so the step's logits are bit-identical (tested). Steps
 with a prefill chunk, more rows than the 4-bit layers take, sliding-window or softcapped attention,
@@ -13,18 +13,28 @@ or any other layer kind, run call by call as before.
 from __future__ import annotations
 
 import ctypes
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from ztgi.services.worker.block_linear import Int4BlockLinear
-from ztgi.services.worker.paged import native_library
-from ztgi.services.worker.paged.attention import AttentionInputs, PagedAttention
-from ztgi.services.worker.paged.kv_pool import KVPool
-from ztgi.services.worker.paged.layer_ops import NativeLayerOps
-from ztgi.services.worker.quantized_linear import RowDispatch
+from ztgi.services.worker.kernels import native_library
+from ztgi.services.worker.layers.attention import AttentionInputs, PagedAttention
+from ztgi.services.worker.layers.kv_pool import KVPool
+from ztgi.services.worker.layers.layer_ops import NativeLayerOps, TorchLayerOps
+from ztgi.services.worker.layers.quantization.block_linear import Int4BlockLinear
+from ztgi.services.worker.layers.quantization.quantized_linear import RowDispatch
+from ztgi.services.worker.models.llama_weights import LlamaWeights
 
 P = ctypes.c_void_p
+
+
+class LlamaLayers(Protocol):
+    """What the stack reads of the Llama forward it runs the layers of (`PagedLlamaForward`)."""
+
+    weights: LlamaWeights
+    attention: PagedAttention
+    ops: TorchLayerOps | NativeLayerOps
 
 
 class _Kernels(ctypes.Structure):
@@ -53,7 +63,7 @@ class _Step(ctypes.Structure):
                 ("width", ctypes.c_int)]
 
 
-def _int4(layer) -> tuple[Int4BlockLinear, int] | None:
+def _int4(layer: object) -> tuple[Int4BlockLinear, int] | None:
     """The layer's 4-bit block product and the most rows it takes it for; None for any other kind."""
     if isinstance(layer, RowDispatch) and isinstance(layer.quantized, Int4BlockLinear):
         return layer.quantized, layer.max_elements // layer.in_features
@@ -78,23 +88,25 @@ def _one_table(inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
 class NativeDecodeStack:
     """`run` takes a decode-only step's embeddings through every layer; build with `load`."""
 
-    def __init__(self, forward, linears: list[list[Int4BlockLinear]], max_rows: int, library: ctypes.CDLL) -> None:
+    def __init__(self, forward: LlamaLayers, linears: list[list[Int4BlockLinear]], max_rows: int,
+                 library: ctypes.CDLL) -> None:
         self.forward = forward
         self.linears = linears
         self.max_rows = max_rows
         self._run = native_library.bind(library, "llama_decode_stack", [P] * 6 + [P, native_library.INT])
         self._scratch_bytes = library.llama_decode_scratch_bytes
         self._scratch_bytes.argtypes, self._scratch_bytes.restype = [P, ctypes.c_int64], ctypes.c_int64
-        norm, rotate, silu_mul = forward.ops.addresses()
-        self._kernels = _Kernels(norm, linears[0][0].kernel_address(), rotate,
-                                 forward.attention.native.decode_address(), silu_mul)
+        ops, attention = forward.ops, forward.attention.native
+        assert isinstance(ops, NativeLayerOps) and attention is not None, "load() checked both"
+        norm, rotate, silu_mul = ops.addresses()
+        self._kernels = _Kernels(norm, linears[0][0].kernel_address(), rotate, attention.decode_address(), silu_mul)
         self._pool: KVPool | None = None
         self._layers: ctypes.Array | None = None
         self._dims: _Dims | None = None
         self._scratch = torch.empty(0, dtype=torch.uint8)
 
     @classmethod
-    def load(cls, forward) -> NativeDecodeStack | None:
+    def load(cls, forward: LlamaLayers) -> NativeDecodeStack | None:
         """The stack for this forward where all its layers' kernels are ztgi's C ones; else None."""
         attention: PagedAttention = forward.attention
         if not isinstance(getattr(forward, "ops", None), NativeLayerOps) or attention.native is None:

@@ -3,7 +3,7 @@
 Each family is a choice of parts from `layers/` put into one `Decoder`: Qwen2's biased q/k/v,
 Qwen3's and Gemma 3's QK-norm, Mistral's and Gemma's sliding windows, Gemma's `(1 + w)` sandwich
 norms, scaled embeddings, query scale and soft-capping, Phi-3's fused projections. Plain Llama keeps
-its own forward (`llama.py`), which shares the padded backend's weights.
+its own forward (`llama.py`), which shares the padded engine's weights (`llama_weights.py`).
 """
 
 from __future__ import annotations
@@ -11,20 +11,20 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ztgi.services.worker import llama_forward
+from ztgi.services.worker.layers.attention import PagedAttention
 from ztgi.services.worker.layers.embedding import Embedding
 from ztgi.services.worker.layers.mlp import ACTIVATIONS, GatedMLP
 from ztgi.services.worker.layers.norm import RMSNorm
+from ztgi.services.worker.layers.packed_linear import PackedLinear
 from ztgi.services.worker.layers.qkv_projection import QKVProjection
 from ztgi.services.worker.layers.rotary import Rotary
-from ztgi.services.worker.packed_linear import PackedLinear
-from ztgi.services.worker.paged.attention import PagedAttention
-from ztgi.services.worker.paged.decoder import Decoder, DecoderLayer, PagedDecoderForward
-from ztgi.services.worker.paged.llama import PagedLlamaForward
-from ztgi.services.worker.transformers_module import TransformersConfig, TransformersModule
+from ztgi.services.worker.layers.transformers_module import TransformersConfig, TransformersModule
+from ztgi.services.worker.models import llama_weights
+from ztgi.services.worker.models.decoder import Decoder, DecoderLayer, PagedDecoderForward
+from ztgi.services.worker.models.llama import PagedLlamaForward
 
 if TYPE_CHECKING:
-    from ztgi.services.worker.quantized_linear import LinearFactory
+    from ztgi.services.worker.layers.quantization.quantized_linear import LinearFactory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ def supports(config: TransformersConfig) -> bool:
     """Whether a native paged forward computes `config`'s model exactly."""
     model_type = getattr(config, "model_type", None)
     if model_type == "llama":
-        return llama_forward.supports(config)
+        return llama_weights.supports(config)
     return (model_type in FAMILIES
             and _activation(config) in ACTIVATIONS
             and not getattr(config, "mlp_bias", False)

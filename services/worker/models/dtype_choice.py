@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from ztgi.services.worker.packed_linear import can_pack
+from ztgi.services.worker.layers.packed_linear import can_pack
 
 logger = logging.getLogger(__name__)
 

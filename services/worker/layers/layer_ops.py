@@ -1,10 +1,10 @@
 """A Llama layer's elementwise steps (residual add with RMSNorm, SiLU gate, rotary), by torch or by C.
 
 `TorchLayerOps` is the arithmetic as torch ops, rounded as transformers rounds it in bfloat16 (the
-reference). `NativeLayerOps` does each step in one pass of ztgi's C code (`csrc/layer_ops.c`),
+reference). `NativeLayerOps` does each step in one pass of ztgi's C code (`kernels/csrc/layer_ops.c`),
 rounding at the same places, for bfloat16 activations on CPU: a decode step of a few rows spends
 more in the dozen torch calls per layer these replace than in their arithmetic (BENCHMARKS.md,
-"Layer steps in one pass"). It is built where the attention kernels are (`native_library.py`).
+"Layer steps in one pass"). It is built where the attention kernels are (`kernels/native_library.py`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from ztgi.services.worker.llama_forward import rms_norm, rotate
-from ztgi.services.worker.paged import native_library
-from ztgi.services.worker.paged.native_library import FLOAT, INT, INT64, POINTER
+from ztgi.services.worker.kernels import native_library
+from ztgi.services.worker.kernels.native_library import FLOAT, INT, INT64, POINTER, Kernel
+from ztgi.services.worker.layers.norm import rms_norm
+from ztgi.services.worker.layers.rotary import rotate
 
 
 class TorchLayerOps:
@@ -103,7 +104,7 @@ def _bfloat16_rows(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def _run(function, *args) -> None:
+def _run(function: Kernel, *args: object) -> None:
     status = function(*args)
     if status != 0:
         raise ValueError(f"{function.__name__} refused its inputs (status {status})")

@@ -16,8 +16,8 @@ import ctypes
 
 import torch
 
-from ztgi.services.worker.paged import native_library
-from ztgi.services.worker.paged.native_library import FLOAT, INT, INT64, POINTER
+from ztgi.services.worker.kernels import native_library
+from ztgi.services.worker.kernels.native_library import FLOAT, INT, INT64, POINTER
 
 
 class NativeAttention:

@@ -34,15 +34,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
-from ztgi.services.worker.block_linear import Int4BlockLinear, Int8BlockLinear, quantize_blocks
-from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, FALLBACK_QUANTIZED_MAX_ROWS, QUANTIZE
-from ztgi.services.worker.packed_linear import PackedLinear
-from ztgi.services.worker.transformers_module import TransformersModule
+from ztgi.services.worker.layers.packed_linear import PackedLinear
+from ztgi.services.worker.layers.quantization.block_linear import Int4BlockLinear, Int8BlockLinear, quantize_blocks
+from ztgi.services.worker.layers.quantization.options import (
+    DEFAULT_QUANTIZED_MAX_ROWS,
+    FALLBACK_QUANTIZED_MAX_ROWS,
+    QUANTIZE,
+)
+from ztgi.services.worker.layers.transformers_module import TransformersModule
 
 logger = logging.getLogger(__name__)
 
@@ -300,7 +304,7 @@ class LinearFactory:
                                     config.num_key_value_heads or config.num_attention_heads,
                                     bool(getattr(config, "tie_word_embeddings", False)))
 
-    def __call__(self, *weights: torch.Tensor):
+    def __call__(self, *weights: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         weight = weights[0] if len(weights) == 1 else torch.cat(weights)
         names = [self.names.get(w.data_ptr(), "") for w in weights]
         if self.quantize == "none":

@@ -1,7 +1,7 @@
 """The Llama forward over a flat, unpadded step: every request's new tokens in one `[tokens, hidden]`.
 
-The weights and the per-token arithmetic are the padded backend's `LlamaForward` (fused q/k/v and
-gate/up, packed linears, transformers' rotary embedding); only attention differs: keys and values
+The weights and the per-token arithmetic are the padded engine's `LlamaForward`'s (`LlamaWeights`: fused
+q/k/v and gate/up, packed linears, transformers' rotary embedding); only attention differs: keys and values
 go to the pool's slots and queries attend over block tables (`PagedAttention`).
 """
 
@@ -12,12 +12,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ztgi.services.worker.llama_forward import Linear, LlamaForward, LlamaLayer
-from ztgi.services.worker.paged.attention import AttentionInputs, PagedAttention
-from ztgi.services.worker.paged.decode_stack import NativeDecodeStack
-from ztgi.services.worker.paged.kv_pool import KVPool
-from ztgi.services.worker.paged.layer_ops import NativeLayerOps, TorchLayerOps
-from ztgi.services.worker.transformers_module import TransformersModule
+from ztgi.services.worker.layers.attention import AttentionInputs, PagedAttention
+from ztgi.services.worker.layers.kv_pool import KVPool
+from ztgi.services.worker.layers.layer_ops import NativeLayerOps, TorchLayerOps
+from ztgi.services.worker.layers.transformers_module import TransformersModule
+from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack
+from ztgi.services.worker.models.llama_weights import Linear, LlamaLayer, LlamaWeights
 
 
 class PagedLlamaForward:
@@ -25,12 +25,12 @@ class PagedLlamaForward:
 
     Each block adds its residual to the stream and normalizes in one step (`add_rms_norm`), as the
     next block starts, so the elementwise work between the matrix products is three calls a
-    block, in C where the layer ops are built (`layer_ops.py`, set by the model with the attention
+    block, in C where the layer ops are built (`layers/layer_ops.py`, set by the model with the attention
     kernels) and torch's ops elsewhere. Where every kernel of a layer is C (`--quantize int4`), a
-    decode step's layers run in one call instead (`decode_stack.py`), with the same results."""
+    decode step's layers run in one call instead (`llama_decode_stack.py`), with the same results."""
 
     def __init__(self, module: TransformersModule, linear: Callable[..., Linear] | None = None) -> None:
-        self.weights = LlamaForward(module, linear)
+        self.weights = LlamaWeights(module, linear)
         w = self.weights
         self.attention = PagedAttention(w.num_heads, w.num_kv_heads, w.head_dim)
         self.ops: TorchLayerOps | NativeLayerOps = TorchLayerOps()

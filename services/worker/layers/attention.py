@@ -19,9 +19,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ztgi.services.worker.host_copy import to_device
-from ztgi.services.worker.paged.kv_pool import KVPool
-from ztgi.services.worker.paged.native_attention import NativeAttention
+from ztgi.services.worker.kernels.native_attention import NativeAttention
+from ztgi.services.worker.layers.host_copy import to_device
+from ztgi.services.worker.layers.kv_pool import KVPool
 
 
 @dataclasses.dataclass(frozen=True)

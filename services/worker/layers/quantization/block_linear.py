@@ -4,7 +4,7 @@ A decode step of a few rows reads every weight once for a few operations each, s
 weights' bytes and how fast the products consume them. torch's CPU int4 kernel widens the 4-bit
 weights to bfloat16 and multiplies in float. llama.cpp instead rounds each activation row to int8
 per block of 32 inputs and sums each block's products exactly in int32 with the CPU's VNNI dot
-products, several times the multiplies per instruction. `csrc/block_linear.c` does the same with
+products, several times the multiplies per instruction. `kernels/csrc/block_linear.c` does the same with
 finer activations: what the int8 rounding leaves is rounded again to int8 in steps 254 times
 finer, so each row keeps about 16 bits per block (with 8-bit rows, as llama.cpp's, 28% of greedy
 requests kept float weights' text against 52%; BENCHMARKS.md "Quantized weights"), for a second
@@ -21,12 +21,13 @@ Both need a CPU with AVX512-VNNI and AVX512-BF16 and a C compiler (`native_libra
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
 import torch
 
-from ztgi.services.worker.paged import native_library
-from ztgi.services.worker.paged.native_library import INT, INT64, POINTER
+from ztgi.services.worker.kernels import native_library
+from ztgi.services.worker.kernels.native_library import INT, INT64, POINTER, Kernel
 
 BLOCK_SIZE = 32
 TILE = 16  # outputs side by side in one VNNI operand
@@ -36,11 +37,11 @@ CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
 
 
 @functools.cache
-def _library():
+def _library() -> ctypes.CDLL | None:
     return native_library.load_or_none("block_linear.c", "quantized products", CPU_FLAGS)
 
 
-def _kernel(name: str, weight_buffers: int):
+def _kernel(name: str, weight_buffers: int) -> Kernel | None:
     library = _library()
     if library is None:
         return None
@@ -73,9 +74,9 @@ def _tiled_scales(scales: torch.Tensor, tiles: int) -> torch.Tensor:
 
 
 class BlockLinear:
-    """`y = x @ W.T` by one of `csrc/block_linear.c`'s products over this layer's packed buffers."""
+    """`y = x @ W.T` by one of `kernels/csrc/block_linear.c`'s products over this layer's packed buffers."""
 
-    def __init__(self, out_features: int, in_features: int, kernel, buffers: tuple[torch.Tensor, ...]) -> None:
+    def __init__(self, out_features: int, in_features: int, kernel: Kernel, buffers: tuple[torch.Tensor, ...]) -> None:
         if in_features % BLOCK_SIZE:
             raise ValueError(f"block formats need a multiple of {BLOCK_SIZE} inputs, not {in_features}")
         self.out_features, self.in_features = out_features, in_features
@@ -120,7 +121,7 @@ class Int8BlockLinear(BlockLinear):
         kernel = _kernel("int8_block_linear", 2)
         return None if kernel is None else cls(codes, scales, kernel)
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, kernel) -> None:
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, kernel: Kernel) -> None:
         out_features, in_features = codes.shape
         tiles, blocks = -(-out_features // TILE), in_features // BLOCK_SIZE
         shifted = _tiled(codes.to(torch.int16) + 128, tiles, fill=128)  # VNNI takes the weights unsigned
@@ -148,7 +149,7 @@ class Int4BlockLinear(BlockLinear):
             return None
         return cls(codes, scales, offsets, kernel)
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, kernel) -> None:
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, kernel: Kernel) -> None:
         out_features, in_features = codes.shape
         tiles, blocks = -(-out_features // TILE), in_features // BLOCK_SIZE
         grouped = _tiled(codes.to(torch.uint8), tiles).view(tiles, TILE, blocks, GROUPS, 4).permute(0, 2, 3, 1, 4)

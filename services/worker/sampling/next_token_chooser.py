@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import torch
 
 from ztgi.common.messages import SamplingParameters
-from ztgi.services.worker import grammar as grammars
-from ztgi.services.worker import logits_processors as processors
-from ztgi.services.worker import watermark
+from ztgi.services.worker.sampling import grammar as grammars
+from ztgi.services.worker.sampling import logits_processors as processors
+from ztgi.services.worker.sampling import watermark
 
 MAX_SEED = 2**64 - 1
 

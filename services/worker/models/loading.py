@@ -11,9 +11,9 @@ from transformers import AutoModelForCausalLM
 
 from ztgi.common.messages import WorkerInfo
 from ztgi.common.model_source import resolve_model
-from ztgi.services.worker import dtype_choice
-from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS
-from ztgi.services.worker.transformers_module import TransformersConfig, TransformersModule
+from ztgi.services.worker.layers.quantization.options import DEFAULT_QUANTIZED_MAX_ROWS
+from ztgi.services.worker.layers.transformers_module import TransformersConfig, TransformersModule
+from ztgi.services.worker.models import dtype_choice
 
 logger = logging.getLogger(__name__)
 

@@ -25,10 +25,14 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch  # noqa: F401  (loaded first: see the module docstring)
 
 from ztgi.common.model_source import cache_root
+
+if TYPE_CHECKING:
+    from ctypes import _NamedFuncPointer
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +48,10 @@ class BuildError(RuntimeError):
 
 
 POINTER, INT, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+Kernel: TypeAlias = "_NamedFuncPointer"  # a C function of a loaded library, called with its declared argument types
 
 
-def bind(library: ctypes.CDLL, name: str, argtypes: list):
+def bind(library: ctypes.CDLL, name: str, argtypes: list[type[ctypes._SimpleCData]]) -> Kernel:
     """`library.name` with its argument types declared; every kernel returns an int status (0: done)."""
     function = getattr(library, name)
     function.argtypes = argtypes
@@ -54,7 +59,7 @@ def bind(library: ctypes.CDLL, name: str, argtypes: list):
     return function
 
 
-def address(function) -> int:
+def address(function: Kernel) -> int:
     """Where a bound kernel lives, for C code that calls it through a function pointer."""
     return ctypes.cast(function, ctypes.c_void_p).value or 0
 

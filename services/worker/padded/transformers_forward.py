@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ztgi.services.worker import kv_cache
-from ztgi.services.worker.kv_cache import KVCache
-from ztgi.services.worker.transformers_module import TransformersModule
+from ztgi.services.worker.layers.transformers_module import TransformersModule
+from ztgi.services.worker.padded import kv_cache
+from ztgi.services.worker.padded.kv_cache import KVCache
 
 
 class TransformersForward:

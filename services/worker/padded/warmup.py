@@ -14,21 +14,28 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Protocol
 
 import torch
 
-from ztgi.common.messages import SamplingParameters, Warmup, WorkerRequest
-from ztgi.services.worker.batch import CausalLMBatch
-from ztgi.services.worker.model import PaddedModel
-from ztgi.services.worker.request_checks import ModelLimits
+from ztgi.common.messages import Generation, SamplingParameters, Timings, Warmup, WorkerRequest
+from ztgi.services.worker.models.request_checks import BatchModel
+from ztgi.services.worker.models.warmup_limits import CUDA_MEMORY_FRACTION, TOKEN_STRIDE, validate_warmup
+from ztgi.services.worker.padded.batch import CausalLMBatch
 
 logger = logging.getLogger(__name__)
 
-CUDA_MEMORY_FRACTION = 0.9
-TOKEN_STRIDE = 7919  # a prime: synthetic prompts cycle through the vocabulary, not one repeated token
+
+class WarmupModel(BatchModel, Protocol):
+    """What the warmup runs and measures of a padded model."""
+
+    @property
+    def kv_bytes_per_token(self) -> int: ...
+
+    def generate_token(self, batch: CausalLMBatch) -> tuple[list[Generation], CausalLMBatch | None, Timings]: ...
 
 
-def run_warmup(model: PaddedModel, command: Warmup, memory_budget_mb: int,
+def run_warmup(model: WarmupModel, command: Warmup, memory_budget_mb: int,
                cpu_prefill_tokens: int | None = None) -> int:
     """Runs the warmup batch and returns `max_batch_total_tokens`; ValueError for impossible limits.
 
@@ -54,7 +61,7 @@ def run_warmup(model: PaddedModel, command: Warmup, memory_budget_mb: int,
     return max_batch_total_tokens
 
 
-def warmup_batch(model: PaddedModel, command: Warmup, max_prefill_tokens: int | None = None) -> CausalLMBatch:
+def warmup_batch(model: WarmupModel, command: Warmup, max_prefill_tokens: int | None = None) -> CausalLMBatch:
     """Prompts of max_input_tokens filling max_batch_prefill_tokens, both capped by `max_prefill_tokens`."""
     num_input_tokens, prefill_tokens = command.max_input_tokens, command.max_batch_prefill_tokens
     if max_prefill_tokens is not None:
@@ -70,21 +77,7 @@ def warmup_batch(model: PaddedModel, command: Warmup, max_prefill_tokens: int | 
     return CausalLMBatch.from_requests(requests, batch_id=-1, max_tokens=max_tokens, model=model)
 
 
-def validate_warmup(model: ModelLimits, command: Warmup) -> None:
-    if command.max_input_tokens < 1:
-        raise ValueError(f"`max_input_tokens` must be >= 1, got {command.max_input_tokens}")
-    if command.max_total_tokens <= command.max_input_tokens:
-        raise ValueError(f"`max_total_tokens` ({command.max_total_tokens}) must be greater than "
-                         f"`max_input_tokens` ({command.max_input_tokens})")
-    if command.max_batch_prefill_tokens < command.max_input_tokens:
-        raise ValueError(f"`max_batch_prefill_tokens` ({command.max_batch_prefill_tokens}) must be >= "
-                         f"`max_input_tokens` ({command.max_input_tokens})")
-    if command.max_total_tokens > model.max_position_embeddings:
-        raise ValueError(f"`max_total_tokens` ({command.max_total_tokens}) exceeds the model's "
-                         f"{model.max_position_embeddings} positions")
-
-
-def _kv_capacity(model: PaddedModel, memory_budget_mb: int) -> int:
+def _kv_capacity(model: WarmupModel, memory_budget_mb: int) -> int:
     """How many tokens of KV cache fit: in free CUDA memory, or in the CPU budget."""
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
