@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit 0 when some request succeeded, 1 when all failed, 2 for a bad flag or dataset, 130 on ^C."""
     try:
-        config = parse_config(BenchConfig, argv, prog="ztgi bench")
+        config = parse_config(BenchConfig, argv, prog="ztgi bench serve")
         setup_logging("bench", config.log_level)
         prompts = build_workload(config)
     except (ConfigError, WorkloadError) as exc:

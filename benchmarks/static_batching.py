@@ -1,6 +1,6 @@
 """The classic baseline: `transformers` `generate` over fixed batches (static batching).
 
-    python -m ztgi.bench.static_batching --dataset mixed --batch-size 16 --model-id smollm2 --dtype float32
+    ztgi bench static --dataset mixed --batch-size 16 --model-id smollm2 --dtype float32
 
 The prompts are taken in order, `--batch-size` at a time, left-padded (pad id = EOS) and decoded
 greedily with `max_new_tokens` = the largest of the batch: a batch runs until its longest request
@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 from transformers import (
     GenerationConfig,
+    PreTrainedModel,
     PreTrainedTokenizerBase,
     StoppingCriteria,
     StoppingCriteriaList,
@@ -40,7 +41,6 @@ from ztgi.bench.baseline_setup import parse_workload
 from ztgi.bench.metrics import RequestRecord, summarize
 from ztgi.bench.offline_workload import OfflineRequest, encode_prompts
 from ztgi.common.config import require
-from ztgi.services.worker.transformers_module import TransformersModule
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class StepClock(StoppingCriteria):
 class StaticBatching:
     """Runs a workload through `model.generate`, `batch_size` requests at a time."""
 
-    def __init__(self, model: TransformersModule, tokenizer: PreTrainedTokenizerBase, batch_size: int,
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,
                  ignore_eos: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -137,7 +137,7 @@ def useful_token_count(new_ids: Sequence[int], max_new_tokens: int, eos_token_id
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Prints the summary as JSON; exit 2 for a bad flag or dataset."""
-    setup = parse_workload(StaticBatchingConfig, argv, "static_batching")
+    setup = parse_workload(StaticBatchingConfig, argv, "static")
     if setup is None:
         return 2
     config, prompts = setup
