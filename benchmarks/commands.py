@@ -16,7 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "throughput": ("ztgi.bench.offline", "offline: ztgi.LLM.generate on the whole workload in this process, "
                                          "beside static batching and the engine alone"),
     "compare": ("ztgi.bench.compare", "static batching, the engine alone and a launched ztgi over HTTP, side by side"),
-    "llama-cpp": ("ztgi.bench.llama_cpp", "launched ztgi systems and llama.cpp's llama-server on one GGUF, side by side"),
+    "llama-cpp": ("ztgi.bench.llama_cpp", "launched ztgi systems and llama.cpp's llama-server on one GGUF, "
+                                          "side by side"),
     "static": ("ztgi.bench.static_batching", "transformers' generate in static batches: the baseline alone"),
     "engine": ("ztgi.bench.engine_alone", "the worker's engine in process at N requests in flight: the ceiling alone"),
 }

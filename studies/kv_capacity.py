@@ -25,11 +25,11 @@ import sys
 
 import aiohttp
 
+from studies.server_metrics import RunningSampler, counter, scrape, server_info
 from ztgi.bench.config import BenchConfig
 from ztgi.bench.launched_server import LaunchedServer
 from ztgi.bench.load_generator import LoadGenerator
 from ztgi.bench.offline_workload import load_prompts
-from studies.server_metrics import RunningSampler, counter, scrape, server_info
 from ztgi.bench.workload import Prompt
 
 logger = logging.getLogger(__name__)

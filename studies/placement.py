@@ -34,10 +34,10 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from studies.prefix_datasets import two_documents
 from ztgi.bench.config import BenchConfig
 from ztgi.bench.launched_server import LaunchedServer
 from ztgi.bench.load_generator import LoadGenerator
-from studies.prefix_datasets import two_documents
 from ztgi.bench.workload import Prompt
 
 POLICIES = ("cache-aware", "round-robin")

@@ -26,9 +26,9 @@ import time
 
 import aiohttp
 
+from studies.server_metrics import counter, scrape, server_info
 from ztgi.bench.greedy_parity import GreedyStream, parts_at_near_tie
 from ztgi.bench.launched_server import LaunchedServer
-from studies.server_metrics import counter, scrape, server_info
 from ztgi.bench.workload import WORDS
 
 logger = logging.getLogger(__name__)

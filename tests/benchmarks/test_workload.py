@@ -9,8 +9,8 @@ import random
 import pytest
 from tokenizers import Tokenizer
 
-from ztgi.bench.config import BenchConfig
 from studies.prefill_heavy_dataset import MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, prefill_heavy
+from ztgi.bench.config import BenchConfig
 from ztgi.bench.workload import MIXED_DATASET_PATH, WorkloadError, build_workload, generate_prompts, load_dataset
 from ztgi.common.model_source import ModelSource
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from ztgi.bench.greedy_parity import GreedyStream
 from studies.preemption import compare_runs, prompts
+from ztgi.bench.greedy_parity import GreedyStream
 
 
 def test_prompts_are_distinct() -> None:
