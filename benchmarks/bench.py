@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
 
 from ztgi.bench.config import BenchConfig
 from ztgi.bench.load_generator import LoadGenerator, RunResult
@@ -15,6 +16,8 @@ from ztgi.common.config import ConfigError, parse_config
 from ztgi.common.logs import setup_logging
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,7 +52,7 @@ async def run_levels(config: BenchConfig, generator: LoadGenerator) -> list[RunR
     return [await generator.run(concurrency) for concurrency in config.concurrencies]
 
 
-def run_event_loop(coroutine):
+def run_event_loop(coroutine: Coroutine[Any, Any, T]) -> T:
     """Runs `coroutine` on uvloop where it is installed."""
     try:
         import uvloop

@@ -30,6 +30,7 @@ import sys
 from collections.abc import Sequence
 
 import aiohttp
+from transformers import PreTrainedTokenizerBase
 
 from ztgi.bench.baseline_config import BaselineConfig
 from ztgi.bench.baseline_model import load_model, load_tokenizer
@@ -179,7 +180,7 @@ class ZtgiOverHttp:
                            num_requests=num_requests, ignore_eos=self.config.ignore_eos, progress=False)
 
 
-def run_comparison(config: CompareConfig, workload: Workload, tokenizer) -> list[BaselineRun]:
+def run_comparison(config: CompareConfig, workload: Workload, tokenizer: PreTrainedTokenizerBase) -> list[BaselineRun]:
     """Loads both in-process baselines, starts ztgi, and runs every level `repeats` times."""
     static = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
                             config.static_batch_size, config.ignore_eos)

@@ -24,11 +24,11 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers import (
     GenerationConfig,
-    PreTrainedModel,
     PreTrainedTokenizerBase,
     StoppingCriteria,
     StoppingCriteriaList,
@@ -62,7 +62,7 @@ class StepClock(StoppingCriteria):
     def __init__(self) -> None:
         self.times: list[float] = []
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs: Any) -> torch.Tensor:
         if input_ids.is_cuda:
             torch.cuda.synchronize(input_ids.device)
         self.times.append(time.perf_counter())
@@ -70,9 +70,10 @@ class StepClock(StoppingCriteria):
 
 
 class StaticBatching:
-    """Runs a workload through `model.generate`, `batch_size` requests at a time."""
+    """Runs a workload through `model.generate` (a transformers causal LM, as `baseline_model.load_model`
+    loads it), `batch_size` requests at a time."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int,
+    def __init__(self, model: Any, tokenizer: PreTrainedTokenizerBase, batch_size: int,
                  ignore_eos: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer

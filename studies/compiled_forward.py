@@ -40,6 +40,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -92,7 +93,7 @@ def _(x: torch.Tensor, weight: torch.Tensor, out_features: int) -> torch.Tensor:
 class DenseParts:
     """A layer's dense parts around attention, as plain functions of tensors (compiled or not)."""
 
-    def __init__(self, forward, packed: bool) -> None:
+    def __init__(self, forward: Any, packed: bool) -> None:
         w = forward.weights
         self.sizes = [w.num_heads * w.head_dim, w.num_kv_heads * w.head_dim, w.num_kv_heads * w.head_dim]
         self.heads, self.kv_heads, self.head_dim = w.num_heads, w.num_kv_heads, w.head_dim
@@ -101,20 +102,22 @@ class DenseParts:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, out_features: int) -> torch.Tensor:
         return packed_linear(x, weight, out_features) if self.packed else F.linear(x, weight)
 
-    def pre(self, x, norm, qkv, cos, sin):
+    def pre(self, x: torch.Tensor, norm: torch.Tensor, qkv: Any, cos: torch.Tensor,
+            sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n = x.shape[0]
         q, k, v = self.linear(rms_norm(x, norm, self.eps), qkv, sum(self.sizes)).split(self.sizes, dim=-1)
         return (rotate(q.view(n, self.heads, self.head_dim), cos, sin),
                 rotate(k.view(n, self.kv_heads, self.head_dim), cos, sin), v.reshape(n, self.kv_heads, self.head_dim))
 
-    def post(self, x, attended, output, mlp_norm, gate_up, down):
+    def post(self, x: torch.Tensor, attended: torch.Tensor, output: Any, mlp_norm: torch.Tensor, gate_up: Any,
+             down: Any) -> torch.Tensor:
         x = x + self.linear(attended, output, x.shape[1])
         gate, up = self.linear(rms_norm(x, mlp_norm, self.eps), gate_up, 2 * self.intermediate).split(
             self.intermediate, dim=-1)
         return x + self.linear(F.silu(gate) * up, down, x.shape[1])
 
 
-def _layer_weights(model, packed: bool) -> list[tuple[torch.Tensor, ...]]:
+def _layer_weights(model: Any, packed: bool) -> list[tuple[torch.Tensor, ...]]:
     """(q/k/v, output, gate/up, down) per layer: the packed ones the worker holds, or plain copies."""
     if packed:
         return [(layer.qkv.weight, layer.output.weight, layer.gate_up.weight, layer.down.weight)
@@ -128,7 +131,7 @@ def _layer_weights(model, packed: bool) -> list[tuple[torch.Tensor, ...]]:
     return weights
 
 
-def variant_forward(model, variant: str) -> Callable[..., torch.Tensor]:
+def variant_forward(model: Any, variant: str) -> Callable[..., torch.Tensor]:
     """The paged forward with `variant`'s dense parts; attention is the worker's own."""
     forward = model.forward_pass
     if variant == "eager":
@@ -145,10 +148,12 @@ def variant_forward(model, variant: str) -> Callable[..., torch.Tensor]:
     parts = DenseParts(forward, packed)
     dynamic = variant in ("compiled", "compiled-plain")
     mode = "max-autotune" if variant.startswith("autotune") else None
-    pre, post = (torch.compile(part, dynamic=dynamic, mode=mode) for part in (parts.pre, parts.post))
+    pre = torch.compile(parts.pre, dynamic=dynamic, mode=mode)
+    post = torch.compile(parts.post, dynamic=dynamic, mode=mode)
     weights, w = _layer_weights(model, packed), forward.weights
 
-    def run(input_ids, positions, inputs, pool, logit_rows):
+    def run(input_ids: torch.Tensor, positions: torch.Tensor, inputs: Any, pool: Any,
+            logit_rows: Any) -> torch.Tensor:
         x = F.embedding(input_ids, w.embedding)
         cos, sin = (t[0].unsqueeze(1) for t in w.rotary(x[None], positions[None]))
         for index, (layer, (qkv, output, gate_up, down)) in enumerate(zip(w.layers, weights)):
@@ -158,14 +163,14 @@ def variant_forward(model, variant: str) -> Callable[..., torch.Tensor]:
     return run
 
 
-def _with_attention_flag(forward, name: str, value: object) -> Callable[..., torch.Tensor]:
+def _with_attention_flag(forward: Any, name: str, value: object) -> Callable[..., torch.Tensor]:
     """The eager forward with one of its attention's switches (or its C kernels) set for the call."""
     return _with_attribute(forward, forward.attention, name, value)
 
 
-def _with_attribute(forward, owner: object, name: str, value: object) -> Callable[..., torch.Tensor]:
+def _with_attribute(forward: Any, owner: object, name: str, value: object) -> Callable[..., torch.Tensor]:
     """The eager forward with `owner.name` set to `value` for the call."""
-    def run(*args):
+    def run(*args: Any) -> torch.Tensor:
         before = getattr(owner, name)
         setattr(owner, name, value)
         try:
@@ -175,7 +180,7 @@ def _with_attribute(forward, owner: object, name: str, value: object) -> Callabl
     return run
 
 
-def step_shapes(model, decode_batches: Sequence[int], prefill_tokens: int, context: int) -> dict[str, StepInputs]:
+def step_shapes(model: Any, decode_batches: Sequence[int], prefill_tokens: int, context: int) -> dict[str, StepInputs]:
     """Decode steps (their prompts prefilled first, so attention reads real keys) and a prefill chunk."""
     shapes: dict[str, StepInputs | None] = {}
     next_block = 0
@@ -198,11 +203,12 @@ def step_shapes(model, decode_batches: Sequence[int], prefill_tokens: int, conte
     return {name: inputs for name, inputs in shapes.items() if inputs is not None}
 
 
-def call_forward(forward, inputs: StepInputs, pool) -> torch.Tensor:
+def call_forward(forward: Any, inputs: StepInputs, pool: Any) -> torch.Tensor:
     return forward(inputs.input_ids, inputs.positions, inputs.attention, pool, inputs.logit_rows)
 
 
-def first_calls(forwards: dict, shapes: dict[str, StepInputs], pool) -> dict[str, dict[str, torch.Tensor]]:
+def first_calls(forwards: dict[str, Any], shapes: dict[str, StepInputs],
+                pool: Any) -> dict[str, dict[str, torch.Tensor]]:
     """Each variant's logits per shape, after two calls (the compile), with the compile time printed."""
     logits: dict[str, dict[str, torch.Tensor]] = {}
     for name, forward in forwards.items():
@@ -219,7 +225,8 @@ def first_calls(forwards: dict, shapes: dict[str, StepInputs], pool) -> dict[str
     return logits
 
 
-def interleaved_ms(forwards: dict, shapes: dict[str, StepInputs], pool, repeats: int) -> dict[tuple[str, str], float]:
+def interleaved_ms(forwards: dict[str, Any], shapes: dict[str, StepInputs], pool: Any,
+                   repeats: int) -> dict[tuple[str, str], float]:
     """Median ms per (variant, shape); variants take turns call by call."""
     times: dict[tuple[str, str], list[float]] = {(n, s): [] for n in forwards for s in shapes}
     for _ in range(repeats):

@@ -16,6 +16,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ def _requests(args: argparse.Namespace, block_size: int) -> list[WorkerRequest]:
             for i in range(args.requests)]
 
 
-def _run(model, requests: list[WorkerRequest]) -> tuple[float, dict[int, list[int]]]:
+def _run(model: Any, requests: list[WorkerRequest]) -> tuple[float, dict[int, list[int]]]:
     batch = model.batch_type.from_requests(requests, 1, 1 << 20, model)
     tokens: dict[int, list[int]] = {}
     started = time.perf_counter()

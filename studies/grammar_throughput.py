@@ -64,7 +64,7 @@ async def one_round(url: str, concurrency: int, num_requests: int, tokens: int, 
         return sum(counts) / (time.perf_counter() - started)
 
 
-def engine_round(model, tokenizer, concurrency: int, tokens: int, constrained: bool) -> float:
+def engine_round(model: Any, tokenizer: Any, concurrency: int, tokens: int, constrained: bool) -> float:
     """Output tokens per second of one batch run to its end in the engine."""
     from ztgi.common.grammar import json_grammar
     from ztgi.common.messages import SamplingParameters, WorkerRequest

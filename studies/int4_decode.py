@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -144,7 +145,7 @@ def decode_steps(shapes: list[tuple[int, int]], repeats: int) -> int:
     return 0
 
 
-def _forward(model, inputs, stack: NativeDecodeStack | None) -> torch.Tensor:
+def _forward(model: Any, inputs: Any, stack: NativeDecodeStack | None) -> torch.Tensor:
     model.forward_pass.stack = stack
     return call_forward(model.forward_pass, inputs, model.pool)
 

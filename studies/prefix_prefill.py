@@ -9,6 +9,7 @@ import argparse
 import json
 import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -19,12 +20,12 @@ from ztgi.services.worker.backend import load_paged_model
 from ztgi.services.worker.paged.batch import PagedBatch
 
 
-def _prompts(tokenizer, count: int) -> list[list[int]]:
+def _prompts(tokenizer: Any, count: int) -> list[list[int]]:
     with open(BUILT_IN_DATASETS["shared-prefix"], encoding="utf-8") as file:
         return [tokenizer(json.loads(line)["prompt"])["input_ids"] for line in file.readlines()[:count]]
 
 
-def _generate(model, tokens: list[int], cache_len: int, num_new: int, request_id: int) -> tuple[float, list[int]]:
+def _generate(model: Any, tokens: list[int], cache_len: int, num_new: int, request_id: int) -> tuple[float, list[int]]:
     """Seconds to the first token, and the greedy tokens; blocks 0.. hold the document."""
     blocks = list(range(-(-(len(tokens) + num_new) // model.block_size)))
     request = WorkerRequest(request_id, tokens, SamplingParameters(), max_new_tokens=num_new, ignore_eos=True,

@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -29,7 +30,8 @@ from ztgi.common.model_source import resolve_model
 from ztgi.services.worker.backend import load_paged_model
 
 
-def one_request(model, request_id: int, input_ids: list[int], max_new_tokens: int, ignore_eos: bool = False):
+def one_request(model: Any, request_id: int, input_ids: list[int], max_new_tokens: int,
+                ignore_eos: bool = False) -> Any:
     """A one-request batch with blocks for all its tokens."""
     num_blocks = -(-(len(input_ids) + max_new_tokens) // model.block_size)
     request = WorkerRequest(request_id, input_ids, SamplingParameters(), max_new_tokens, ignore_eos,
@@ -37,13 +39,14 @@ def one_request(model, request_id: int, input_ids: list[int], max_new_tokens: in
     return model.batch_type.from_requests([request], request_id, len(input_ids) + max_new_tokens, model)
 
 
-def chat_ids(tokenizer, text: str) -> list[int]:
+def chat_ids(tokenizer: Any, text: str) -> list[int]:
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                            tokenize=False)
     return tokenizer(prompt)["input_ids"]
 
 
-def run_request(model, request_id: int, input_ids: list[int], max_new_tokens: int) -> tuple[list[int], int, int, int]:
+def run_request(model: Any, request_id: int, input_ids: list[int],
+                max_new_tokens: int) -> tuple[list[int], int, int, int]:
     """One greedy request to its end: its tokens, steps, proposed and accepted tokens."""
     batch = one_request(model, request_id, input_ids, max_new_tokens)
     token_ids: list[int] = []
@@ -56,7 +59,7 @@ def run_request(model, request_id: int, input_ids: list[int], max_new_tokens: in
     return token_ids, num_steps, num_proposed, num_accepted
 
 
-def count_steps(model, tokenizer, max_new_tokens: int) -> None:
+def count_steps(model: Any, tokenizer: Any, max_new_tokens: int) -> None:
     for number, (name, text) in enumerate(GROUNDED.items(), 1):
         token_ids, num_steps, num_proposed, num_accepted = run_request(model, number, chat_ids(tokenizer, text),
                                                                        max_new_tokens)
@@ -65,7 +68,7 @@ def count_steps(model, tokenizer, max_new_tokens: int) -> None:
               f"decoding step); {num_accepted} of {num_proposed} proposed tokens accepted", flush=True)
 
 
-def time_requests(models: dict, tokenizer, max_new_tokens: int, repeats: int) -> None:
+def time_requests(models: dict[str, Any], tokenizer: Any, max_new_tokens: int, repeats: int) -> None:
     """Each prompt's request run by every model in turn (rotated each repeat, the first round not
     counted): median output tokens/s, and whether the tokens were the same."""
     names = list(models)
@@ -86,7 +89,7 @@ def time_requests(models: dict, tokenizer, max_new_tokens: int, repeats: int) ->
         print(f"{name:10s} " + "  ".join(cells) + f"  same tokens: {len(outputs) == 1}", flush=True)
 
 
-def time_steps(model, num_speculative: int, num_pairs: int) -> None:
+def time_steps(model: Any, num_speculative: int, num_pairs: int) -> None:
     batch = one_request(model, 100, list(range(1000, 1300)), 4 * num_pairs * (num_speculative + 1), True)
     model.step(batch, time.perf_counter_ns())  # the prefill
     sequence = batch.sequences[0]
@@ -102,7 +105,7 @@ def time_steps(model, num_speculative: int, num_pairs: int) -> None:
           f"({medians[num_speculative + 1] / medians[1]:.2f}x)", flush=True)
 
 
-def time_proposals(model, num_speculative: int, num_pairs: int) -> None:
+def time_proposals(model: Any, num_speculative: int, num_pairs: int) -> None:
     """The draft model's proposing (catch-up and N - 1 one-token forwards) and the verifying step
     that follows, one request after a 300-token prompt: medians."""
     batch = one_request(model, 100, list(range(1000, 1300)), 4 * num_pairs * (num_speculative + 1), True)
