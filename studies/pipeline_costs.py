@@ -105,8 +105,8 @@ def service_cpu_seconds() -> dict[int, tuple[str, float]]:
 
 def _service_of(argv: list[bytes]) -> str | None:
     for flag, module in zip(argv, argv[1:]):
-        if flag == b"-m" and module.startswith(b"services."):
-            name = module.decode(errors="replace").removeprefix("services.")
+        if flag == b"-m" and module.startswith(b"ztgi.services."):
+            name = module.decode(errors="replace").removeprefix("ztgi.services.")
             return name if name in SERVICES else None
     return None
 
