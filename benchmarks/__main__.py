@@ -1,7 +1,7 @@
-"""`python -m benchmarks`: the same as `ztgi bench`."""
+"""`python -m ztgi.bench`: the same as `ztgi bench`."""
 
 import sys
 
-from ztgi.bench.bench import main
+from ztgi.bench.commands import main
 
 sys.exit(main())

@@ -36,10 +36,10 @@ C = TypeVar("C", bound=WorkloadConfig)
 
 
 def parse_workload(cls: type[C], argv: Sequence[str] | None, name: str) -> tuple[C, list[Prompt]] | None:
-    """The config of `python -m ztgi.bench.NAME` and its prompts, logging set up; None, with the
+    """The config of `ztgi bench NAME` and its prompts, logging set up; None, with the
     reason logged, for a bad flag or workload (the caller exits with code 2)."""
     try:
-        config = parse_config(cls, argv, prog=f"python -m ztgi.bench.{name}")
+        config = parse_config(cls, argv, prog=f"ztgi bench {name}")
         setup_logging(name, config.log_level)
         prompts = load_prompts(config.dataset, config.output_tokens, config.max_requests)
     except (ConfigError, WorkloadError) as exc:

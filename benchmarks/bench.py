@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
 
 from ztgi.bench.config import BenchConfig
 from ztgi.bench.load_generator import LoadGenerator, RunResult
@@ -16,11 +17,13 @@ from ztgi.common.logs import setup_logging
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit 0 when some request succeeded, 1 when all failed, 2 for a bad flag or dataset, 130 on ^C."""
     try:
-        config = parse_config(BenchConfig, argv, prog="ztgi bench")
+        config = parse_config(BenchConfig, argv, prog="ztgi bench serve")
         setup_logging("bench", config.log_level)
         prompts = build_workload(config)
     except (ConfigError, WorkloadError) as exc:
@@ -49,7 +52,7 @@ async def run_levels(config: BenchConfig, generator: LoadGenerator) -> list[RunR
     return [await generator.run(concurrency) for concurrency in config.concurrencies]
 
 
-def run_event_loop(coroutine):
+def run_event_loop(coroutine: Coroutine[Any, Any, T]) -> T:
     """Runs `coroutine` on uvloop where it is installed."""
     try:
         import uvloop

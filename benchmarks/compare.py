@@ -1,6 +1,6 @@
 """Side by side in one run: static batching, the engine alone, and ztgi over HTTP.
 
-    python -m ztgi.bench.compare --dataset mixed --dtype float32 --repeats 3 \\
+    ztgi bench compare --dataset mixed --dtype float32 --repeats 3 \\
         --output results.json --plot sweep.png
 
 On one machine, one run at a time, each repeat runs static batching (`transformers` `generate`,
@@ -30,6 +30,7 @@ import sys
 from collections.abc import Sequence
 
 import aiohttp
+from transformers import PreTrainedTokenizerBase
 
 from ztgi.bench.baseline_config import BaselineConfig
 from ztgi.bench.baseline_model import load_model, load_tokenizer
@@ -38,7 +39,7 @@ from ztgi.bench.baseline_setup import parse_workload
 from ztgi.bench.bench import run_event_loop
 from ztgi.bench.comparison import TTFT_CONCURRENCY, Comparison
 from ztgi.bench.config import BenchConfig, parse_sweep
-from ztgi.bench.engine_alone import BatchingPolicy, EngineAlone
+from ztgi.bench.engine_alone import BatchingPolicy, EngineAlone, EngineModel
 from ztgi.bench.launched_server import LaunchedServer, ServerStartError
 from ztgi.bench.load_generator import LoadGenerator, RunResult, http_session
 from ztgi.bench.offline_workload import OfflineRequest, encode_prompts
@@ -46,7 +47,6 @@ from ztgi.bench.static_batching import StaticBatching
 from ztgi.bench.workload import Prompt
 from ztgi.common.config import ConfigError, require
 from ztgi.common.gc_freeze import freeze_startup_objects
-from ztgi.services.worker.backend import load_padded_model
 
 logger = logging.getLogger(__name__)
 
@@ -180,16 +180,14 @@ class ZtgiOverHttp:
                            num_requests=num_requests, ignore_eos=self.config.ignore_eos, progress=False)
 
 
-def run_comparison(config: CompareConfig, workload: Workload, tokenizer) -> list[BaselineRun]:
+def run_comparison(config: CompareConfig, workload: Workload, tokenizer: PreTrainedTokenizerBase) -> list[BaselineRun]:
     """Loads both in-process baselines, starts ztgi, and runs every level `repeats` times."""
     static = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
                             config.static_batch_size, config.ignore_eos)
-    engine = EngineAlone(load_padded_model(config.model_id, config.dtype, config.device, config.backend,
-                                           quantize=config.quantize), config.policy,
-                         config.ignore_eos)
+    engine = EngineAlone(EngineModel.of(config), config.policy, config.ignore_eos)
     max_level = max(config.levels)
     static.warmup(workload.requests)
-    engine.warmup(workload.requests[:max_level])
+    engine.warmup(workload.requests[:max_level], config.levels)
     freeze_startup_objects()  # as the worker does after its warmup: the models stay out of later collections
     runs: list[BaselineRun] = []
     with contextlib.ExitStack() as servers:

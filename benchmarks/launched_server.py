@@ -31,7 +31,7 @@ def free_port() -> int:
 
 
 class LaunchedServer:
-    """`python -m ztgi.services.launcher --port P FLAGS`, ready once `/health` answers 200; SIGTERM on exit.
+    """`ztgi launch --port P FLAGS` (as `python -m ztgi launch`), ready once `/health` answers 200; SIGTERM on exit.
 
     Other servers with the same life (another program answering `/health`) subclass it and say
     their command (`command`), name and what the child does before exec (`before_exec`)."""
@@ -51,7 +51,7 @@ class LaunchedServer:
         return ["--no-restart"]
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "ztgi.services.launcher", *self.flags]
+        return [sys.executable, "-m", "ztgi", "launch", *self.flags]
 
     def before_exec(self) -> None:
         """Runs in the child before exec (nothing for ztgi)."""

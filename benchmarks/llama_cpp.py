@@ -1,6 +1,6 @@
 """ztgi against llama.cpp's `llama-server`: the same GGUF, the same prompts, the same client, one run.
 
-    python -m ztgi.bench.llama_cpp --llama-server /work/llama.cpp-build/bin/llama-server \\
+    ztgi bench llama-cpp --llama-server /work/llama.cpp-build/bin/llama-server \\
         --systems ztgi-float32,ztgi-bfloat16,ztgi-bfloat16-int8 --concurrencies 1,16 --repeats 3 \\
         --output llama_cpp.json --plot llama_cpp.png
 
@@ -344,7 +344,7 @@ def run_comparison(config: LlamaCppConfig, prompts: list[Prompt]) -> tuple[list[
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit 0 when every run completed, 1 when a server failed to start or requests failed, 2 for a bad flag."""
-    setup = parse_workload(LlamaCppConfig, argv, "llama_cpp")
+    setup = parse_workload(LlamaCppConfig, argv, "llama-cpp")
     if setup is None:
         return 2
     config, prompts = setup

@@ -1,6 +1,6 @@
 """Offline throughput: `ztgi.LLM.generate` on the whole workload at once, beside the baselines.
 
-    python -m ztgi.bench.offline --dataset mixed --dtype float32 --repeats 3 --output offline.json
+    ztgi bench throughput --dataset mixed --dtype float32 --repeats 3 --output offline.json
     ztgi bench --offline --dataset mixed --dtype float32       # the same
 
 Each repeat runs static batching (`transformers` `generate`, batch `--static-batch-size`; in the
@@ -8,7 +8,7 @@ first `--static-repeats` only, when given), then the engine alone (the worker's 
 scheduler's batching rule, `--engine-concurrency` requests in flight, by default all of them) and
 `LLM.generate` given every prompt in one call, these two in turns (which goes first alternates, so a
 drift in the machine's speed hits both alike).
-The workload is the one `ztgi.bench.compare` runs: the same prompts in the same order, each with its
+The workload is the one `ztgi bench compare` runs: the same prompts in the same order, each with its
 dataset `max_new_tokens`, greedy, `--ignore-eos` on by default so every system generates the same
 tokens. `LLM.generate` gets the prompts as text and returns text: its time includes encoding and
 detokenizing, which the engine alone skips. Every system is warmed up first. The table gives the
@@ -32,13 +32,12 @@ from ztgi.bench.baseline_config import BaselineConfig
 from ztgi.bench.baseline_model import load_model, load_tokenizer
 from ztgi.bench.baseline_run import BaselineRun, write_results
 from ztgi.bench.baseline_setup import parse_workload
-from ztgi.bench.engine_alone import EngineAlone
+from ztgi.bench.engine_alone import EngineAlone, EngineModel
 from ztgi.bench.metrics import RequestRecord, summarize
 from ztgi.bench.offline_workload import encode_prompts
 from ztgi.bench.static_batching import StaticBatching
 from ztgi.bench.workload import Prompt
 from ztgi.common.config import require
-from ztgi.services.worker.backend import load_padded_model
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +124,7 @@ def run_all(config: OfflineConfig, prompts: list[Prompt]) -> list[BaselineRun]:
     requests = encode_prompts(tokenizer, prompts)
     static = StaticBatching(load_model(config.model_id, config.dtype, config.device), tokenizer,
                             config.static_batch_size, config.ignore_eos)
-    engine = EngineAlone(load_padded_model(config.model_id, config.dtype, config.device, config.backend),
-                         ignore_eos=config.ignore_eos)
+    engine = EngineAlone(dataclasses.replace(EngineModel.of(config), quantize="none"), ignore_eos=config.ignore_eos)
     concurrency = config.engine_concurrency or len(requests)
     static.warmup(requests)
     engine.warmup(requests[:concurrency])
@@ -203,7 +201,7 @@ def render_text(runs: Sequence[BaselineRun]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Prints the table; exit 2 for a bad flag or dataset."""
-    setup = parse_workload(OfflineConfig, argv, "offline")
+    setup = parse_workload(OfflineConfig, argv, "throughput")
     if setup is None:
         return 2
     config, prompts = setup

@@ -1,6 +1,6 @@
 """The classic baseline: `transformers` `generate` over fixed batches (static batching).
 
-    python -m ztgi.bench.static_batching --dataset mixed --batch-size 16 --model-id smollm2 --dtype float32
+    ztgi bench static --dataset mixed --batch-size 16 --model-id smollm2 --dtype float32
 
 The prompts are taken in order, `--batch-size` at a time, left-padded (pad id = EOS) and decoded
 greedily with `max_new_tokens` = the largest of the batch: a batch runs until its longest request
@@ -24,6 +24,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers import (
@@ -40,7 +41,6 @@ from ztgi.bench.baseline_setup import parse_workload
 from ztgi.bench.metrics import RequestRecord, summarize
 from ztgi.bench.offline_workload import OfflineRequest, encode_prompts
 from ztgi.common.config import require
-from ztgi.services.worker.transformers_module import TransformersModule
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class StepClock(StoppingCriteria):
     def __init__(self) -> None:
         self.times: list[float] = []
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs: Any) -> torch.Tensor:
         if input_ids.is_cuda:
             torch.cuda.synchronize(input_ids.device)
         self.times.append(time.perf_counter())
@@ -70,9 +70,10 @@ class StepClock(StoppingCriteria):
 
 
 class StaticBatching:
-    """Runs a workload through `model.generate`, `batch_size` requests at a time."""
+    """Runs a workload through `model.generate` (a transformers causal LM, as `baseline_model.load_model`
+    loads it), `batch_size` requests at a time."""
 
-    def __init__(self, model: TransformersModule, tokenizer: PreTrainedTokenizerBase, batch_size: int,
+    def __init__(self, model: Any, tokenizer: PreTrainedTokenizerBase, batch_size: int,
                  ignore_eos: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -137,7 +138,7 @@ def useful_token_count(new_ids: Sequence[int], max_new_tokens: int, eos_token_id
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Prints the summary as JSON; exit 2 for a bad flag or dataset."""
-    setup = parse_workload(StaticBatchingConfig, argv, "static_batching")
+    setup = parse_workload(StaticBatchingConfig, argv, "static")
     if setup is None:
         return 2
     config, prompts = setup

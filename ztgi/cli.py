@@ -5,7 +5,8 @@
     ztgi tokenizer  one tokenizer replica
     ztgi worker     one model worker
     ztgi gateway    one HTTP gateway replica
-    ztgi bench      the load generator (`ztgi bench --offline`: LLM.generate's throughput in this process)
+    ztgi bench      benchmarks: serve (the load generator, the default), latency, throughput, compare,
+                    llama-cpp, static, engine (`ztgi bench --help`)
     ztgi keygen     a CURVE keypair for encrypted links (ztgi keygen DIR NAME)
 """
 
@@ -41,10 +42,7 @@ def _gateway(argv: Sequence[str]) -> int:
 
 
 def _bench(argv: Sequence[str]) -> int:
-    if "--offline" in argv:
-        from ztgi.bench.offline import main as offline_main
-        return offline_main([arg for arg in argv if arg != "--offline"])
-    from ztgi.bench.bench import main
+    from ztgi.bench.commands import main
     return main(argv)
 
 

@@ -20,6 +20,7 @@ import functools
 import gc
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +36,7 @@ from ztgi.common.model_source import DEFAULT_MODEL_ID
 from ztgi.common.parameters import ParameterLimits, ValidationError
 from ztgi.engine_options import EngineOptions
 from ztgi.local_engine import LocalEngine
-from ztgi.outputs import RequestOutput
+from ztgi.outputs import RequestMetrics, RequestOutput
 from ztgi.progress import Progress
 from ztgi.prompts import Prompt, as_conversations, as_prompts, per_prompt
 from ztgi.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -62,11 +63,12 @@ class _Request:
     params: SamplingParams
     sequences: list[GeneratedSequence]
     num_unfinished: int = 0
+    metrics: RequestMetrics = dataclasses.field(default_factory=lambda: RequestMetrics(time.monotonic()))
 
     def to_output(self) -> RequestOutput:
         prompt_logprobs = self.sequences[0].prompt_logprobs
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, prompt_logprobs,
-                             [sequence.to_output() for sequence in self.sequences])
+                             [sequence.to_output() for sequence in self.sequences], metrics=self.metrics)
 
 
 class LLM:
@@ -131,8 +133,10 @@ class LLM:
         progress = Progress(len(requests), use_tqdm)
         try:
             while self.engine.has_unfinished():
-                for generation in self.engine.step():
-                    self._advance(*sequences[generation.seq_id], generation, progress)
+                generations = self.engine.step()
+                now = time.monotonic()  # the step's end: when its tokens came out of the engine
+                for generation in generations:
+                    self._advance(*sequences[generation.seq_id], generation, progress, now)
         except BaseException:
             self.detokenizer.forget([sequence.key for _, sequence in sequences.values()])
             self.engine.reset()  # an interrupted run leaves nothing behind for the next one
@@ -175,24 +179,28 @@ class LLM:
         sequences = {}
         for request in requests:
             request.num_unfinished = len(request.sequences)
+            request.metrics.arrival_time = time.monotonic()
             for sequence in request.sequences:
                 self.detokenizer.start(sequence.encoded, sequence.parameters)
                 sequences[self.engine.add(sequence.encoded)] = request, sequence
         return sequences
 
     def _advance(self, request: _Request, sequence: GeneratedSequence, generation: Generation,
-                 progress: Progress) -> None:
+                 progress: Progress, now: float) -> None:
         """A step's token through the detokenizer; a stop string ends the request in the engine."""
         answer = self.detokenizer.next_event(TokenStep(sequence.key, generation))
         if answer is None:
             return
         event, stopped = answer
         sequence.add(event)
+        if sequence.index == 0:
+            request.metrics.token_times.append(now)
         if stopped:
             self.engine.abort(generation.seq_id)
         if sequence.finished:
             request.num_unfinished -= 1
             if not request.num_unfinished:
+                request.metrics.finished_time = now
                 progress.prompt_done(len(request.prompt_token_ids), sum(len(s.token_ids) for s in request.sequences))
 
 

@@ -46,8 +46,29 @@ class CompletionOutput:
 
 
 @dataclasses.dataclass
+class RequestMetrics:
+    """When a request's events happened (vLLM's `RequestOutput.metrics`), in seconds on
+    `time.monotonic()`'s clock: `arrival_time` when it entered the engine's queue, `token_times` when
+    each token of its first sequence (`outputs[0]`) came out of the engine's step, `finished_time`
+    when its last sequence ended. What a benchmark of the engine in process needs for TTFT and
+    inter-token latencies without a server."""
+
+    arrival_time: float
+    token_times: list[float] = dataclasses.field(default_factory=list)
+    finished_time: float | None = None
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    @property
+    def last_token_time(self) -> float | None:
+        return self.token_times[-1] if self.token_times else None
+
+
+@dataclasses.dataclass
 class RequestOutput:
-    """One prompt's result: its ids and its `n` sequences, in `index` order."""
+    """One prompt's result: its ids, its `n` sequences in `index` order, and its timings."""
 
     request_id: str
     prompt: str | None
@@ -55,6 +76,7 @@ class RequestOutput:
     prompt_logprobs: PromptLogprobs | None
     outputs: list[CompletionOutput]
     finished: bool = True
+    metrics: RequestMetrics | None = None
 
     @property
     def num_generated_tokens(self) -> int:

@@ -12,12 +12,11 @@ from ztgi.bench.baseline_model import load_model, load_tokenizer
 from ztgi.bench.baseline_run import BaselineRun, joined
 from ztgi.bench.compare import CompareConfig, turns
 from ztgi.bench.comparison import Comparison
-from ztgi.bench.engine_alone import EngineAlone
+from ztgi.bench.engine_alone import EngineAlone, EngineModel
 from ztgi.bench.metrics import RequestRecord, summarize
 from ztgi.bench.offline_workload import OfflineRequest, encode_prompts, load_prompts
 from ztgi.bench.static_batching import StaticBatching, useful_token_count
 from ztgi.common.config import ConfigError
-from ztgi.services.worker.backend import load_model as load_engine_model
 
 MAX_NEW_TOKENS = [3, 9, 5, 2, 7, 4]
 
@@ -32,7 +31,7 @@ def requests(tiny_model_dir: str) -> list[OfflineRequest]:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: str) -> EngineAlone:
-    return EngineAlone(load_engine_model(tiny_model_dir, "float32", "cpu", kv_cache="padded"), ignore_eos=True)
+    return EngineAlone(EngineModel(tiny_model_dir, "float32", "cpu"), ignore_eos=True)
 
 
 def in_flight_at_most(records: list[RequestRecord]) -> int:
@@ -84,7 +83,9 @@ def test_engine_alone_completes_every_request_with_exact_max_new_tokens(engine: 
     assert all(r.success and r.ttft_s > 0 and len(r.itl_s) == r.num_output_tokens - 1 for r in run.records)
     assert run.summary.num_output_tokens == sum(MAX_NEW_TOKENS)
     assert in_flight_at_most(run.records) == 3
-    assert run.extra["num_prefills"] >= 2  # newcomers were prefilled beside the running batch
+    first_wave_end = max(r.start_s + r.e2e_s for r in run.records[:3])
+    # newcomers were prefilled beside the running batch, not after it
+    assert any(r.start_s + r.ttft_s < first_wave_end for r in run.records[3:])
 
 
 def test_engine_alone_at_concurrency_one_runs_requests_one_after_the_other(engine: EngineAlone,
@@ -93,7 +94,9 @@ def test_engine_alone_at_concurrency_one_runs_requests_one_after_the_other(engin
     run = engine.run(requests[:3], concurrency=1)
     assert [r.num_output_tokens for r in run.records] == MAX_NEW_TOKENS[:3]
     assert in_flight_at_most(run.records) == 1
-    assert run.extra["num_prefills"] == 3
+    for earlier, later in zip(run.records, run.records[1:]):  # each prefilled alone, once the one before ended
+        assert later.start_s == pytest.approx(earlier.start_s + earlier.e2e_s)
+        assert 0 < later.ttft_s <= later.e2e_s
 
 
 def test_comparison_takes_medians_over_repeats_and_checks_the_claims() -> None:
@@ -134,10 +137,10 @@ def test_comparison_claims_paged_over_padded_when_padded_ran() -> None:
 
 
 def test_static_batching_command_prints_json(tiny_model_dir: str, tmp_path) -> None:
-    """`python -m ztgi.bench.static_batching` prints the summary and writes every request to --output."""
+    """`ztgi bench static` prints the summary and writes every request to --output."""
     output = tmp_path / "static.json"
     finished = subprocess.run(
-        [sys.executable, "-m", "ztgi.bench.static_batching", "--model-id", tiny_model_dir, "--dtype", "float32",
+        [sys.executable, "-m", "ztgi.cli", "bench", "static", "--model-id", tiny_model_dir, "--dtype", "float32",
          "--max-requests", "3", "--output-tokens", "4", "--ignore-eos", "--batch-size", "2",
          "--output", str(output)], capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr

@@ -131,3 +131,42 @@ def test_bad_dataset_exits_2_naming_the_line(tmp_path) -> None:
     finished = run_bench("--dataset", str(dataset))
     assert finished.returncode == 2
     assert "bad.jsonl:1: `max_new_tokens` must be an integer" in finished.stderr
+
+
+def test_serve_subcommand_is_the_default(server: StandInServer, tmp_path) -> None:
+    """`ztgi bench serve FLAGS` runs what `ztgi bench FLAGS` runs."""
+    _, results = bench_results(tmp_path, "serve", "--url", server.url, "--num-requests", "2",
+                               "--input-tokens", "8", "--output-tokens", "3", "--ignore-eos")
+    [run] = results["runs"]
+    assert (run["summary"]["num_requests"], run["summary"]["num_output_tokens"]) == (2, 6)
+
+
+def test_latency_runs_one_request_at_a_time_after_its_warmup(server: StandInServer, tmp_path) -> None:
+    """`ztgi bench latency`: the warmup requests reach the server but not the figures; one in flight."""
+    server.bodies.clear()
+    _, results = bench_results(tmp_path, "latency", "--url", server.url, "--num-requests", "3",
+                               "--warmup-requests", "2", "--input-tokens", "8", "--output-tokens", "4",
+                               "--ignore-eos")
+    [run] = results["runs"]
+    assert run["concurrency"] == 1 and run["summary"]["num_requests"] == 3
+    assert max_in_flight(run["requests"]) == 1 and len(server.bodies) == 5
+    assert TTFT_S * 0.9 <= run["summary"]["ttft_s"]["p50"] <= TTFT_S + 0.05
+    assert ITL_S * 0.9 <= run["summary"]["tpot_s"]["mean"] <= ITL_S + 0.02
+
+
+def test_latency_refuses_more_than_one_in_flight() -> None:
+    finished = run_bench("latency", "--concurrency", "4")
+    assert finished.returncode == 2 and "one request at a time" in finished.stderr
+
+
+@pytest.mark.parametrize("subcommand", ["serve", "latency", "throughput", "compare", "llama-cpp", "static", "engine"])
+def test_every_subcommand_has_help(subcommand: str) -> None:
+    finished = run_bench(subcommand, "--help")
+    assert finished.returncode == 0, finished.stderr
+    assert f"usage: ztgi bench {subcommand}" in finished.stdout
+
+
+def test_bench_help_lists_the_subcommands() -> None:
+    finished = run_bench("--help")
+    assert finished.returncode == 0
+    assert all(name in finished.stdout for name in ("serve", "latency", "throughput", "compare", "llama-cpp"))

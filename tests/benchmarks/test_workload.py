@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import random
 
 import pytest
 from tokenizers import Tokenizer
 
 from ztgi.bench.config import BenchConfig
-from ztgi.bench.prefill_heavy_dataset import MAX_PROMPT_TOKENS, MIN_PROMPT_TOKENS, prefill_heavy
 from ztgi.bench.workload import MIXED_DATASET_PATH, WorkloadError, build_workload, generate_prompts, load_dataset
 from ztgi.common.model_source import ModelSource
 
@@ -49,21 +47,6 @@ def test_mixed_dataset_is_varied() -> None:
     assert len(prompts) == 64 and len({p.text for p in prompts}) == 64
     assert min(p.max_new_tokens for p in prompts) == 16 and max(p.max_new_tokens for p in prompts) == 256
     assert build_workload(BenchConfig(dataset="mixed")) == prompts
-
-
-def test_prefill_heavy_set_is_the_committed_file_and_spans_its_lengths(smollm2: ModelSource) -> None:
-    """The committed file is what its generator writes; its prompts are distinct chat turns of 20 to
-    740 tokens in SmolLM2's tokenizer (within a few tokens), spread over the range, whose first
-    tokens differ after the turn's opening (no shared prefix for a cache to reuse)."""
-    prompts = build_workload(BenchConfig(dataset="prefill-heavy"))
-    assert [{"prompt": p.text, "max_new_tokens": p.max_new_tokens} for p in prompts] == prefill_heavy(random.Random(23))
-    tokenizer = Tokenizer.from_file(os.path.join(smollm2.path, "tokenizer.json"))
-    ids = [tokenizer.encode(p.text, add_special_tokens=False).ids for p in prompts]
-    lengths = sorted(len(i) for i in ids)
-    assert len(prompts) == 64 and len({p.text for p in prompts}) == 64
-    assert abs(lengths[0] - MIN_PROMPT_TOKENS) <= 4 and abs(lengths[-1] - MAX_PROMPT_TOKENS) <= 4
-    assert sum(lengths) / len(lengths) > 300  # spread, not bunched at either end
-    assert len({tuple(i[:8]) for i in ids}) == 64
 
 
 def test_output_tokens_overrides_the_dataset(tmp_path) -> None:
