@@ -47,10 +47,11 @@ import torch.nn.functional as F
 
 from ztgi.common.config import parse_config, require
 from ztgi.common.messages import SamplingParameters, WorkerRequest
-from ztgi.services.worker.backend import load_paged_model
-from ztgi.services.worker.llama_forward import rms_norm, rotate
+from ztgi.services.worker.layers.layer_ops import TorchLayerOps
+from ztgi.services.worker.layers.norm import rms_norm
+from ztgi.services.worker.layers.rotary import rotate
+from ztgi.services.worker.model_loader import load_paged_model
 from ztgi.services.worker.paged.batch import PagedBatch
-from ztgi.services.worker.paged.layer_ops import TorchLayerOps
 from ztgi.services.worker.paged.step_inputs import StepInputs, build_step_inputs
 
 VARIANTS = ("eager", "compiled", "compiled-static", "compiled-plain", "autotune-plain", "eager-float32-decode",

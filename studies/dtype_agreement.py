@@ -23,9 +23,9 @@ from ztgi.bench.baseline_model import load_tokenizer
 from ztgi.bench.baseline_setup import parse_workload
 from ztgi.bench.offline_workload import encode_prompts
 from ztgi.common.messages import Generation, SamplingParameters, WorkerRequest
-from ztgi.services.worker.backend import load_padded_model
-from ztgi.services.worker.batch import CausalLMBatch
-from ztgi.services.worker.model import PaddedModel
+from ztgi.services.worker.model_loader import load_padded_model
+from ztgi.services.worker.padded.batch import CausalLMBatch
+from ztgi.services.worker.padded.model import PaddedModel
 
 logger = logging.getLogger(__name__)
 REFERENCE_DTYPE = "float32"

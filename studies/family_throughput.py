@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ztgi.common.messages import SamplingParameters, WorkerRequest
-from ztgi.services.worker.backend import load_padded_model, load_paged_model
+from ztgi.services.worker.model_loader import load_padded_model, load_paged_model
 
 
 def _save(model_type: str, layers: int, directory: str) -> None:

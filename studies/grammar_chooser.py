@@ -17,7 +17,7 @@ import time
 import torch
 
 from ztgi.common.messages import SamplingParameters
-from ztgi.services.worker.next_token_chooser import NextTokenChooser
+from ztgi.services.worker.sampling.next_token_chooser import NextTokenChooser
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {
     "type": "string"}}}, "required": ["name", "tags"]}
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     if "grammar" not in SamplingParameters.__dataclass_fields__:
         return
     from ztgi.common.grammar import json_grammar
-    from ztgi.services.worker import grammar
+    from ztgi.services.worker.sampling import grammar
 
     _ = grammar.configure(args.model_id).tokenizer  # the vocabulary loads once per worker, before serving
     params = [SamplingParameters(grammar=json_grammar(SCHEMA)) if i % 2 else SamplingParameters()

@@ -86,8 +86,8 @@ def in_process(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     import torch
 
     from ztgi.services.tokenizer.loading import load_tokenizer
-    from ztgi.services.worker import grammar
-    from ztgi.services.worker.backend import load_model
+    from ztgi.services.worker.model_loader import load_model
+    from ztgi.services.worker.sampling import grammar
 
     model = load_model(args.model_id, dtype="float32", device="cuda" if torch.cuda.is_available() else "cpu",
                        kv_cache="padded")

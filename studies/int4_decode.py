@@ -26,12 +26,12 @@ import torch
 
 from studies.compiled_forward import call_forward, step_shapes
 from ztgi.common.config import ConfigError, parse_config, require
-from ztgi.services.worker.backend import load_paged_model
-from ztgi.services.worker.block_linear import Int4BlockLinear, Int8BlockLinear, quantize_blocks
-from ztgi.services.worker.packed_linear import PackedLinear
-from ztgi.services.worker.paged.decode_stack import NativeDecodeStack
-from ztgi.services.worker.paged.llama import PagedLlamaForward
-from ztgi.services.worker.quantized_linear import Int4Linear, quantize_int4
+from ztgi.services.worker.layers.packed_linear import PackedLinear
+from ztgi.services.worker.layers.quantization.block_linear import Int4BlockLinear, Int8BlockLinear, quantize_blocks
+from ztgi.services.worker.layers.quantization.quantized_linear import Int4Linear, quantize_int4
+from ztgi.services.worker.model_loader import load_paged_model
+from ztgi.services.worker.models.llama import PagedLlamaForward
+from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack
 
 LAYER_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # SmolLM2-135M: q/k/v, output, gate/up, down
 NUM_LAYERS, HEAD_SHAPE = 30, (49152, 576)

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from ztgi.common.config import ConfigError, parse_config, require
-from ztgi.services.worker.packed_linear import PackedLinear
-from ztgi.services.worker.quantized_linear import Int4Linear, Int8Linear
+from ztgi.services.worker.layers.packed_linear import PackedLinear
+from ztgi.services.worker.layers.quantization.quantized_linear import Int4Linear, Int8Linear
 
 SHAPES = {  # name: (out_features, in_features), SmolLM2-135M
     "qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}

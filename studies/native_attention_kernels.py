@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ztgi.common.config import ConfigError, parse_config, require
-from ztgi.services.worker.paged.attention import AttentionInputs, PagedAttention, PrefillSpan, decode_groups
-from ztgi.services.worker.paged.kv_pool import KVPool, KVShape
-from ztgi.services.worker.paged.native_attention import NativeAttention
+from ztgi.services.worker.kernels.native_attention import NativeAttention
+from ztgi.services.worker.layers.attention import AttentionInputs, PagedAttention, PrefillSpan, decode_groups
+from ztgi.services.worker.layers.kv_pool import KVPool, KVShape
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, LAYERS = 9, 3, 64, 16, 30
 

@@ -16,7 +16,7 @@ import torch
 from ztgi.bench.workload import BUILT_IN_DATASETS
 from ztgi.common.messages import SamplingParameters, WorkerRequest
 from ztgi.services.tokenizer.loading import load_tokenizer
-from ztgi.services.worker.backend import load_paged_model
+from ztgi.services.worker.model_loader import load_paged_model
 from ztgi.services.worker.paged.batch import PagedBatch
 
 

@@ -27,7 +27,7 @@ import torch
 from studies.speculation import GROUNDED
 from ztgi.common.messages import SamplingParameters, WorkerRequest
 from ztgi.common.model_source import resolve_model
-from ztgi.services.worker.backend import load_paged_model
+from ztgi.services.worker.model_loader import load_paged_model
 
 
 def one_request(model: Any, request_id: int, input_ids: list[int], max_new_tokens: int,

@@ -27,10 +27,10 @@ from ztgi.bench.offline_workload import encode_prompts
 from ztgi.common.codec import encode
 from ztgi.common.config import require
 from ztgi.common.messages import SamplingParameters, StepResult, Timings, WorkerRequest
-from ztgi.services.worker.backend import load_padded_model
-from ztgi.services.worker.batch import CausalLMBatch
-from ztgi.services.worker.generations import step_rows
-from ztgi.services.worker.model import PaddedModel
+from ztgi.services.worker.model_loader import load_padded_model
+from ztgi.services.worker.padded.batch import CausalLMBatch
+from ztgi.services.worker.padded.model import PaddedModel
+from ztgi.services.worker.sampling.generations import step_rows
 
 logger = logging.getLogger(__name__)
 

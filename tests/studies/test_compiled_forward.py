@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from studies.compiled_forward import call_forward, step_shapes, variant_forward
-from ztgi.services.worker.backend import load_model
+from ztgi.services.worker.model_loader import load_model
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 from studies.dtype_agreement import agreement, generate
 from studies.step_profile import PHASES, profile_steps
 from ztgi.common.messages import Generation
-from ztgi.services.worker.backend import load_model
+from ztgi.services.worker.model_loader import load_model
 
 
 def generations(token_ids: list[int], logprobs: list[float]) -> list[Generation]:

@@ -7,7 +7,7 @@ import torch
 
 from studies import int4_decode
 from ztgi.common.config import ConfigError
-from ztgi.services.worker.block_linear import Int8BlockLinear, quantize_blocks
+from ztgi.services.worker.layers.quantization.block_linear import Int8BlockLinear, quantize_blocks
 
 pytestmark = pytest.mark.skipif(Int8BlockLinear.load(*quantize_blocks(torch.ones(16, 32))) is None,
                                 reason="no AVX512-VNNI/BF16 CPU or no C compiler here")

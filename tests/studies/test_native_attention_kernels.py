@@ -6,7 +6,7 @@ import pytest
 
 from studies import native_attention_kernels
 from ztgi.common.config import ConfigError
-from ztgi.services.worker.paged.native_attention import NativeAttention
+from ztgi.services.worker.kernels.native_attention import NativeAttention
 
 
 @pytest.mark.skipif(NativeAttention.load() is None, reason="no AVX512-BF16 CPU or no C compiler here")

@@ -8,7 +8,7 @@ do not pay for the longest), and each prefill chunk over its own request's block
 what its request already has in the cache). Gathers write into buffers kept between calls: a
 fresh multi-megabyte tensor per layer comes from new pages the OS must fault in, which cost more
 than the attention itself. BENCHMARKS.md records how the candidate CPU kernels compared
-(benchmarks/attention_kernels.py).
+(studies/attention_kernels.py).
 """
 
 from __future__ import annotations
