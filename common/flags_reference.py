@@ -27,7 +27,13 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("ztgi tokenizer", "ztgi.services.tokenizer.config:TokenizerConfig"),
     ("ztgi worker", "ztgi.services.worker.config:WorkerConfig"),
     ("ztgi gateway", "ztgi.services.gateway.config:GatewayConfig"),
-    ("ztgi bench", "ztgi.bench.config:BenchConfig"),
+    ("ztgi bench serve", "ztgi.bench.config:BenchConfig"),
+    ("ztgi bench latency", "ztgi.bench.latency:LatencyConfig"),
+    ("ztgi bench throughput", "ztgi.bench.offline:OfflineConfig"),
+    ("ztgi bench compare", "ztgi.bench.compare:CompareConfig"),
+    ("ztgi bench llama-cpp", "ztgi.bench.llama_cpp:LlamaCppConfig"),
+    ("ztgi bench static", "ztgi.bench.static_batching:StaticBatchingConfig"),
+    ("ztgi bench engine", "ztgi.bench.engine_alone:EngineAloneConfig"),
 )
 """(command, "module:ConfigClass"), in the page's order."""
 

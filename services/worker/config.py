@@ -64,10 +64,13 @@ class WorkerConfig(PeerConfig):
                 "place), a Llama layer's elementwise steps and, with --quantize, GGUF block products and whole "
                 "decode steps' layers, built at start where the CPU has AVX512-BF16 (and VNNI) and a C "
                 "compiler is found (torch's ops elsewhere); off: torch's ops always"})
-    worker_index: int = 0
+    worker_index: int = dataclasses.field(default=0, metadata={
+        "help": "this worker's number among the workers of one model (its log lines and metrics carry it)"})
     memory_budget_mb: int = 4096
-    cpu_warmup_prefill_tokens: int | None = 512
-    num_threads: int | None = None  # torch CPU threads (none: torch's default, every core)
+    cpu_warmup_prefill_tokens: int | None = dataclasses.field(default=512, metadata={
+        "help": "on CPU, cap the warmup batch at this many prompt tokens (none: TGI's full-size warmup)"})
+    num_threads: int | None = dataclasses.field(default=None, metadata={
+        "help": "torch's CPU intra-op threads (none: torch's default, every core)"})
     cpu_nice: int = dataclasses.field(default=10, metadata={
         "help": "on CPU, lower the worker's scheduling priority by this much (0: leave it), so the "
                 "tokenizer, scheduler and gateway sharing its cores preempt its compute threads at once"})
@@ -78,8 +81,10 @@ class WorkerConfig(PeerConfig):
         "help": "on CPU: run one intra-op thread fewer (below --num-threads, or every core) per core that other "
                 "processes keep busy, checked every second, so a busy neighbour does not stall every kernel's "
                 "barrier; off: the thread count stays fixed"})
-    watermark_gamma: float = 0.5  # green fraction of the vocabulary (TGI's WATERMARK_GAMMA)
-    watermark_delta: float = 2.0  # logit bias of green tokens (TGI's WATERMARK_DELTA)
+    watermark_gamma: float = dataclasses.field(default=0.5, metadata={
+        "help": "watermark: the green fraction of the vocabulary (TGI's WATERMARK_GAMMA)"})
+    watermark_delta: float = dataclasses.field(default=2.0, metadata={
+        "help": "watermark: the logit bias added to green tokens (TGI's WATERMARK_DELTA)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
