@@ -22,7 +22,7 @@ import requests
 import yaml
 
 from tests.e2e.server import free_port
-from ztgi.common.client import ZtgiClient
+from ztgi.common.client.sync_client import ZtgiClient
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 REPLICAS = {"scheduler": 1, "worker": 2, "tokenizer": 2, "gateway": 2}

@@ -18,7 +18,7 @@ from tests.fuzz.processes import LIMITS, Pipeline
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.scripted_scheduler import ScriptedScheduler
 from ztgi.common import curve
-from ztgi.common.client import ZtgiClient
+from ztgi.common.client.sync_client import ZtgiClient
 
 FUZZ_PAYLOAD_BYTES = 65536
 

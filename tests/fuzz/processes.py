@@ -9,7 +9,8 @@ import tempfile
 import time
 
 from ztgi.common.child_process import stop_process
-from ztgi.common.client import ZtgiClient, ZtgiError
+from ztgi.common.client.errors import ZtgiError
+from ztgi.common.client.sync_client import ZtgiClient
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEARTBEAT = ("--heartbeat-interval-ms", "200")

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tests.fuzz.conftest import Keys
 from tests.fuzz.frames import frame, multipart, tags_of, wire_message
 from tests.fuzz.processes import HEARTBEAT, LIMITS, Pipeline, ServiceProcess
-from ztgi.common.client import ZtgiClient
+from ztgi.common.client.sync_client import ZtgiClient
 from ztgi.common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from ztgi.common.curve import CurveKeys, client_keys
 from ztgi.common.curve import apply as apply_curve
