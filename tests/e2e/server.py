@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -11,13 +10,8 @@ import threading
 import requests
 
 from ztgi.common.child_process import stop_process
+from ztgi.common.free_ports import free_port
 from ztgi.common.health_probe import NotHealthyError, wait_until_healthy
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class LaunchedServer:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,16 +16,11 @@ import requests
 from tests.gateway.openapi import load_schemas
 from tests.gateway.scripted_scheduler import ScriptedScheduler
 from ztgi.common.child_process import stop_process
+from ztgi.common.free_ports import free_port
 from ztgi.common.health_probe import NotHealthyError, wait_until_healthy
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAST_LIVENESS = ("--heartbeat-interval-ms", "100", "--heartbeat-misses", "5")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def new_run_dir() -> str:
