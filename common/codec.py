@@ -105,6 +105,22 @@ def decode(data: bytes, expected: type | tuple[type, ...] | None = None) -> obje
     return msg
 
 
+@typing.overload
+def decode_frames(frames: list[bytes], expected: type[T]) -> T: ...
+
+
+@typing.overload
+def decode_frames(frames: list[bytes], expected: tuple[type, ...]) -> object: ...
+
+
+def decode_frames(frames: list[bytes], expected: type | tuple[type, ...]) -> object:
+    """The checked message of a one-frame ZMQ message (`decode`); MessageError when it has
+    several frames or its frame is malformed."""
+    if len(frames) != 1:
+        raise MessageError(f"expected a one-frame message, got {len(frames)} frames")
+    return decode(frames[0], expected)
+
+
 def tag_of(cls: type) -> str:
     return _CLASS_TO_TAG[cls]
 

@@ -26,9 +26,9 @@ _EXPORTS = {
     "RequestOutput": ("ztgi.outputs", "RequestOutput"),
     "CompletionOutput": ("ztgi.outputs", "CompletionOutput"),
     "Logprob": ("ztgi.outputs", "Logprob"),
-    "Client": ("ztgi.common.client", "ZtgiClient"),
-    "AsyncClient": ("ztgi.common.client", "AsyncZtgiClient"),
-    "ZtgiError": ("ztgi.common.client", "ZtgiError"),
+    "Client": ("ztgi.common.client.sync_client", "ZtgiClient"),
+    "AsyncClient": ("ztgi.common.client.async_client", "AsyncZtgiClient"),
+    "ZtgiError": ("ztgi.common.client.errors", "ZtgiError"),
     "GenerateParameters": ("ztgi.common.messages", "GenerateParameters"),
 }
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from ztgi.common.client import AsyncZtgiClient
+from ztgi.common.client.async_client import AsyncZtgiClient
 from ztgi.services.gateway import api_docs, handlers, openai_handlers
 from ztgi.services.gateway.auth import auth_middleware
 from ztgi.services.gateway.config import GatewayConfig

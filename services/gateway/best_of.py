@@ -11,7 +11,8 @@ import dataclasses
 import math
 import secrets
 
-from ztgi.common.client import AsyncZtgiClient, GenerateResult
+from ztgi.common.client.async_client import AsyncZtgiClient
+from ztgi.common.client.generate_result import GenerateResult
 from ztgi.common.messages import GenerateParameters
 from ztgi.services.gateway.streaming import gather_all
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from ztgi.common.client import ZtgiError
+from ztgi.common.client.errors import ZtgiError
 from ztgi.common.parameters import ValidationError
 
 logger = logging.getLogger(__name__)

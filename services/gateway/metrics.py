@@ -25,7 +25,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from ztgi.common.client import ZtgiError
+from ztgi.common.client.errors import ZtgiError
 from ztgi.common.messages import GenerateParameters, MetricFamily, StatsReply, StreamEvent
 from ztgi.common.parameters import ValidationError
 from ztgi.services.gateway.errors import HttpError

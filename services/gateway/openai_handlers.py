@@ -10,7 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ztgi.common.client import AsyncZtgiClient, GenerateResult
+from ztgi.common.client.async_client import AsyncZtgiClient
+from ztgi.common.client.generate_result import GenerateResult
 from ztgi.common.messages import FinalDetails, GenerateParameters, InfoReply, StreamEvent
 from ztgi.services.gateway import openai_render as render
 from ztgi.services.gateway.completion_logprobs import CompletionLogprobs

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ztgi.common.client import GenerateResult
+from ztgi.common.client.generate_result import GenerateResult
 from ztgi.common.messages import FinalDetails, InfoReply, StreamEvent, Token
 from ztgi.common.tool_calls import parse_calls
 from ztgi.services.gateway.completion_logprobs import logprob_json

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ztgi.common.client import GenerateResult
+from ztgi.common.client.generate_result import GenerateResult
 from ztgi.common.messages import FinalDetails, GenerateParameters, InfoReply, StreamEvent, Token
 from ztgi.services.gateway.config import GatewayConfig
 

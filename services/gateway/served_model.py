@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ztgi.common.client import AsyncZtgiClient
+from ztgi.common.client.async_client import AsyncZtgiClient
 from ztgi.common.messages import InfoReply
 
 

@@ -7,7 +7,7 @@ import weakref
 
 from aiohttp import web
 
-from ztgi.common.client import AsyncZtgiClient
+from ztgi.common.client.async_client import AsyncZtgiClient
 from ztgi.services.gateway.config import GatewayConfig
 from ztgi.services.gateway.served_model import ServedModel
 

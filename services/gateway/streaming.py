@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from ztgi.common.client import ZtgiError
+from ztgi.common.client.errors import ZtgiError
 from ztgi.common.messages import StreamEvent
 from ztgi.services.gateway.sse import EventStream
 from ztgi.services.gateway.state import STREAMS

@@ -11,6 +11,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from ztgi.common.child_process import wait_or_kill
+
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -38,7 +40,7 @@ class Child:
     def start(self) -> None:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", f"services.{self.service}", *self.args],
+            [sys.executable, "-m", f"ztgi.services.{self.service}", *self.args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
@@ -66,11 +68,5 @@ class Child:
 
     def wait(self, timeout_s: float) -> None:
         """Waits for exit; kills the process if it outlives `timeout_s`."""
-        if self.process is None:
-            return
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            logger.warning("%s did not exit in %.0f s; killing it", self.name, timeout_s)
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None and wait_or_kill(self.process, timeout_s) is None:
+            logger.warning("%s did not exit in %.0f s; killed it", self.name, timeout_s)

@@ -7,9 +7,8 @@ import os
 import shutil
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
+from ztgi.common.health_probe import is_healthy
 from ztgi.services.launcher.child import Child
 from ztgi.services.launcher.config import LaunchConfig
 
@@ -71,19 +70,12 @@ class Launcher:
             if dead:
                 raise StartupError(", ".join(f"{c.name} exited with code {c.returncode}" for c in dead)
                                    + " while starting")
-            if self._healthy():
+            if is_healthy(self.url):
                 return
             if self.stopping:
                 raise StartupError("interrupted while starting")
             time.sleep(0.25)
         raise StartupError(f"not ready after {self.config.startup_timeout_s:.0f} s")
-
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
 
     def supervise(self) -> int:
         """Restarts dead children (or stops with 1 when restarts are off) until asked to stop."""

@@ -26,32 +26,10 @@ Decode of a batch that ended meanwhile gets an empty answer from the worker.
 
 from __future__ import annotations
 
-import collections
-import functools
-import itertools
 import logging
 import time
-from collections.abc import Callable
 
-from ztgi.common.messages import (
-    Batch,
-    Clear,
-    CommandDone,
-    CommandFailed,
-    Decode,
-    Filter,
-    FilterResult,
-    Generation,
-    Hello,
-    Prefill,
-    SamplingParameters,
-    SeqUpdate,
-    StepResult,
-    Warmup,
-    WarmupResult,
-    WorkerRequest,
-)
-from ztgi.services.scheduler.block_allocator import BlockAllocator
+from ztgi.common.messages import Hello, SamplingParameters, WorkerRequest
 from ztgi.services.scheduler.config import SchedulerConfig
 from ztgi.services.scheduler.metrics import SchedulerMetrics
 from ztgi.services.scheduler.outbox import Outbox
@@ -61,20 +39,19 @@ from ztgi.services.scheduler.queue import RequestQueue
 from ztgi.services.scheduler.request import Request, RequestStatus
 from ztgi.services.scheduler.request_table import RequestTable
 from ztgi.services.scheduler.round_robin_placement import RoundRobinPlacement
-from ztgi.services.scheduler.sliding_window import free_blocks_behind_window
+from ztgi.services.scheduler.worker_answers import CanaryHandler, FailureHandler, GenerationsHandler, WorkerAnswers
+from ztgi.services.scheduler.worker_commands import WorkerCommands
 from ztgi.services.scheduler.worker_pool import WorkerPool
-from ztgi.services.scheduler.worker_slot import CommandKind, InFlight, WorkerSlot
+from ztgi.services.scheduler.worker_slot import CommandKind, WorkerSlot
 
 logger = logging.getLogger(__name__)
 
-GenerationsHandler = Callable[[WorkerSlot, list[Generation]], None]
-FailureHandler = Callable[[list[Request], str, str], None]
-CanaryHandler = Callable[[WorkerSlot, "str | None"], None]
 CANARY_REQUEST_ID = 0  # the request table numbers real requests from 1
 
 
 class Batcher:
-    """The batching loop over the registered workers (`WorkerPool`); sends commands through the outbox."""
+    """The batching loop over the registered workers (`WorkerPool`): decides each worker's next
+    command (`WorkerCommands` builds and sends it) and hands answers to `WorkerAnswers`."""
 
     def __init__(self, config: SchedulerConfig, table: RequestTable, queue: RequestQueue,
                  outbox: Outbox, on_generations: GenerationsHandler, on_failure: FailureHandler,
@@ -82,15 +59,12 @@ class Batcher:
         self.config = config
         self.table = table
         self.queue = queue
-        self.outbox = outbox
-        self.on_generations = on_generations
-        self.on_failure = on_failure
-        self.on_canary = on_canary
         self.workers = WorkerPool()
         self.metrics = SchedulerMetrics()
         self.paged = PagedBatcher(config, queue)
-        self._command_ids = itertools.count(1)
-        self._batch_ids = itertools.count(1)
+        self.commands = WorkerCommands(outbox)
+        self.answers = WorkerAnswers(config, table, self.workers, self.metrics, self.commands,
+                                     on_generations, on_failure, on_canary)
 
     # -- workers joining and leaving -----------------------------------------------------------
 
@@ -102,10 +76,7 @@ class Batcher:
         if identity in self.workers:
             self.on_worker_lost(identity, "worker registered again")
         slot = self.workers.add(identity, hello.worker, hello.boot_nonce)
-        config = self.config
-        self._send(slot, CommandKind.WARMUP, [], [], lambda command_id: Warmup(
-            command_id, config.max_input_tokens, config.max_total_tokens,
-            config.padded_prefill_tokens, config.max_batch_total_tokens))
+        self.commands.warmup(slot, self.config)
 
     def on_worker_lost(self, identity: bytes, reason: str) -> None:
         """Forgets a worker; its requests go back to the front of the queue to resume elsewhere."""
@@ -139,6 +110,15 @@ class Batcher:
         return (f"the request needs {request.total_tokens} tokens of KV cache (inputs + max_new_tokens), more "
                 f"than a worker's KV pool holds ({capacity} tokens): lower max_new_tokens or the input")
 
+    def send_canary(self, slot: WorkerSlot) -> None:
+        """A one-token prefill (max_new_tokens 1, so nothing stays cached) on an idle, empty worker."""
+        assert slot.idle and not slot.batches
+        if slot.allocator is not None:  # borrows a block of the empty pool
+            slot.canary_block_ids = slot.allocator.allocate(1) or []
+        request = WorkerRequest(CANARY_REQUEST_ID, [0], SamplingParameters(), max_new_tokens=1, ignore_eos=True,
+                                block_ids=list(slot.canary_block_ids))
+        self.commands.canary(slot, request)
+
     # -- answers -------------------------------------------------------------------------------
 
     def on_answer(self, identity: bytes, answer: object) -> None:
@@ -147,135 +127,8 @@ class Batcher:
         if awaited is None:
             return
         slot, in_flight, answer = awaited
-        if in_flight.kind is CommandKind.CANARY:
-            self._on_canary(slot, answer)
-            self.advance(slot)
-            return
-        match answer:
-            case WarmupResult():
-                self._on_warmup(slot, answer)
-            case StepResult():
-                self._on_step(slot, in_flight, answer)
-            case FilterResult():
-                slot.replace_batch(in_flight.batch_ids[0], answer.batch)
-                self.metrics.record_filter(time.monotonic() - in_flight.sent_at)
-            case CommandDone():
-                pass
-            case CommandFailed():
-                self._on_failed(slot, in_flight, answer)
+        self.answers.apply(slot, in_flight, answer)
         self.advance(slot)
-
-    def _on_warmup(self, slot: WorkerSlot, result: WarmupResult) -> None:
-        slot.max_batch_total_tokens = result.max_batch_total_tokens
-        if result.num_blocks > 0:
-            # a prefix's blocks behind a sliding window are freed while the request runs: nothing to share
-            prefix_caching = self.config.prefix_caching and result.kv_window is None
-            slot.allocator = BlockAllocator(result.num_blocks, result.block_size, prefix_caching)
-            slot.max_step_tokens, slot.kv_window = result.max_step_tokens, result.kv_window
-        slot.ready = True
-        logger.info("worker %s ready: max_batch_total_tokens=%d", slot.identity.decode(errors="replace"),
-                    result.max_batch_total_tokens)
-
-    def _on_step(self, slot: WorkerSlot, in_flight: InFlight, result: StepResult) -> None:
-        if result.generations or result.batch is not None:  # else a pipelined Decode of a batch that ended: no step ran
-            slot.num_steps += 1
-            self.metrics.record_step(in_flight.kind.value, time.monotonic() - in_flight.sent_at, result.timings)
-        if slot.is_paged:
-            self._on_paged_step(slot, in_flight, result)
-        elif in_flight.kind is CommandKind.PREFILL:
-            slot.num_requests_served += len(in_flight.seq_ids)
-            slot.waiting_tokens = 1
-            if result.batch is not None:
-                slot.batches.append(result.batch)
-        else:
-            slot.batches = [result.batch] if result.batch is not None else []
-        self.on_generations(slot, result.generations)
-
-    def _on_paged_step(self, slot: WorkerSlot, in_flight: InFlight, result: StepResult) -> None:
-        """The worker keeps one batch; each request of the step has computed its tokens' KV: its
-        chunk, or for a decoding request its last token and the proposed tokens it accepted (one
-        fewer than the tokens it got)."""
-        assert slot.allocator is not None, "a paged worker"
-        slot.batches = [result.batch] if result.batch is not None else []
-        num_tokens = collections.Counter(generation.seq_id for generation in result.generations)
-        decoded = []
-        for seq_id, num_new in in_flight.num_new.items():
-            request = self.table.get(seq_id)
-            if request is not None and request.worker_id == slot.identity:
-                if not request.is_prefilling:
-                    num_new = max(num_tokens[seq_id], 1)
-                    decoded.append(num_new)
-                request.num_computed += num_new
-                self._index_full_blocks(slot.allocator, request, len(request.tokens))
-                if slot.kv_window is not None:
-                    free_blocks_behind_window(request, slot.allocator, slot.kv_window)
-        if self.config.speculate:
-            self.metrics.record_tokens_per_step(decoded)
-
-    @staticmethod
-    def _index_full_blocks(allocator: BlockAllocator, request: Request, num_known: int) -> None:
-        """Blocks the step filled become cached, for the requests after this one (prefix caching);
-        only blocks of tokens the scheduler knows already (`num_known`: a step's accepted run is
-        recorded after this)."""
-        num_computed = min(request.num_computed, num_known)
-        num_full = num_computed // allocator.block_size
-        if allocator.cache is not None and num_full > request.num_indexed_blocks:
-            allocator.index(request.tokens, request.block_ids, num_computed)
-            request.num_indexed_blocks = num_full
-
-    def _on_canary(self, slot: WorkerSlot, answer: object) -> None:
-        if slot.allocator is not None and slot.canary_block_ids:
-            slot.allocator.free(slot.canary_block_ids)
-            slot.canary_block_ids = []
-        if isinstance(answer, StepResult) and answer.batch is not None:  # not expected with one new token
-            batch_id = answer.batch.batch_id
-            self._send(slot, CommandKind.CLEAR, [], [batch_id], lambda command_id: Clear(command_id, batch_id))
-        error = answer.error if isinstance(answer, CommandFailed) else None
-        if error is None and not isinstance(answer, StepResult):
-            error = f"unexpected answer {type(answer).__name__}"
-        if self.on_canary is not None:
-            self.on_canary(slot, error)
-
-    def send_canary(self, slot: WorkerSlot) -> None:
-        """A one-token prefill (max_new_tokens 1, so nothing stays cached) on an idle, empty worker."""
-        assert slot.idle and not slot.batches
-        if slot.allocator is not None:  # borrows a block of the empty pool
-            slot.canary_block_ids = slot.allocator.allocate(1) or []
-        request = WorkerRequest(CANARY_REQUEST_ID, [0], SamplingParameters(), max_new_tokens=1, ignore_eos=True,
-                                block_ids=list(slot.canary_block_ids))
-        batch = Batch(next(self._batch_ids), [request], max_tokens=2)
-        self._send(slot, CommandKind.CANARY, [], [batch.batch_id], lambda command_id: Prefill(command_id, batch))
-
-    def _only_newcomers_refused(self, slot: WorkerSlot, in_flight: InFlight, failure: CommandFailed) -> bool:
-        """A paged Prefill whose newcomers the worker refused (bad input) before it touched its
-        cached batch: only they fail. The running requests' block updates were not applied: they
-        are sent again with the next step."""
-        if not (slot.is_paged and in_flight.kind is CommandKind.PREFILL and failure.seq_ids):
-            return False
-        if not set(failure.seq_ids) <= set(in_flight.newcomers):
-            return False
-        for seq_id, num_sent in in_flight.blocks_sent_before.items():
-            if (request := self.table.get(seq_id)) is not None:
-                request.num_blocks_sent = num_sent
-        return True
-
-    def _on_failed(self, slot: WorkerSlot, in_flight: InFlight, failure: CommandFailed) -> None:
-        logger.error("worker %s failed %s: %s", slot.identity.decode(errors="replace"),
-                     in_flight.kind.value, failure.error)
-        if in_flight.kind is CommandKind.WARMUP:
-            self.workers.remove(slot.identity)
-            return
-        self.metrics.record_failed_step(in_flight.kind.value)
-        failed_ids = set(in_flight.seq_ids)
-        if self._only_newcomers_refused(slot, in_flight, failure):
-            failed_ids = set(in_flight.newcomers)
-        elif in_flight.kind is not CommandKind.PREFILL or slot.is_paged:  # its batches may be unusable
-            failed_ids.update(rid for batch in slot.batches for rid in batch.seq_ids)
-            slot.batches = []
-            # tracked like any command: nothing else is sent to the worker before it is done
-            self._send(slot, CommandKind.CLEAR, [], [], lambda command_id: Clear(command_id, None))
-        failed = [r for rid in sorted(failed_ids) if (r := self.table.get(rid)) is not None]
-        self.on_failure(failed, f"Request failed during generation: {failure.error}", "generation")
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -300,10 +153,7 @@ class Batcher:
             self._advance_paged(slot)
             return
         if not slot.batches:
-            max_size = self.config.max_batch_size
-            if share is not None:
-                max_size = share if max_size is None else min(max_size, share)
-            self._prefill_next(slot, None, max_size, slot.max_batch_total_tokens)
+            self._prefill_empty(slot, share)
             return
         if not slot.admission_checked:
             slot.admission_checked = True
@@ -319,14 +169,22 @@ class Batcher:
         for batch in slot.batches:
             keep_ids = [rid for rid in batch.seq_ids if self._runs_on(rid, slot)]
             if len(keep_ids) != len(batch.seq_ids):
-                self._send(slot, CommandKind.FILTER, keep_ids, [batch.batch_id],
-                           functools.partial(Filter, batch_id=batch.batch_id, seq_ids=keep_ids))
+                self.commands.filter(slot, batch, keep_ids)
                 return True
         return False
 
     def _runs_on(self, seq_id: int, slot: WorkerSlot) -> bool:
         request = self.table.get(seq_id)
         return request is not None and request.status is RequestStatus.RUNNING and request.worker_id == slot.identity
+
+    def _start_running(self, slot: WorkerSlot, requests: list[Request]) -> None:
+        """Requests leave the queue for `slot`'s next Prefill."""
+        now = time.monotonic()
+        for request in requests:
+            request.status = RequestStatus.RUNNING
+            request.worker_id = slot.identity
+            request.prefill_started_at = now
+        self.metrics.record_prefill(requests, now)
 
     # -- paged workers -------------------------------------------------------------------------
 
@@ -376,32 +234,20 @@ class Batcher:
 
     def _send_paged_step(self, slot: WorkerSlot, step: PagedStep) -> None:
         """One Decode, or a Prefill of the newcomers joined with the cached batch."""
-        blocks_sent_before = {r.seq_id: r.num_blocks_sent for r in step.running}
-        updates = []
-        for request in step.running:
-            blocks, chunk = request.new_blocks(), step.chunks.get(request.seq_id)
-            if blocks or chunk is not None:
-                updates.append(SeqUpdate(request.seq_id, blocks, chunk))
         self.metrics.record_chunks(step)
-        batch_ids = [batch.batch_id for batch in slot.batches]
-        seq_ids = [r.seq_id for r in step.running + step.admitted]
-        if not step.admitted:
-            self._send(slot, CommandKind.DECODE, seq_ids, batch_ids,
-                       lambda command_id: Decode(command_id, batch_ids, updates), step.num_new)
-            return
-        now = time.monotonic()
-        for request in step.admitted:
-            request.status = RequestStatus.RUNNING
-            request.worker_id = slot.identity
-            request.prefill_started_at = now
-        self.metrics.record_prefill(step.admitted, now)
-        slot.num_requests_served += len(step.admitted)
-        batch = Batch(next(self._batch_ids), [r.to_worker(step.chunks[r.seq_id]) for r in step.admitted],
-                      sum(r.total_tokens for r in step.admitted))
-        self._send(slot, CommandKind.PREFILL, seq_ids, [*batch_ids, batch.batch_id],
-                   lambda command_id: Prefill(command_id, batch, batch_ids, updates), step.num_new)
-        slot.in_flight[-1].newcomers = [r.seq_id for r in step.admitted]
-        slot.in_flight[-1].blocks_sent_before = blocks_sent_before
+        if step.admitted:
+            self._start_running(slot, step.admitted)
+            slot.num_requests_served += len(step.admitted)
+        self.commands.paged_step(slot, step)
+
+    # -- padded workers ------------------------------------------------------------------------
+
+    def _prefill_empty(self, slot: WorkerSlot, share: int | None) -> None:
+        """An empty worker takes the longest prefix of the queue that fits (at most `share`)."""
+        max_size = self.config.max_batch_size
+        if share is not None:
+            max_size = share if max_size is None else min(max_size, share)
+        self._prefill_next(slot, None, max_size, slot.max_batch_total_tokens)
 
     def _admit_into_running(self, slot: WorkerSlot) -> bool:
         min_size, max_size = self._admission_sizes(slot)
@@ -437,10 +283,9 @@ class Batcher:
             return
         if any(seq_id not in self.table for seq_id in running.seq_ids):
             return
-        batch_ids = running.batch_ids[:1]  # the Decode in flight concatenates into its first batch
         slot.waiting_tokens += 1
-        self._send(slot, CommandKind.DECODE, running.seq_ids, batch_ids,
-                   lambda command_id: Decode(command_id, batch_ids))
+        # the Decode in flight concatenates into its first batch
+        self.commands.decode(slot, running.seq_ids, running.batch_ids[:1])
 
     def _prefill_next(self, slot: WorkerSlot, min_size: int | None, max_size: int | None,
                       token_budget: int) -> bool:
@@ -448,15 +293,8 @@ class Batcher:
         if taken is None:
             return False
         requests, max_tokens = taken
-        now = time.monotonic()
-        for request in requests:
-            request.status = RequestStatus.RUNNING
-            request.worker_id = slot.identity
-            request.prefill_started_at = now
-        self.metrics.record_prefill(requests, now)
-        batch = Batch(next(self._batch_ids), [r.to_worker() for r in requests], max_tokens)
-        self._send(slot, CommandKind.PREFILL, [r.seq_id for r in requests], [batch.batch_id],
-                   lambda command_id: Prefill(command_id, batch))
+        self._start_running(slot, requests)
+        self.commands.prefill(slot, requests, max_tokens)
         return True
 
     def _decode(self, slot: WorkerSlot) -> None:
@@ -464,12 +302,5 @@ class Batcher:
         seq_ids = [rid for batch in slot.batches for rid in batch.seq_ids]
         slot.admission_checked = False
         slot.waiting_tokens += 1
-        self._send(slot, CommandKind.DECODE, seq_ids, batch_ids,
-                   lambda command_id: Decode(command_id, batch_ids))
+        self.commands.decode(slot, seq_ids, batch_ids)
         self._pipeline_decode(slot)
-
-    def _send(self, slot: WorkerSlot, kind: CommandKind, seq_ids: list[int], batch_ids: list[int],
-              build: Callable[[int], object], num_new: dict[int, int] | None = None) -> None:
-        command_id = next(self._command_ids)
-        slot.in_flight.append(InFlight(command_id, kind, seq_ids, batch_ids, num_new=num_new or {}))
-        self.outbox.to_worker(slot.identity, build(command_id))

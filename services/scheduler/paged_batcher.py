@@ -17,7 +17,7 @@ With speculation (`speculate`) a decoding request also gets, from free blocks on
 tokens its worker may propose; how many it computes is known from the worker's answer.
 With several workers a placement policy says which queued requests are this worker's
 (`Placement`: the one holding its prefix unless much busier; or `RoundRobinPlacement`).
-Decisions only: the batcher sends the commands.
+Decisions only: the batcher applies them and `WorkerCommands` sends the commands.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+from collections.abc import Iterator
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -40,7 +41,7 @@ class PrefixCache:
     def __contains__(self, block_id: int) -> bool:
         return block_id in self.block_to_node
 
-    def _blocks(self, tokens: list[int], count: int):
+    def _blocks(self, tokens: list[int], count: int) -> Iterator[tuple[int, ...]]:
         size = self.block_size
         return (tuple(tokens[i * size:(i + 1) * size]) for i in range(count))
 

@@ -12,7 +12,7 @@ import zmq
 from transformers import PreTrainedTokenizerBase
 
 from ztgi.common import curve, handshake
-from ztgi.common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
+from ztgi.common.codec import MAX_MESSAGE_BYTES, MessageError, decode_frames, encode
 from ztgi.common.config import parse_config
 from ztgi.common.identity import new_boot_nonce, new_identity
 from ztgi.common.lifecycle import on_stop_signals, serve
@@ -192,11 +192,8 @@ class TokenizerService:
 
     def _decode(self, frames: list[bytes], expected: type | tuple[type, ...], where: str) -> Any:
         """The message in a one-frame message, or None (logged) when it is malformed."""
-        if len(frames) != 1:
-            logger.warning("dropped a %d-frame message on %s (expected 1 frame)", len(frames), where)
-            return None
         try:
-            return decode(frames[0], expected)
+            return decode_frames(frames, expected)
         except MessageError as exc:
             logger.warning("dropped a bad frame on %s: %s", where, exc)
             return None

@@ -27,7 +27,7 @@ import torch
 import zmq
 
 from ztgi.common import curve, handshake
-from ztgi.common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
+from ztgi.common.codec import MAX_MESSAGE_BYTES, MessageError, decode_frames, encode
 from ztgi.common.config import parse_config
 from ztgi.common.gc_freeze import freeze_startup_objects
 from ztgi.common.identity import new_boot_nonce, new_identity
@@ -100,9 +100,7 @@ class EngineLoop:
         """One frame from the scheduler: a command is run and answered; anything else is answered
         with CommandFailed(-1)."""
         try:
-            if len(frames) != 1:
-                raise MessageError(f"expected a one-frame message, got {len(frames)} frames")
-            command = decode(frames[0], COMMANDS)
+            command = decode_frames(frames, COMMANDS)
         except MessageError as exc:
             logger.warning("bad frame from the scheduler: %s", exc)
             self._send(CommandFailed(command_id=-1, error=f"malformed message: {exc}", seq_ids=[]))
@@ -242,9 +240,7 @@ class WorkerService:
         """The scheduler's heartbeat: whether it restarted, or dropped this worker (`Registration`).
         Nothing else comes here."""
         try:
-            if len(frames) != 1:
-                raise MessageError(f"expected a one-frame message, got {len(frames)} frames")
-            heartbeat = decode(frames[0], Heartbeat)
+            heartbeat = decode_frames(frames, Heartbeat)
         except MessageError as exc:
             logger.warning("bad frame on the liveness socket: %s", exc)
             return

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps, token_steps
-from ztgi.common.client import AsyncZtgiClient, ZtgiClient, ZtgiError
+from ztgi.common.client.async_client import AsyncZtgiClient
+from ztgi.common.client.errors import ZtgiError
+from ztgi.common.client.sync_client import ZtgiClient
 from ztgi.common.messages import (
     PROTOCOL_VERSION,
     Cancel,

@@ -8,7 +8,7 @@ import msgpack
 import pytest
 
 from ztgi.common import messages as m
-from ztgi.common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
+from ztgi.common.codec import MAX_MESSAGE_BYTES, MessageError, decode, decode_frames, encode
 
 KEY = m.RequestKey(b"client-1", "r1")
 SAMPLING = m.SamplingParameters(temperature=0.7, top_k=5, do_sample=True, seed=42)
@@ -141,3 +141,13 @@ def test_unregistered_encode() -> None:
     """Encoding something that is not a message is a TypeError (a bug, not bad input)."""
     with pytest.raises(TypeError):
         encode(object())
+
+
+def test_decode_frames() -> None:
+    """A one-frame ZMQ message decodes to its checked message; any other frame count is a MessageError."""
+    assert decode_frames([encode(m.Cancel("r"))], m.Cancel) == m.Cancel("r")
+    for frames in ([], [encode(m.Cancel("r"))] * 2):
+        with pytest.raises(MessageError, match="one-frame"):
+            decode_frames(frames, m.Cancel)
+    with pytest.raises(MessageError, match="unexpected message"):
+        decode_frames([encode(m.Cancel("r"))], (m.Heartbeat,))

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 
 import requests
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from ztgi.common.child_process import stop_process
+from ztgi.common.free_ports import free_port
+from ztgi.common.health_probe import NotHealthyError, wait_until_healthy
 
 
 class LaunchedServer:
@@ -43,15 +38,11 @@ class LaunchedServer:
             self.log_lines.append(line)
 
     def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError("launcher exited while starting:\n" + self.log)
-            if any("ztgi is serving" in line for line in self.log_lines):
-                return
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("launcher not ready in time:\n" + self.log)
+        try:
+            wait_until_healthy(self.url, timeout_s, self.process, interval_s=0.2)
+        except NotHealthyError as exc:
+            self.stop()
+            raise RuntimeError(f"launcher not ready ({exc}):\n{self.log}") from None
 
     @property
     def log(self) -> str:
@@ -64,11 +55,5 @@ class LaunchedServer:
         return requests.get(self.url + path, timeout=30)
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, 60)
         return self.process.returncode

@@ -12,7 +12,6 @@ import concurrent.futures
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,24 +20,12 @@ import pytest
 import requests
 import yaml
 
-from tests.e2e.server import free_port
-from ztgi.common.client import ZtgiClient
+from ztgi.common.client.sync_client import ZtgiClient
+from ztgi.common.free_ports import free_port, free_port_block
+from ztgi.common.health_probe import is_healthy
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 REPLICAS = {"scheduler": 1, "worker": 2, "tokenizer": 2, "gateway": 2}
-
-
-def free_port_block(size: int) -> int:
-    """A base port with `size` consecutive free ports after it."""
-    for base in range(23000, 60000, 97):
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port block")
 
 
 def local_environment(env: dict, base_port: int) -> dict[str, str]:
@@ -103,11 +90,8 @@ def wait_healthy(urls: list[str], processes: list[subprocess.Popen]) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         assert all(p.poll() is None for p in processes), "a compose service exited while starting"
-        try:
-            if all(requests.get(url + "/health", timeout=2).status_code == 200 for url in urls):
-                return
-        except requests.RequestException:
-            pass
+        if all(is_healthy(url) for url in urls):
+            return
         time.sleep(0.5)
     raise TimeoutError("compose services not healthy in time")
 

@@ -9,10 +9,11 @@ import sys
 import pytest
 
 from tests.e2e.faults import build_small_vocab_model
-from tests.e2e.server import LaunchedServer, free_port
+from tests.e2e.server import LaunchedServer
 from tests.e2e.test_metrics_tokenize import scrape
 from tests.e2e.test_pipeline import FLOAT32, generate, stream
 from tests.e2e.test_speculation import NUM_NEW_TOKENS, greedy_reference
+from ztgi.common.free_ports import free_port
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from tests.e2e.faults import (
     wait_for,
 )
 from tests.e2e.server import LaunchedServer
-from ztgi.common.client import ZtgiClient
+from ztgi.common.client.sync_client import ZtgiClient
 
 PROMPT = "The capital of France is"  # every id below the small model's vocabulary
 BAD_PROMPT = "Hello world"  # 19556 is outside it: the worker fails this prefill

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import time
 
-from tests.e2e.server import free_port
-from tests.fuzz.conftest import free_port_block
 from tests.fuzz.processes import HEARTBEAT, ServiceProcess
 from ztgi.common import curve
+from ztgi.common.free_ports import free_port, free_port_block
 
 HANDSHAKE_TIMEOUT_S = 1.0
 EXIT_WITHIN_S = 60.0  # model and tokenizer loading included, on a loaded 2-core machine

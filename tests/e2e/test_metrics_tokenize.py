@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from tests.e2e.server import LaunchedServer
 from tests.gateway.openapi import load_schemas, validate
-from ztgi.common.client import ZtgiClient
+from ztgi.common.client.sync_client import ZtgiClient
 
 TEXT = "Hello world, ça va? 😀"
 Samples = dict[tuple[str, frozenset], float]

@@ -11,7 +11,7 @@ import requests
 import torch
 
 from tests.e2e.server import LaunchedServer
-from ztgi.common.client import ZtgiClient
+from ztgi.common.client.sync_client import ZtgiClient
 
 PROMPTS = [
     "The capital of France is",

@@ -22,7 +22,7 @@ from tests.e2e.faults import (
     wait_for,
 )
 from tests.e2e.server import LaunchedServer
-from ztgi.common.client import ZtgiClient
+from ztgi.common.client.sync_client import ZtgiClient
 
 SOAK_S = float(os.environ.get("ZTGI_SOAK_S", "90"))
 NUM_CLIENTS = 8

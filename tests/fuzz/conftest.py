@@ -8,7 +8,6 @@ sockets of the tests carry an authorised key: what they send reaches the decoder
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator
 
@@ -18,27 +17,10 @@ from tests.fuzz.processes import LIMITS, Pipeline
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.scripted_scheduler import ScriptedScheduler
 from ztgi.common import curve
-from ztgi.common.client import ZtgiClient
+from ztgi.common.client.sync_client import ZtgiClient
+from ztgi.common.free_ports import free_port_block
 
 FUZZ_PAYLOAD_BYTES = 65536
-
-
-def free_port_block(num_ports: int) -> int:
-    """A base port with `num_ports` consecutive free ports on loopback."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + num_ports >= 65536:
-            continue
-        try:
-            for port in range(base, base + num_ports):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise AssertionError("no block of free ports")
 
 
 class Keys:

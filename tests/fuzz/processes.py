@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 
-from ztgi.common.client import ZtgiClient, ZtgiError
+from ztgi.common.child_process import stop_process
+from ztgi.common.client.errors import ZtgiError
+from ztgi.common.client.sync_client import ZtgiClient
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEARTBEAT = ("--heartbeat-interval-ms", "200")
@@ -23,7 +24,7 @@ class ServiceProcess:
         self.service = service
         self.log = tempfile.TemporaryFile()  # a pipe nobody reads could fill up and block it
         self.process = subprocess.Popen(
-            [sys.executable, "-m", f"services.{service}", *args], cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", f"ztgi.services.{service}", *args], cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
             stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
         self._output: str | None = None
 
@@ -40,13 +41,7 @@ class ServiceProcess:
     def stop(self) -> int:
         """SIGTERM (SIGKILL after 20 s); the exit code. Idempotent."""
         if self._output is None:
-            if self.alive:
-                self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            stop_process(self.process, 20)
             self._output = self.output()
             self.log.close()
         return self.process.returncode

@@ -10,24 +10,20 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 import requests
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from tests.fuzz.bodies import request
+from tests.fuzz.fuzz_settings import FUZZ, SCALE
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.scripted_scheduler import ScriptedScheduler, default_script
 from ztgi.common.messages import Generate
 
-SCALE = int(os.environ.get("ZTGI_FUZZ_SCALE", "1"))  # more cases: ZTGI_FUZZ_SCALE=10
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")  # large failing cases
-FUZZ = dict(deadline=None, database=None, derandomize=not os.environ.get("ZTGI_FUZZ_SEED_RANDOM"),
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                   HealthCheck.function_scoped_fixture])
 NUM_SCRIPTED_CASES = 400 * SCALE
 NUM_REAL_CASES = 80 * SCALE
 SCRIPTED_UNKNOWN = ("/tokenize",)  # a query the scripted scheduler does not answer (the real one does)

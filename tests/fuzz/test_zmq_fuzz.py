@@ -8,7 +8,6 @@ each test ran is printed (run with `-s` to see it).
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -17,13 +16,14 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fuzz.conftest import Keys
 from tests.fuzz.frames import frame, multipart, tags_of, wire_message
+from tests.fuzz.fuzz_settings import FUZZ, SCALE
 from tests.fuzz.processes import HEARTBEAT, LIMITS, Pipeline, ServiceProcess
-from ztgi.common.client import ZtgiClient
+from ztgi.common.client.sync_client import ZtgiClient
 from ztgi.common.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
 from ztgi.common.curve import CurveKeys, client_keys
 from ztgi.common.curve import apply as apply_curve
@@ -60,11 +60,7 @@ from ztgi.services.scheduler.scheduler import CLIENT_MESSAGES, TOKENIZER_MESSAGE
 from ztgi.services.tokenizer.service import SCHEDULER_MESSAGES as TOKENIZER_INBOUND
 from ztgi.services.worker.service import SCHEDULER_MESSAGES as WORKER_INBOUND
 
-SCALE = int(os.environ.get("ZTGI_FUZZ_SCALE", "1"))  # more cases: ZTGI_FUZZ_SCALE=10
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")  # large failing cases
-FUZZ = dict(deadline=None, database=None, derandomize=not os.environ.get("ZTGI_FUZZ_SEED_RANDOM"),
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                   HealthCheck.function_scoped_fixture])
 NUM_CODEC_CASES = 200 * SCALE
 NUM_SCHEDULER_CASES = 300 * SCALE
 NUM_WORKER_CASES = 100 * SCALE

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,15 +15,12 @@ import requests
 
 from tests.gateway.openapi import load_schemas
 from tests.gateway.scripted_scheduler import ScriptedScheduler
+from ztgi.common.child_process import stop_process
+from ztgi.common.free_ports import free_port
+from ztgi.common.health_probe import NotHealthyError, wait_until_healthy
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAST_LIVENESS = ("--heartbeat-interval-ms", "100", "--heartbeat-misses", "5")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def new_run_dir() -> str:
@@ -62,22 +57,16 @@ class GatewayProcess:
 
     def wait_healthy(self, timeout_s: float = 20.0) -> None:
         """Until /health is 200: the gateway's client has heard from the scheduler (slow under load)."""
-        deadline = time.monotonic() + timeout_s
-        while requests.get(self.url + "/health", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline, f"the gateway did not reach its scheduler: {self.output()}"
-            time.sleep(0.05)
+        try:
+            wait_until_healthy(self.url, timeout_s, self.process, interval_s=0.05)
+        except NotHealthyError as exc:
+            raise AssertionError(f"the gateway did not reach its scheduler ({exc}): {self.output()}") from None
 
     def stop(self) -> tuple[int, str]:
         """SIGTERM, then the exit code and everything it logged (idempotent)."""
         if self.log.closed:
             return self.process.returncode, self._output
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, 15)
         self._output = self.output()
         self.log.close()
         return self.process.returncode, self._output

@@ -12,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate
 from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps
-from ztgi.common.client import AsyncZtgiClient, ZtgiError
+from ztgi.common.client.async_client import AsyncZtgiClient
+from ztgi.common.client.errors import ZtgiError
 from ztgi.common.messages import StatsReply, Timings
 from ztgi.services.gateway.metrics import GatewayMetrics
 from ztgi.services.scheduler.metrics import SchedulerMetrics

@@ -21,7 +21,7 @@ def catches_sigterm(pid: int) -> bool:
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 @pytest.mark.parametrize("service", ["worker", "tokenizer"])
 def test_sigterm_while_importing_exits_cleanly(service: str) -> None:
-    process = subprocess.Popen([sys.executable, "-m", f"services.{service}", "--help"],
+    process = subprocess.Popen([sys.executable, "-m", f"ztgi.services.{service}", "--help"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while not catches_sigterm(process.pid):

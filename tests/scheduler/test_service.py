@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ import pytest
 import zmq
 
 from ztgi.common import messages as m
+from ztgi.common.child_process import stop_process
 from ztgi.common.codec import decode, encode
 from ztgi.common.endpoints import Endpoints
 
@@ -24,8 +24,7 @@ def scheduler(tmp_path):
     context = zmq.Context()
     yield endpoints, context
     context.destroy(linger=0)
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=20) == 0
+    assert stop_process(process, 20) == 0
     assert not list(tmp_path.glob("*.sock")), "socket files left behind"
 
 
@@ -92,8 +91,7 @@ def test_a_flood_of_malformed_frames_is_logged_as_a_count(tmp_path) -> None:
         assert isinstance(decode(client.recv()), m.StatsReply)
     finally:
         context.destroy(linger=0)
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=20)
+        stop_process(process, 20)
         log.close()
     lines = [line for line in text.splitlines() if "bad frame from worker" in line]
     assert len(lines) == 11, text[-3000:]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ import time
 import pytest
 import zmq
 
+from ztgi.common.child_process import stop_process
 from ztgi.common.codec import decode, encode
 from ztgi.common.endpoints import Endpoints
 from ztgi.common.messages import (
@@ -99,9 +99,7 @@ def tokenizer_process(tiny_model_dir, tmp_path_factory):
         hello = side.from_tokenizer(Hello, START_TIMEOUT_S)
         yield process, side, hello
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        stop_process(process, 10)
         side.close()
         log.seek(0)
         sys.stderr.write(log.read()[-4000:])
@@ -200,5 +198,4 @@ def test_new_scheduler_drops_the_previous_ones_requests(tokenizer_process, token
 def test_sigterm_exits_zero(tokenizer_process):
     """SIGTERM stops the loop, closes the sockets and exits 0 (runs last: it ends the process)."""
     process, _, _ = tokenizer_process
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=10) == 0
+    assert stop_process(process, 10) == 0

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 import ztgi
-from ztgi.common.client import AsyncZtgiClient, ZtgiClient
+from ztgi.common.client.async_client import AsyncZtgiClient
+from ztgi.common.client.sync_client import ZtgiClient
 
 
 def test_exports() -> None:

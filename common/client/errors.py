@@ -1,0 +1,13 @@
+"""The one exception a client raises for a request that failed."""
+
+from __future__ import annotations
+
+
+class ZtgiError(Exception):
+    """A request failed; `error_type` is TGI's name (validation, overloaded, generation,
+    unhealthy, cancelled, timeout)."""
+
+    def __init__(self, message: str, error_type: str = "generation") -> None:
+        super().__init__(message)
+        self.message = message
+        self.error_type = error_type
