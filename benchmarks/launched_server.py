@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
+
+from ztgi.common.child_process import stop_process
+from ztgi.common.free_ports import free_port
+from ztgi.common.health_probe import NotHealthyError, wait_until_healthy
 
 logger = logging.getLogger(__name__)
 
@@ -22,12 +21,6 @@ LOG_TAIL_LINES = 40
 
 class ServerStartError(RuntimeError):
     """The server exited or did not get healthy in time; the message carries its log's tail."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class LaunchedServer:
@@ -68,30 +61,18 @@ class LaunchedServer:
         logger.info("starting %s (log %s)", " ".join(self.command()), self.log_file.name)
         self.process = subprocess.Popen(self.command(), stdout=self.log_file, stderr=subprocess.STDOUT,
                                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=self.before_exec)
-        started = time.monotonic()
-        while time.monotonic() - started < self.startup_timeout_s:
-            if self.process.poll() is not None:
-                message = f"{self.name} exited with code {self.process.returncode}:\n{self.log_tail()}"
-                self.stop()
-                raise ServerStartError(message)
-            if self._healthy():
-                logger.info("%s serving on %s after %.1f s", self.name, self.url, time.monotonic() - started)
-                return
-            time.sleep(0.25)
-        message = f"{self.name} not healthy after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}"
-        self.stop()
-        raise ServerStartError(message)
+        try:
+            seconds = wait_until_healthy(self.url, self.startup_timeout_s, self.process)
+        except NotHealthyError as exc:
+            message = f"{self.name}: {exc}:\n{self.log_tail()}"
+            self.stop()
+            raise ServerStartError(message) from None
+        logger.info("%s serving on %s after %.1f s", self.name, self.url, seconds)
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after a minute; the log file is removed."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                logger.warning("%s ignored SIGTERM for %.0f s: killing it", self.name, STOP_TIMEOUT_S)
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None and stop_process(self.process, STOP_TIMEOUT_S) is None:
+            logger.warning("%s ignored SIGTERM for %.0f s: killed it", self.name, STOP_TIMEOUT_S)
         self.log_file.close()
         if os.path.exists(self.log_file.name):
             os.unlink(self.log_file.name)
@@ -101,10 +82,3 @@ class LaunchedServer:
         self.log_file.flush()
         with open(self.log_file.name, encoding="utf-8", errors="replace") as file:
             return "".join(file.readlines()[-LOG_TAIL_LINES:])
-
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False

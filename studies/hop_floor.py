@@ -20,7 +20,6 @@ import asyncio
 import dataclasses
 import json
 import multiprocessing
-import socket
 import statistics
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import zmq
 from aiohttp import web
 
 from ztgi.common.config import ConfigError, parse_config, require
+from ztgi.common.free_ports import free_port
 
 NUM_HOPS = 8
 ROUTE = {  # the hub's routing: the stop a message has just left -> (the next peer, the stop there)
@@ -163,12 +163,6 @@ def render(times: list[float], config: HopFloorConfig) -> str:
                 f"p50 {p50:.0f} us (p10 {p10:.0f}, p90 {p90:.0f})\n")
     return (f"{NUM_HOPS} hops, {len(times)} messages {config.gap_ms:g} ms apart: p50 {p50:.0f} us "
             f"(p10 {p10:.0f}, p90 {p90:.0f}); per hop p50 {p50 / NUM_HOPS:.0f} us\n")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def measure_http(config: HopFloorConfig) -> list[float]:

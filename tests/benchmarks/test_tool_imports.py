@@ -10,7 +10,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOOL = ROOT / "benchmarks"
 MAX_TOOL_FILES = 30
-ALLOWED_COMMON = ("ztgi.common.config", "ztgi.common.logs", "ztgi.common.model_source", "ztgi.common.gc_freeze")
+ALLOWED_COMMON = ("ztgi.common.config", "ztgi.common.logs", "ztgi.common.model_source", "ztgi.common.gc_freeze",
+                  "ztgi.common.child_process", "ztgi.common.free_ports", "ztgi.common.health_probe")
 
 
 def imported_modules(path: pathlib.Path) -> list[str]:

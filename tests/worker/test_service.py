@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import pytest
 import zmq
 
 from tests.worker.engine_helpers import request
+from ztgi.common.child_process import stop_process
 from ztgi.common.codec import decode, encode
 from ztgi.common.endpoints import Endpoints
 from ztgi.common.identity import new_boot_nonce
@@ -104,9 +104,7 @@ def worker(tiny_model_dir, tmp_path_factory):
         hello = side.receive(Hello, START_TIMEOUT_S)
         yield process, side, hello, scheduler_url
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            process.wait(10)
+        stop_process(process, 10)
         side.close()
         log.seek(0)
         print(log.read())
@@ -228,8 +226,7 @@ def test_a_new_router_is_served_after_the_old_one_closes(worker):
 def test_sigterm_exits_zero(worker):
     """SIGTERM stops the worker cleanly with exit code 0."""
     process, _, _, _ = worker
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(15) == 0
+    assert stop_process(process, 15) == 0
 
 
 def test_unknown_model_exits_with_a_clear_error(tmp_path):
