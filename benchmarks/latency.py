@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 from collections.abc import Sequence
 
-from ztgi.bench.bench import run_event_loop
+from ztgi.bench.bench import measure_and_report, parse_workload_config
 from ztgi.bench.config import BenchConfig
 from ztgi.bench.load_generator import LoadGenerator, RunResult
-from ztgi.bench.report import render_text, write_json
-from ztgi.bench.workload import Prompt, WorkloadError, build_workload
-from ztgi.common.config import ConfigError, parse_config, require
-from ztgi.common.logs import setup_logging
+from ztgi.bench.workload import Prompt
+from ztgi.common.config import require
 
 logger = logging.getLogger(__name__)
 
@@ -46,31 +43,19 @@ class LatencyConfig(BenchConfig):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit 0 when some request succeeded, 1 when all failed, 2 for a bad flag or dataset, 130 on ^C."""
-    try:
-        config = parse_config(LatencyConfig, argv, prog="ztgi bench latency")
-        if config.num_requests is None and config.duration_s is None:
-            config = dataclasses.replace(config, num_requests=DEFAULT_NUM_REQUESTS)
-        setup_logging("bench", config.log_level)
-        prompts = build_workload(config)
-    except (ConfigError, WorkloadError) as exc:
-        setup_logging("bench")
-        logger.error("%s", exc)
-        return 2
-    try:
-        run = run_event_loop(one_at_a_time(config, prompts))
-    except KeyboardInterrupt:
-        logger.warning("interrupted: no results")
-        return 130
-    sys.stdout.write(render_text(config, [run]))
-    if config.output:
-        write_json(config.output, config, [run])
-        logger.info("wrote %s", config.output)
-    return 0 if run.summary.num_requests > run.summary.num_failures else 1
+    parsed = parse_workload_config(LatencyConfig, argv, "ztgi bench latency", _default_request_count)
+    return 2 if parsed is None else measure_and_report(*parsed, one_at_a_time)
 
 
-async def one_at_a_time(config: LatencyConfig, prompts: list[Prompt]) -> RunResult:
+def _default_request_count(config: LatencyConfig) -> LatencyConfig:
+    if config.num_requests is None and config.duration_s is None:
+        return dataclasses.replace(config, num_requests=DEFAULT_NUM_REQUESTS)
+    return config
+
+
+async def one_at_a_time(config: LatencyConfig, prompts: list[Prompt]) -> list[RunResult]:
     """The warmup requests, then the counted ones, each sent when the one before has ended."""
     if config.warmup_requests:
         warmup = dataclasses.replace(config, num_requests=config.warmup_requests, duration_s=None, progress=False)
         await LoadGenerator(warmup, prompts).run(1)
-    return await LoadGenerator(config, prompts).run(1)
+    return [await LoadGenerator(config, prompts).run(1)]
