@@ -108,6 +108,18 @@ def test_layer_keeps_the_input_shape_and_dtype_and_its_weights():
     assert torch.equal(layer(x[1]), y[1])  # a step's 2-d bfloat16 rows take the short path: the same products
 
 
+@needs_kernel
+def test_no_rows_give_an_empty_product():
+    """A step with no row to compute (a prefill chunk whose logits nobody needs) gets `[0, out]`, not an error."""
+    int8 = Int8BlockLinear.load(*quantize_blocks(_weight(48, 64)))
+    groups = quantize_int4(_weight(48, 64), torch.float16)
+    int4 = Int4BlockLinear.load(groups.codes, groups.scales, groups.offsets)
+    for layer in (int8, int4):
+        for x in (torch.empty(0, 64, dtype=torch.bfloat16), torch.empty(0, 64), torch.empty(2, 0, 64)):
+            y = layer(x)
+            assert y.shape == (*x.shape[:-1], 48) and y.dtype == x.dtype
+
+
 def test_quantize_blocks_is_q8_0_rounding():
     """Each weight within half a step of its block's scale; the scales are float16 values."""
     weight = _weight(32, 128)

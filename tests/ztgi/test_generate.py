@@ -207,6 +207,17 @@ def test_quantized_weights_in_process(tiny_model_dir) -> None:
     assert [o.outputs[0].token_ids for o in alone.generate(prompts, params, use_tqdm=False)] == replies
 
 
+def test_quantized_prompt_longer_than_a_step(smollm2) -> None:
+    """`quantize="int4"|"int8"` on the embedded GGUF: a prompt chunked over several steps (a step of
+    prefill alone needs no logits: an empty product for the Q8_0 lm_head) comes back whole."""
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    prompt = {"prompt_token_ids": [(7 * i) % 1000 + 10 for i in range(1500)]}
+    for quantize in ("int4", "int8"):
+        engine = LLM(smollm2.path, dtype="bfloat16", device="cpu", quantize=quantize, enable_prefix_caching=False)
+        [output] = engine.generate(prompt, params, use_tqdm=False)
+        assert len(output.outputs[0].token_ids) == 4, quantize
+
+
 def test_prefix_caching_can_be_turned_off(tiny_model_dir) -> None:
     """`LLM(enable_prefix_caching=False)` (vLLM's name; `prefix_caching` is the server's): the
     engine's block allocator keeps no cache, so a prompt that starts like an earlier one is computed

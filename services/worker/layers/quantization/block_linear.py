@@ -105,6 +105,8 @@ class BlockLinear:
     def _product(self, rows: torch.Tensor, bf16: bool) -> torch.Tensor:
         """The kernel over contiguous `[rows, in]` of its dtype (bfloat16 or float32)."""
         out = rows.new_empty(rows.shape[0], self.out_features)
+        if not rows.shape[0]:  # a step with no row to compute (a prefill chunk that needs no logits)
+            return out
         status = self._kernel(rows.data_ptr(), bf16, rows.shape[0], self.in_features, *self._pointers,
                               self.out_features, out.data_ptr(), torch.get_num_threads())
         if status != 0:
