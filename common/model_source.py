@@ -17,6 +17,8 @@ import os
 import shutil
 import tempfile
 
+from ztgi.common.gguf_header import GgufError, check_gguf
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_ID = "smollm2"
@@ -78,6 +80,10 @@ def _converted_gguf(gguf_path: str) -> str:
     target = os.path.join(cache_root(), "models", f"{os.path.basename(gguf_path)[:-5]}-{digest}")
     if os.path.isfile(os.path.join(target, "config.json")):
         return target
+    try:
+        check_gguf(gguf_path, _gguf_architectures)
+    except GgufError as exc:
+        raise ModelNotFoundError(str(exc)) from None
     logger.info("converting %s to %s (once)", gguf_path, target)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".converting-", dir=os.path.dirname(target))
@@ -92,6 +98,13 @@ def _converted_gguf(gguf_path: str) -> str:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _gguf_architectures() -> list[str]:
+    """The GGUF architectures transformers' loader reads (what the conversion below relies on)."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    return list(GGUF_SUPPORTED_ARCHITECTURES)
 
 
 def _save_gguf_as_pretrained(gguf_path: str, directory: str) -> None:
