@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.e2e.server import LaunchedServer
-from tests.worker.paged.family_models import WINDOW, save_family_model
+from tests.worker.models.family_models import WINDOW, save_family_model
 
 PROMPT = ("Once upon a time, in a small village at the edge of a great forest, there lived an old "
           "clockmaker who")

@@ -13,7 +13,7 @@ from ztgi.services.worker.models.loading import resolve_device, resolve_dtype
 
 def test_auto_picks_cuda_when_present_and_the_rules_dtype_on_cpu():
     """`auto` device is cuda when available, else cpu; `auto` dtype on CPU is `dtype_choice`'s
-    (float32 or bfloat16, tests/worker/test_dtype_choice.py), explicit ones stay."""
+    (float32 or bfloat16, tests/worker/models/test_dtype_choice.py), explicit ones stay."""
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_dtype("auto", torch.device("cpu")) in (torch.float32, torch.bfloat16)
     assert resolve_dtype("bfloat16", torch.device("cpu")) is torch.bfloat16

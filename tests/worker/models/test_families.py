@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.worker.engine_helpers import batch_of, request, run_to_end, step, token_ids
-from tests.worker.paged.family_models import WINDOW, save_family_model
+from tests.worker.models.family_models import WINDOW, save_family_model
 from ztgi.common.messages import SeqUpdate
 from ztgi.services.worker.model_loader import load_model, resolve_kv_cache
 from ztgi.services.worker.models.families import FAMILIES, layer_windows
@@ -97,8 +97,8 @@ def test_gguf_of_a_family_serves_natively(smollm2, prompts, tmp_path, monkeypatc
     original model's `generate`."""
     from transformers import Qwen2Config
 
-    from tests.worker.paged.family_gguf import write_qwen2_gguf
-    from tests.worker.paged.family_models import COMMON
+    from tests.worker.models.family_gguf import write_qwen2_gguf
+    from tests.worker.models.family_models import COMMON
     from ztgi.common.model_source import resolve_model
 
     monkeypatch.setenv("ZTGI_CACHE_DIR", str(tmp_path / "cache"))

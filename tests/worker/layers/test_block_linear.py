@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.worker.test_quantized_linear import _weight, _write_gguf
+from tests.worker.layers.test_quantized_linear import _weight, _write_gguf
 from ztgi.services.worker.layers.quantization.block_linear import (
     BLOCK_SIZE,
     Int4BlockLinear,
