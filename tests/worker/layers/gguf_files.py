@@ -1,11 +1,17 @@
-"""Test helpers: raw GGUF blocks of any type with valid float16 factors, and real GGUF files of them.
+"""Test helpers: raw GGUF blocks of any type with valid float16 factors, real GGUF files of them, and
+llama.cpp's own quantizer and de-quantizer where its build is here.
 
 The float16 factors' byte offsets inside each block are written here from llama.cpp's
 `ggml-common.h`, apart from the code under test, so random bytes never make a NaN or infinite scale.
+gguf-py cannot quantize to the K-quants; llama.cpp's `libggml-base` (the build the llama.cpp
+benchmark uses, docs/benchmarks-history.md; another one through `ZTGI_LLAMA_CPP_BUILD`) can.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import os
 from collections.abc import Mapping
 
 import gguf
@@ -58,3 +64,45 @@ def write_each_type(path: str, kinds: list[Q], out_features: int = 8, in_feature
                for number, kind in enumerate(kinds)}
     write_gguf(path, tensors)
     return tensors
+
+
+LLAMA_CPP_BUILD = os.environ.get("ZTGI_LLAMA_CPP_BUILD", "/work/llama.cpp-build")
+
+
+@functools.cache
+def llama_cpp_library() -> ctypes.CDLL | None:
+    """llama.cpp's `libggml-base.so` from `LLAMA_CPP_BUILD`, or None where it is not built."""
+    path = os.path.join(LLAMA_CPP_BUILD, "bin", "libggml-base.so")
+    if not os.path.exists(path):
+        return None
+    library = ctypes.CDLL(path)
+    library.ggml_quantize_chunk.restype = ctypes.c_size_t
+    library.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                            ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    return library
+
+
+def llama_cpp_quantize(kind: Q, weights: np.ndarray) -> np.ndarray:
+    """float32 `[out, in]` weights quantized by llama.cpp (`ggml_quantize_chunk`, no importance matrix):
+    the block bytes `[out, bytes_per_row]` its tools write into a file."""
+    library = llama_cpp_library()
+    assert library is not None, f"no llama.cpp build at {LLAMA_CPP_BUILD}"
+    weights = np.ascontiguousarray(weights, dtype=np.float32)
+    out_features, in_features = weights.shape
+    blocks = np.zeros(gguf.quant_shape_to_byte_shape(weights.shape, kind), dtype=np.uint8)
+    written = library.ggml_quantize_chunk(int(kind), weights.ctypes.data, blocks.ctypes.data, 0, out_features,
+                                          in_features, None)
+    assert written == blocks.nbytes, (kind.name, written, blocks.nbytes)
+    return blocks
+
+
+def llama_cpp_dequantize(kind: Q, blocks: np.ndarray) -> np.ndarray:
+    """llama.cpp's own `dequantize_row_<type>` of block bytes `[out, bytes_per_row]`: float32 `[out, in]`."""
+    library = llama_cpp_library()
+    assert library is not None, f"no llama.cpp build at {LLAMA_CPP_BUILD}"
+    blocks = np.ascontiguousarray(blocks)
+    weights = np.zeros(gguf.quant_shape_from_byte_shape(blocks.shape, kind), dtype=np.float32)
+    dequantize_row = getattr(library, f"dequantize_row_{kind.name.lower().replace('_k', '_K')}")
+    dequantize_row.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    dequantize_row(blocks.ctypes.data, weights.ctypes.data, weights.size)
+    return weights

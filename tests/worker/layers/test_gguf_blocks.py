@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from tests.worker.layers.gguf_files import Q, random_blocks, write_each_type
+from tests.worker.layers.gguf_files import (
+    LLAMA_CPP_BUILD,
+    Q,
+    llama_cpp_dequantize,
+    llama_cpp_library,
+    llama_cpp_quantize,
+    random_blocks,
+    write_each_type,
+)
 from ztgi.services.worker.layers.quantization.gguf_blocks import COVERED_TYPES, block_codes, dequantized_rows
 
 COVERED = [Q(kind) for kind in COVERED_TYPES]
@@ -53,6 +61,19 @@ def test_quantized_weights_equal_gguf_dequantize(kind):
     codes = block_codes(int(kind), data, 16, 256)
     assert codes is not None
     _assert_same_weights(kind, codes.dequantized(), gguf.quants.dequantize(data, kind))
+
+
+@pytest.mark.skipif(llama_cpp_library() is None, reason=f"no llama.cpp build at {LLAMA_CPP_BUILD}")
+@pytest.mark.parametrize("kind", COVERED, ids=lambda kind: kind.name)
+def test_llama_cpp_blocks_equal_llama_cpp_dequantize(kind):
+    """Blocks llama.cpp's own quantizer writes (K-quants included, negative Q6_K scales among them)
+    give the weights llama.cpp's own `dequantize_row_*` gives (symmetric types: up to the sign of zero)."""
+    rng = np.random.default_rng(4)
+    weights = rng.standard_normal((32, 1024)) * 0.02 + rng.standard_normal((32, 1)) * 0.01  # rows off zero
+    data = llama_cpp_quantize(kind, weights)
+    codes = block_codes(int(kind), data, 32, 1024)
+    assert codes is not None
+    _assert_same_weights(kind, codes.dequantized(), llama_cpp_dequantize(kind, data))
 
 
 def test_every_code_value_is_read():
