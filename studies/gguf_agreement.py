@@ -14,11 +14,14 @@ Reported per type and server: the share of requests whose ids are all identical 
 and the median and mean number of positions before a request's first divergence (a request that
 never diverges counts all its positions). Which tensor types each file really holds is reported
 too: llama-quantize writes a fallback type where a tensor's rows do not fit the type's blocks.
+The anchor and type files stay in `--work-dir`, and so do llama-server's ids (by its version, the
+file and the requests): a second run of the study computes only ztgi's again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -120,19 +123,54 @@ def first_divergence(anchor: Sequence[int], other: Sequence[int]) -> int:
     return next((i for i, (a, o) in enumerate(zip(anchor, other)) if a != o), min(len(anchor), len(other)))
 
 
+class RunCache:
+    """llama-server's ids kept in a JSON file, by its version, the GGUF and the requests: ztgi is what
+    changes from one run of this study to the next, llama.cpp's build does not."""
+
+    def __init__(self, path: str, version: str, requests: GreedyRequests) -> None:
+        self.path, self.version = path, version
+        self.requests_digest = hashlib.sha256(json.dumps(dataclasses.asdict(requests)).encode()).hexdigest()[:16]
+        self.entries: dict[str, list[list[int]]] = {}
+        if os.path.exists(path):
+            with open(path) as file:
+                self.entries = json.load(file)
+
+    def key(self, gguf: str) -> str:
+        return f"{self.version}|{os.path.basename(gguf)}|{self.requests_digest}"
+
+    def get(self, gguf: str) -> list[list[int]] | None:
+        return self.entries.get(self.key(gguf))
+
+    def put(self, gguf: str, ids: list[list[int]]) -> None:
+        self.entries[self.key(gguf)] = ids
+        with open(self.path + ".partial", "w") as file:
+            json.dump(self.entries, file)
+        os.replace(self.path + ".partial", self.path)
+
+
 class AgreementRun:
     """Both servers' anchor runs once, then each type's file on both, measured against them."""
 
-    def __init__(self, config: GgufAgreementConfig, requests: GreedyRequests) -> None:
+    def __init__(self, config: GgufAgreementConfig, requests: GreedyRequests, llama_version: str) -> None:
         self.config, self.requests = config, requests
         self.files = config.files()
+        self.llama_runs = RunCache(self.files.prefix + "-llama-server-runs.json", llama_version, requests)
         self.anchor_ids: dict[str, list[list[int]]] = {}
 
     def greedy(self, server: str, gguf: str, anchor: bool) -> list[list[int]]:
         if server == "llama-server":
-            return llama_server_greedy(self.config.binary("llama-server"), gguf, self.requests, self.config.num_threads)
+            return self.llama_server_greedy(gguf)
         dtype, quantize = (ANCHOR_DTYPE, ANCHOR_QUANTIZE) if anchor else (self.config.dtype, self.config.quantize)
         return ztgi_greedy(gguf, dtype, quantize, self.requests)
+
+    def llama_server_greedy(self, gguf: str) -> list[list[int]]:
+        ids = self.llama_runs.get(gguf)
+        if ids is None:
+            ids = llama_server_greedy(self.config.binary("llama-server"), gguf, self.requests, self.config.num_threads)
+            self.llama_runs.put(gguf, ids)
+        else:
+            logger.info("llama-server's ids on %s: kept from an earlier run (%s)", gguf, self.llama_runs.path)
+        return ids
 
     def run_anchor(self) -> dict[str, Any]:
         anchor = self.files.make_anchor()
@@ -189,11 +227,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     config, prompts = setup
     encoded = encode_prompts(load_tokenizer(config.source()), prompts)
     requests = GreedyRequests([r.input_ids for r in encoded], [r.max_new_tokens for r in encoded], config.ignore_eos)
-    run = AgreementRun(config, requests)
+    llama_version = llama_server_version(config.binary("llama-server"))
+    run = AgreementRun(config, requests, llama_version)
     anchor = run.run_anchor()
     types = [run.run_type(file_type) for file_type in config.file_types]
     results = {"config": dataclasses.asdict(config), "source": config.source(), "ztgi_commit": git_commit(),
-               "llama_server_version": llama_server_version(config.binary("llama-server")),
+               "llama_server_version": llama_version,
                "num_requests": len(requests.input_ids), "anchor": anchor, "types": types}
     table = markdown_table(types)
     sys.stdout.write(table)

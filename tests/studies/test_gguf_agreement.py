@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from studies import gguf_agreement
-from studies.gguf_agreement import Agreement, first_divergence, markdown_table
+from studies.gguf_agreement import Agreement, RunCache, first_divergence, markdown_table
 from studies.gguf_anchor import AnchorFiles, tensor_types, write_float16_anchor
+from studies.greedy_runs import GreedyRequests
 from ztgi.common.model_source import embedded_gguf_path
 
 LLAMA_CPP_BUILD = os.environ.get("ZTGI_LLAMA_CPP_BUILD", "/work/llama.cpp-build")
@@ -110,6 +111,18 @@ def test_the_table_has_a_row_per_type_with_both_servers():
     lines = markdown_table([row]).splitlines()
     assert len(lines) == 3
     assert lines[2] == "| Q4_K_M | Q5_0 3, Q4_K 1 | 50% | 12.5 / 14.2 | 100% | 12.5 / 14.2 |"
+
+
+def test_llama_server_runs_are_kept_by_version_file_and_requests(tmp_path):
+    """A kept run is found again by a new cache on the same file, and not for another version,
+    another GGUF or other requests."""
+    requests = GreedyRequests([[1, 2], [3]], [4, 4])
+    path = str(tmp_path / "runs.json")
+    RunCache(path, "version: 1 (abc)", requests).put("/x/model-Q8_0.gguf", [[5, 6, 7, 8], [9, 9, 9, 9]])
+    assert RunCache(path, "version: 1 (abc)", requests).get("/x/model-Q8_0.gguf") == [[5, 6, 7, 8], [9, 9, 9, 9]]
+    assert RunCache(path, "version: 2 (def)", requests).get("/x/model-Q8_0.gguf") is None
+    assert RunCache(path, "version: 1 (abc)", requests).get("/x/model-Q4_0.gguf") is None
+    assert RunCache(path, "version: 1 (abc)", GreedyRequests([[1, 2], [3]], [4, 5])).get("/x/model-Q8_0.gguf") is None
 
 
 @needs_llama_cpp
