@@ -185,7 +185,12 @@ class AgreementRun:
                                   "tensor_types": tensor_types(path), "ids": {}}
         for server in SERVERS:
             logger.info("%s on %s", server, path)
-            ids = self.greedy(server, path, anchor=False)
+            try:
+                ids = self.greedy(server, path, anchor=False)
+            except Exception as exc:  # one server failing on one type is a result; the other rows still run
+                logger.exception("%s failed on %s", server, path)
+                result[server] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
             result["ids"][server] = ids
             result[server] = Agreement.of(self.anchor_ids[server], ids).summary()
             logger.info("%s %s: %s", server, file_type, result[server])
@@ -199,13 +204,17 @@ def markdown_table(types: Sequence[dict[str, Any]]) -> str:
              "divergence, median / mean |", "|---|---|---|---|---|---|"]
     for row in types:
         held = ", ".join(f"{name} {count}" for name, count in row["tensor_types"].items())
-        cells = [row["type"], held]
-        for server in SERVERS:
-            figures = row[server]
-            cells += [f"{figures['requests_identical']:.0%}", f"{figures['median_positions_before_divergence']:g} / "
-                      f"{figures['mean_positions_before_divergence']:.1f}"]
+        cells = [row["type"], held, *(cell for server in SERVERS for cell in _server_cells(row[server]))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _server_cells(figures: dict[str, Any]) -> list[str]:
+    """A server's two cells: the share identical, the median / mean positions (or its error)."""
+    if "error" in figures:
+        return ["failed", figures["error"].splitlines()[0][:80].replace("|", "/")]
+    return [f"{figures['requests_identical']:.0%}",
+            f"{figures['median_positions_before_divergence']:g} / {figures['mean_positions_before_divergence']:.1f}"]
 
 
 def git_commit() -> str:

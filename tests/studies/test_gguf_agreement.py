@@ -103,14 +103,17 @@ def test_divergence_counts_the_leading_ids_that_agree():
 
 
 def test_the_table_has_a_row_per_type_with_both_servers():
-    """The Markdown table: the file's tensor types, then ztgi's and llama-server's figures side by side."""
+    """The Markdown table: the file's tensor types, then ztgi's and llama-server's figures side by side
+    (a server that failed on a type: its error's first line)."""
     figures = {"requests_identical": 0.5, "median_positions_before_divergence": 12.5,
                "mean_positions_before_divergence": 14.25}
     row = {"type": "Q4_K_M", "tensor_types": {"Q5_0": 3, "Q4_K": 1}, "ztgi": figures,
            "llama-server": {**figures, "requests_identical": 1.0}}
-    lines = markdown_table([row]).splitlines()
-    assert len(lines) == 3
+    failed = {**row, "type": "Q6_K", "ztgi": {"error": "RuntimeError: no | kernel\nTraceback"}}
+    lines = markdown_table([row, failed]).splitlines()
+    assert len(lines) == 4
     assert lines[2] == "| Q4_K_M | Q5_0 3, Q4_K 1 | 50% | 12.5 / 14.2 | 100% | 12.5 / 14.2 |"
+    assert lines[3] == "| Q6_K | Q5_0 3, Q4_K 1 | failed | RuntimeError: no / kernel | 100% | 12.5 / 14.2 |"
 
 
 def test_llama_server_runs_are_kept_by_version_file_and_requests(tmp_path):
