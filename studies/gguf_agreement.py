@@ -67,7 +67,9 @@ class GgufAgreementConfig:
     dtype: str = dataclasses.field(default="bfloat16", metadata=_help("ztgi's activations on the type files"))
     quantize: str = dataclasses.field(default="gguf", metadata=_help(
         "ztgi's --quantize on the type files (gguf: the blocks as stored)"))
-    num_threads: int = dataclasses.field(default=2, metadata=_help("llama-server -t and llama-quantize's threads"))
+    num_threads: int = dataclasses.field(default=1, metadata=_help(
+        "llama-server -t and llama-quantize's threads (the ids do not depend on it; on a busy machine more than "
+        "one thread waits on the others at every step)"))
     work_dir: str = dataclasses.field(default="", metadata=_help(
         "where the anchor and type files are made and kept (default: the ztgi cache's gguf-agreement/)"))
     output: str | None = dataclasses.field(default=None, metadata=_help("write the JSON results here"))
