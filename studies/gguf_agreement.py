@@ -11,9 +11,11 @@ ignored unless `--no-ignore-eos`), as the same token ids on both sides:
   ztgi on the anchor with `--quantize none --dtype float32` (the float weights, exactly);
 - llama-server serves each type's file against llama-server on the anchor (F16 weights).
 Reported per type and server: the share of requests whose ids are all identical to the anchor's,
-and the median and mean number of positions before a request's first divergence (a request that
-never diverges counts all its positions). Which tensor types each file really holds is reported
-too: llama-quantize writes a fallback type where a tensor's rows do not fit the type's blocks.
+the median and mean number of positions before a request's first divergence (a request that
+never diverges counts all its positions), and the median, over the diverging requests, of the
+anchor's logprob gap between its two best candidates where the type's run parted from it.
+Which tensor types each file really holds is reported too: llama-quantize writes a fallback type
+where a tensor's rows do not fit the type's blocks.
 The anchor and type files stay in `--work-dir`, and so do llama-server's ids (by its version, the
 file and the requests): a second run of the study computes only ztgi's again.
 """
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from studies.gguf_anchor import AnchorFiles, tensor_types
-from studies.greedy_runs import GreedyRequests, llama_server_greedy, ztgi_greedy
+from studies.greedy_runs import GreedyRequests, GreedyRun, llama_server_greedy, ztgi_greedy
 from ztgi.bench.baseline_setup import parse_workload
 from ztgi.bench.offline_workload import encode_prompts
 from ztgi.common.config import require
@@ -102,22 +104,30 @@ class GgufAgreementConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Agreement:
-    """One run's ids against the anchor run's, request by request."""
+    """One run's ids against the anchor run's, request by request; at each request's first divergence,
+    how close the anchor's own two best candidates were (their logprob gap: small where greedy took a
+    near coin toss, large where the weights' error outweighed a clear preference)."""
 
     positions_before_divergence: list[int]
     identical: list[bool]
+    anchor_gaps_at_divergence: list[float]
 
     @classmethod
-    def of(cls, anchor: Sequence[Sequence[int]], other: Sequence[Sequence[int]]) -> Agreement:
-        assert len(anchor) == len(other), (len(anchor), len(other))
-        return cls([first_divergence(a, o) for a, o in zip(anchor, other)],
-                   [list(a) == list(o) for a, o in zip(anchor, other)])
+    def of(cls, anchor: GreedyRun, other: GreedyRun) -> Agreement:
+        assert len(anchor.ids) == len(other.ids), (len(anchor.ids), len(other.ids))
+        positions = [first_divergence(a, o) for a, o in zip(anchor.ids, other.ids)]
+        identical = [a == o for a, o in zip(anchor.ids, other.ids)]
+        gaps = [top2[0][1] - top2[1][1] for top2 in (
+            steps[at] for steps, at, same in zip(anchor.top2, positions, identical) if not same and at < len(steps))
+            if len(top2) == 2]
+        return cls(positions, identical, gaps)
 
-    def summary(self) -> dict[str, float]:
-        positions = self.positions_before_divergence
+    def summary(self) -> dict[str, float | None]:
+        positions, gaps = self.positions_before_divergence, self.anchor_gaps_at_divergence
         return {"requests_identical": sum(self.identical) / len(self.identical),
                 "median_positions_before_divergence": float(statistics.median(positions)),
-                "mean_positions_before_divergence": statistics.fmean(positions)}
+                "mean_positions_before_divergence": statistics.fmean(positions),
+                "median_anchor_gap_at_divergence": float(statistics.median(gaps)) if gaps else None}
 
 
 def first_divergence(anchor: Sequence[int], other: Sequence[int]) -> int:
@@ -132,19 +142,20 @@ class RunCache:
     def __init__(self, path: str, version: str, requests: GreedyRequests) -> None:
         self.path, self.version = path, version
         self.requests_digest = hashlib.sha256(json.dumps(dataclasses.asdict(requests)).encode()).hexdigest()[:16]
-        self.entries: dict[str, list[list[int]]] = {}
+        self.entries: dict[str, dict[str, Any]] = {}
         if os.path.exists(path):
             with open(path) as file:
                 self.entries = json.load(file)
 
     def key(self, gguf: str) -> str:
-        return f"{self.version}|{os.path.basename(gguf)}|{self.requests_digest}"
+        return f"{self.version}|{os.path.basename(gguf)}|{self.requests_digest}|ids+top2"
 
-    def get(self, gguf: str) -> list[list[int]] | None:
-        return self.entries.get(self.key(gguf))
+    def get(self, gguf: str) -> GreedyRun | None:
+        entry = self.entries.get(self.key(gguf))
+        return None if entry is None else GreedyRun.from_json(entry)
 
-    def put(self, gguf: str, ids: list[list[int]]) -> None:
-        self.entries[self.key(gguf)] = ids
+    def put(self, gguf: str, run: GreedyRun) -> None:
+        self.entries[self.key(gguf)] = run.to_json()
         with open(self.path + ".partial", "w") as file:
             json.dump(self.entries, file)
         os.replace(self.path + ".partial", self.path)
@@ -157,53 +168,54 @@ class AgreementRun:
         self.config, self.requests = config, requests
         self.files = config.files()
         self.llama_runs = RunCache(self.files.prefix + "-llama-server-runs.json", llama_version, requests)
-        self.anchor_ids: dict[str, list[list[int]]] = {}
+        self.anchor_runs: dict[str, GreedyRun] = {}
 
-    def greedy(self, server: str, gguf: str, anchor: bool) -> list[list[int]]:
+    def greedy(self, server: str, gguf: str, anchor: bool) -> GreedyRun:
         if server == "llama-server":
             return self.llama_server_greedy(gguf)
         dtype, quantize = (ANCHOR_DTYPE, ANCHOR_QUANTIZE) if anchor else (self.config.dtype, self.config.quantize)
         return ztgi_greedy(gguf, dtype, quantize, self.requests)
 
-    def llama_server_greedy(self, gguf: str) -> list[list[int]]:
-        ids = self.llama_runs.get(gguf)
-        if ids is None:
-            ids = llama_server_greedy(self.config.binary("llama-server"), gguf, self.requests, self.config.num_threads)
-            self.llama_runs.put(gguf, ids)
+    def llama_server_greedy(self, gguf: str) -> GreedyRun:
+        run = self.llama_runs.get(gguf)
+        if run is None:
+            run = llama_server_greedy(self.config.binary("llama-server"), gguf, self.requests, self.config.num_threads)
+            self.llama_runs.put(gguf, run)
         else:
             logger.info("llama-server's ids on %s: kept from an earlier run (%s)", gguf, self.llama_runs.path)
-        return ids
+        return run
 
     def run_anchor(self) -> dict[str, Any]:
         anchor = self.files.make_anchor()
         for server in SERVERS:
             logger.info("%s on the anchor %s", server, anchor)
-            self.anchor_ids[server] = self.greedy(server, anchor, anchor=True)
-        return {"file": anchor, "tensor_types": tensor_types(anchor), "ids": self.anchor_ids}
+            self.anchor_runs[server] = self.greedy(server, anchor, anchor=True)
+        return {"file": anchor, "tensor_types": tensor_types(anchor),
+                "runs": {server: run.to_json() for server, run in self.anchor_runs.items()}}
 
     def run_type(self, file_type: str) -> dict[str, Any]:
         path = self.files.make_type_file(file_type)
         result: dict[str, Any] = {"type": file_type, "file": path, "file_bytes": os.path.getsize(path),
-                                  "tensor_types": tensor_types(path), "ids": {}}
+                                  "tensor_types": tensor_types(path), "runs": {}}
         for server in SERVERS:
             logger.info("%s on %s", server, path)
             try:
-                ids = self.greedy(server, path, anchor=False)
+                run = self.greedy(server, path, anchor=False)
             except Exception as exc:  # one server failing on one type is a result; the other rows still run
                 logger.exception("%s failed on %s", server, path)
                 result[server] = {"error": f"{type(exc).__name__}: {exc}"}
                 continue
-            result["ids"][server] = ids
-            result[server] = Agreement.of(self.anchor_ids[server], ids).summary()
+            result["runs"][server] = run.to_json()
+            result[server] = Agreement.of(self.anchor_runs[server], run).summary()
             logger.info("%s %s: %s", server, file_type, result[server])
         return result
 
 
 def markdown_table(types: Sequence[dict[str, Any]]) -> str:
     """One row per type: what the file holds, then each server's agreement with its own anchor."""
-    lines = ["| file type | tensor types in the file | ztgi: requests identical | ztgi: positions before "
-             "divergence, median / mean | llama-server: requests identical | llama-server: positions before "
-             "divergence, median / mean |", "|---|---|---|---|---|---|"]
+    header = [f"{server}: {what}" for server in SERVERS for what in (
+        "requests identical", "positions before divergence, median / mean", "anchor's top-2 gap there, median")]
+    lines = ["| " + " | ".join(["file type", "tensor types in the file", *header]) + " |", "|---" * 8 + "|"]
     for row in types:
         held = ", ".join(f"{name} {count}" for name, count in row["tensor_types"].items())
         cells = [row["type"], held, *(cell for server in SERVERS for cell in _server_cells(row[server]))]
@@ -212,11 +224,13 @@ def markdown_table(types: Sequence[dict[str, Any]]) -> str:
 
 
 def _server_cells(figures: dict[str, Any]) -> list[str]:
-    """A server's two cells: the share identical, the median / mean positions (or its error)."""
+    """A server's three cells: the share identical, the median / mean positions, the anchor's gap (or its error)."""
     if "error" in figures:
-        return ["failed", figures["error"].splitlines()[0][:80].replace("|", "/")]
+        return ["failed", figures["error"].splitlines()[0][:80].replace("|", "/"), ""]
+    gap = figures["median_anchor_gap_at_divergence"]
     return [f"{figures['requests_identical']:.0%}",
-            f"{figures['median_positions_before_divergence']:g} / {figures['mean_positions_before_divergence']:.1f}"]
+            f"{figures['median_positions_before_divergence']:g} / {figures['mean_positions_before_divergence']:.1f}",
+            "-" if gap is None else f"{gap:.3f}"]
 
 
 def git_commit() -> str:

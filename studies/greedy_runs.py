@@ -1,10 +1,12 @@
-"""Greedy token ids of the same prompts (as token ids) from ztgi in-process and from llama-server over HTTP.
+"""Greedy token ids of the same prompts (as token ids) from ztgi in-process and from llama-server over HTTP,
+with the two best candidates and their logprobs at every position.
 
-ztgi runs `ztgi.LLM` (the server's engine and batching, every prompt queued at once) in a fresh
-spawned process per model, so one model's memory and threads never reach the next.
+ztgi runs `ztgi.LLM` (the server's engine and batching, every prompt queued at once, `logprobs=2`)
+in a fresh spawned process per model, so one model's memory and threads never reach the next.
 llama-server runs one slot and one request at a time through `/completion`: the prompt as token
 ids, `temperature 0` with the temperature sampler alone (the argmax of the logits),
-`cache_prompt false`, the generated ids from `return_tokens`.
+`cache_prompt false`, the generated ids from `return_tokens`, the top two of the logits' softmax
+from `n_probs 2` (before sampling).
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import json
 import multiprocessing
 import urllib.request
 from collections.abc import Sequence
+from typing import Any
 
 from ztgi.bench.llama_server import LlamaServer, server_flags
 
 REQUEST_TIMEOUT_S = 600.0
+Candidates = list[tuple[int, float]]  # the two best (token id, logprob) at one position, best first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,37 +38,65 @@ class GreedyRequests:
         return max(len(ids) + n for ids, n in zip(self.input_ids, self.max_new_tokens))
 
 
-def ztgi_greedy(model: str, dtype: str, quantize: str, requests: GreedyRequests) -> list[list[int]]:
-    """Each request's greedy ids from `ztgi.LLM(model, dtype, quantize=...)` on the CPU, run in a
-    spawned process."""
+@dataclasses.dataclass(frozen=True)
+class GreedyRun:
+    """Each request's generated ids and, at each of its positions, the two best candidates."""
+
+    ids: list[list[int]]
+    top2: list[list[Candidates]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ids": self.ids, "top2": self.top2}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GreedyRun:
+        return cls(data["ids"], [[[(int(i), float(p)) for i, p in step] for step in steps] for steps in data["top2"]])
+
+
+def ztgi_greedy(model: str, dtype: str, quantize: str, requests: GreedyRequests) -> GreedyRun:
+    """Each request's greedy run from `ztgi.LLM(model, dtype, quantize=...)` on the CPU, in a spawned process."""
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
         return pool.submit(_ztgi_greedy_here, model, dtype, quantize, requests).result()
 
 
-def _ztgi_greedy_here(model: str, dtype: str, quantize: str, requests: GreedyRequests) -> list[list[int]]:
+def _ztgi_greedy_here(model: str, dtype: str, quantize: str, requests: GreedyRequests) -> GreedyRun:
     from ztgi import LLM, SamplingParams
 
     llm = LLM(model, dtype=dtype, device="cpu", quantize=quantize, prefix_caching=False)
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=requests.ignore_eos)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=requests.ignore_eos, logprobs=2)
               for n in requests.max_new_tokens]
     prompts = [{"prompt_token_ids": ids} for ids in requests.input_ids]
-    return [list(output.outputs[0].token_ids) for output in llm.generate(prompts, params, use_tqdm=False)]
+    sequences = [output.outputs[0] for output in llm.generate(prompts, params, use_tqdm=False)]
+    return GreedyRun([list(sequence.token_ids) for sequence in sequences],
+                     [[_ranked(step) for step in sequence.logprobs or []] for sequence in sequences])
 
 
-def llama_server_greedy(binary: str, gguf: str, requests: GreedyRequests, num_threads: int) -> list[list[int]]:
-    """Each request's greedy ids from `llama-server -m GGUF` (one slot), one request after another."""
+def _ranked(step: dict[int, Any]) -> Candidates:
+    """A step's top candidates (`Logprob`s with a rank), best first."""
+    ranked = sorted((logprob.rank, token_id, logprob.logprob) for token_id, logprob in step.items()
+                    if logprob.rank is not None)
+    return [(token_id, value) for _, token_id, value in ranked[:2]]
+
+
+def llama_server_greedy(binary: str, gguf: str, requests: GreedyRequests, num_threads: int) -> GreedyRun:
+    """Each request's greedy run from `llama-server -m GGUF` (one slot), one request after another."""
     flags = server_flags(gguf, 1, num_threads, requests.max_total_tokens, cache_prompt=False)
     with LlamaServer(binary, flags) as server:
-        return [completion_ids(server.url, ids, n, requests.ignore_eos)
-                for ids, n in zip(requests.input_ids, requests.max_new_tokens)]
+        answers = [completion(server.url, ids, n, requests.ignore_eos)
+                   for ids, n in zip(requests.input_ids, requests.max_new_tokens)]
+    return GreedyRun([ids for ids, _ in answers], [top2 for _, top2 in answers])
 
 
-def completion_ids(url: str, input_ids: Sequence[int], max_new_tokens: int, ignore_eos: bool) -> list[int]:
-    """One greedy `/completion` of `input_ids`: the generated token ids."""
+def completion(url: str, input_ids: Sequence[int], max_new_tokens: int,
+               ignore_eos: bool) -> tuple[list[int], list[Candidates]]:
+    """One greedy `/completion` of `input_ids`: the generated ids and each position's two best candidates."""
     body = {"prompt": list(input_ids), "n_predict": max_new_tokens, "temperature": 0.0, "samplers": ["temperature"],
-            "cache_prompt": False, "ignore_eos": ignore_eos, "return_tokens": True, "stream": False}
+            "cache_prompt": False, "ignore_eos": ignore_eos, "return_tokens": True, "n_probs": 2, "stream": False}
     request = urllib.request.Request(f"{url}/completion", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-        return [int(token_id) for token_id in json.load(response)["tokens"]]
+        answer = json.load(response)
+    top2 = [[(int(top["id"]), float(top["logprob"])) for top in step["top_logprobs"][:2]]
+            for step in answer["completion_probabilities"]]
+    return [int(token_id) for token_id in answer["tokens"]], top2

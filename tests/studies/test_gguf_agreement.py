@@ -13,7 +13,7 @@ import pytest
 from studies import gguf_agreement
 from studies.gguf_agreement import Agreement, RunCache, first_divergence, markdown_table
 from studies.gguf_anchor import AnchorFiles, tensor_types, write_float16_anchor
-from studies.greedy_runs import GreedyRequests
+from studies.greedy_runs import GreedyRequests, GreedyRun
 from ztgi.common.model_source import embedded_gguf_path
 
 LLAMA_CPP_BUILD = os.environ.get("ZTGI_LLAMA_CPP_BUILD", "/work/llama.cpp-build")
@@ -96,24 +96,39 @@ def test_divergence_counts_the_leading_ids_that_agree():
     assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
     assert first_divergence([1, 2, 3], [1, 2]) == 2
     assert first_divergence([4], [1]) == 0
-    agreement = Agreement.of([[1, 2, 3, 4], [1, 2, 3, 4], [7, 8, 9, 9]], [[1, 2, 3, 4], [1, 0, 0, 0], [7, 8, 9]])
+
+def _run(ids: list[list[int]], gap: float = 1.0) -> GreedyRun:
+    """A run whose every position had its token best and `gap` nats ahead of a runner-up (id 0)."""
+    return GreedyRun(ids, [[[(token, -0.1), (0, -0.1 - gap * (position + 1))] for position, token in enumerate(steps)]
+                           for steps in ids])
+
+
+def test_agreement_counts_identical_requests_positions_and_the_anchors_gap_where_they_part():
+    """Share identical, median and mean positions before divergence, and the anchor's top-2 gap at each
+    first divergence (here 1 nat per position: 2 nats at the second position, 4 at the fourth)."""
+    anchor = _run([[1, 2, 3, 4], [1, 2, 3, 4], [7, 8, 9, 9]])
+    agreement = Agreement.of(anchor, _run([[1, 2, 3, 4], [1, 0, 0, 0], [7, 8, 9, 1]]))
+    assert agreement.anchor_gaps_at_divergence == [pytest.approx(2.0), pytest.approx(4.0)]
     assert agreement.summary() == {"requests_identical": pytest.approx(1 / 3),
                                    "median_positions_before_divergence": 3.0,
-                                   "mean_positions_before_divergence": pytest.approx(8 / 3)}
+                                   "mean_positions_before_divergence": pytest.approx(8 / 3),
+                                   "median_anchor_gap_at_divergence": pytest.approx(3.0)}
+    assert Agreement.of(anchor, anchor).summary()["median_anchor_gap_at_divergence"] is None
 
 
 def test_the_table_has_a_row_per_type_with_both_servers():
     """The Markdown table: the file's tensor types, then ztgi's and llama-server's figures side by side
     (a server that failed on a type: its error's first line)."""
     figures = {"requests_identical": 0.5, "median_positions_before_divergence": 12.5,
-               "mean_positions_before_divergence": 14.25}
+               "mean_positions_before_divergence": 14.25, "median_anchor_gap_at_divergence": 0.0123}
     row = {"type": "Q4_K_M", "tensor_types": {"Q5_0": 3, "Q4_K": 1}, "ztgi": figures,
-           "llama-server": {**figures, "requests_identical": 1.0}}
+           "llama-server": {**figures, "requests_identical": 1.0, "median_anchor_gap_at_divergence": None}}
     failed = {**row, "type": "Q6_K", "ztgi": {"error": "RuntimeError: no | kernel\nTraceback"}}
     lines = markdown_table([row, failed]).splitlines()
     assert len(lines) == 4
-    assert lines[2] == "| Q4_K_M | Q5_0 3, Q4_K 1 | 50% | 12.5 / 14.2 | 100% | 12.5 / 14.2 |"
-    assert lines[3] == "| Q6_K | Q5_0 3, Q4_K 1 | failed | RuntimeError: no / kernel | 100% | 12.5 / 14.2 |"
+    assert lines[2] == "| Q4_K_M | Q5_0 3, Q4_K 1 | 50% | 12.5 / 14.2 | 0.012 | 100% | 12.5 / 14.2 | - |"
+    assert lines[3] == "| Q6_K | Q5_0 3, Q4_K 1 | failed | RuntimeError: no / kernel |  | 100% | 12.5 / 14.2 | - |"
+    assert all(line.count("|") == 9 for line in lines)
 
 
 def test_llama_server_runs_are_kept_by_version_file_and_requests(tmp_path):
@@ -121,8 +136,9 @@ def test_llama_server_runs_are_kept_by_version_file_and_requests(tmp_path):
     another GGUF or other requests."""
     requests = GreedyRequests([[1, 2], [3]], [4, 4])
     path = str(tmp_path / "runs.json")
-    RunCache(path, "version: 1 (abc)", requests).put("/x/model-Q8_0.gguf", [[5, 6, 7, 8], [9, 9, 9, 9]])
-    assert RunCache(path, "version: 1 (abc)", requests).get("/x/model-Q8_0.gguf") == [[5, 6, 7, 8], [9, 9, 9, 9]]
+    run = _run([[5, 6, 7, 8], [9, 9, 9, 9]])
+    RunCache(path, "version: 1 (abc)", requests).put("/x/model-Q8_0.gguf", run)
+    assert RunCache(path, "version: 1 (abc)", requests).get("/x/model-Q8_0.gguf") == run
     assert RunCache(path, "version: 2 (def)", requests).get("/x/model-Q8_0.gguf") is None
     assert RunCache(path, "version: 1 (abc)", requests).get("/x/model-Q4_0.gguf") is None
     assert RunCache(path, "version: 1 (abc)", GreedyRequests([[1, 2], [3]], [4, 5])).get("/x/model-Q8_0.gguf") is None
@@ -152,9 +168,11 @@ def test_a_run_measures_both_servers_against_their_anchors(tiny_gguf, tmp_path):
     result = json.loads(output.read_text())
     (row,) = result["types"]
     for server in ("ztgi", "llama-server"):
-        anchor_ids, ids = result["anchor"]["ids"][server], row["ids"][server]
-        assert len(ids) == 3 and all(len(request) == 6 for request in ids + anchor_ids)
-        assert row[server] == Agreement.of(anchor_ids, ids).summary()
+        anchor, run = (GreedyRun.from_json(runs["runs"][server]) for runs in (result["anchor"], row))
+        assert len(run.ids) == 3 and all(len(ids) == 6 for ids in run.ids + anchor.ids)
+        assert all(len(steps) == 6 and all(len(top2) == 2 for top2 in steps) for steps in run.top2 + anchor.top2)
+        assert all(steps[0][0][0] == ids[0] for steps, ids in zip(run.top2, run.ids))  # greedy took the best
+        assert row[server] == Agreement.of(anchor, run).summary()
     assert row["tensor_types"]["Q8_0"] >= 7 * NUM_LAYERS
     assert markdown.read_text().splitlines()[2].startswith("| Q8_0 |")
 
