@@ -39,7 +39,7 @@ from ztgi.services.worker.layers.quantization.weight_scratch import WeightScratc
 
 INT8_MAX = 127
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
-LARGE_ROWS = 32  # more rows than this: de-quantized into scratch and multiplied by torch (see the commit)
+LARGE_ROWS = 96  # more rows: de-quantized into scratch and multiplied by torch (measured crossover: the commit)
 
 __all__ = ["BLOCK_SIZE", "BlockLinear", "Int4BlockLinear", "Int8BlockLinear", "quantize_blocks"]
 
