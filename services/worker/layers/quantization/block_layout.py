@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from ztgi.services.worker.layers.quantization.block_codes import BlockCodes
@@ -98,9 +99,7 @@ def _planes(grouped: torch.Tensor, bits: int) -> torch.Tensor:
     """Bits 4 and up of the codes `[tiles, blocks, groups, 16, 4]`: per plane and group the 64 bytes'
     bits as a little-endian 64-bit mask, `[tiles, blocks, planes, groups, 8]` bytes."""
     tiles, blocks = grouped.shape[0], grouped.shape[1]
-    weights = (1 << torch.arange(8, dtype=torch.int32))
-    planes = []
-    for plane in range(bits - NIBBLE_BITS):
-        bit = ((grouped >> (NIBBLE_BITS + plane)) & 1).to(torch.int32).reshape(tiles, blocks, GROUPS, 8, 8)
-        planes.append((bit * weights).sum(-1).to(torch.uint8))
-    return torch.stack(planes, dim=2).contiguous() if planes else torch.empty(0, dtype=torch.uint8)
+    codes = grouped.contiguous().numpy().reshape(tiles, blocks, 1, GROUPS, 64)
+    shifts = np.arange(NIBBLE_BITS, bits, dtype=np.uint8).reshape(1, 1, -1, 1, 1)
+    planes = np.packbits((codes >> shifts) & 1, axis=-1, bitorder="little")
+    return torch.from_numpy(planes) if bits > NIBBLE_BITS else torch.empty(0, dtype=torch.uint8)
