@@ -254,17 +254,25 @@ static void dequantize_block(const BlockWeights *w, int64_t blocks, int64_t tile
     case 6: load_groups(w, blocks, tile, b, 6, groups); break;
     default: load_groups(w, blocks, tile, b, 8, groups); break;
     }
-    uint32_t lanes[GROUPS][TILE];  /* [group][output]: four codes */
-    for (int g = 0; g < GROUPS; g++) _mm512_storeu_si512(lanes[g], groups[g]);
-    const __m256i across = _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112);
+    /* the groups' 8 x 16 four-code lanes turned to 16 outputs' 32 codes: after two unpacks, 128-bit
+     * lane L of halves[j] holds output 4 L + j's inputs 0-15, of halves[4 + j] its inputs 16-31 */
+    uint8_t halves[GROUPS][64] __attribute__((aligned(64)));
+    for (int q = 0; q < 2; q++) {
+        const __m512i *g = groups + 4 * q;
+        __m512i low01 = _mm512_unpacklo_epi32(g[0], g[1]), high01 = _mm512_unpackhi_epi32(g[0], g[1]);
+        __m512i low23 = _mm512_unpacklo_epi32(g[2], g[3]), high23 = _mm512_unpackhi_epi32(g[2], g[3]);
+        _mm512_store_si512(halves[4 * q + 0], _mm512_unpacklo_epi64(low01, low23));
+        _mm512_store_si512(halves[4 * q + 1], _mm512_unpackhi_epi64(low01, low23));
+        _mm512_store_si512(halves[4 * q + 2], _mm512_unpacklo_epi64(high01, high23));
+        _mm512_store_si512(halves[4 * q + 3], _mm512_unpackhi_epi64(high01, high23));
+    }
     int64_t subs = BLOCK / w->sub_block, left = w->out_features - tile * TILE;
     for (int o = 0; o < TILE && o < left; o++) {
-        __m256i codes = _mm256_i32gather_epi32((const int *)&lanes[0][o], across, 4);  /* 32 codes in input order */
         for (int h = 0; h < 2; h++) {
             int64_t at = ((tile * blocks + b) * subs + (subs == 2 ? h : 0)) * TILE + o;
             __m512 scale = _mm512_set1_ps(w->scales[at]);
             __m512 offset = _mm512_set1_ps(w->offsets ? w->offsets[at] : -(float)w->center * w->scales[at]);
-            __m128i part = h ? _mm256_extracti128_si256(codes, 1) : _mm256_castsi256_si128(codes);
+            __m128i part = _mm_load_si128((const __m128i *)(halves[4 * h + o % 4] + 16 * (o / 4)));
             __m512 value = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(part)), scale, offset);
             int64_t index = (tile * TILE + o) * w->in_features + b * BLOCK + h * HALF;
             if (bf16)
