@@ -22,7 +22,7 @@ from ztgi.services.worker.kernels import native_library
 from ztgi.services.worker.layers.attention import AttentionInputs, PagedAttention
 from ztgi.services.worker.layers.kv_pool import KVPool
 from ztgi.services.worker.layers.layer_ops import NativeLayerOps, TorchLayerOps
-from ztgi.services.worker.layers.quantization.block_linear import LARGE_ROWS, BlockLinear
+from ztgi.services.worker.layers.quantization.block_linear import BlockLinear
 from ztgi.services.worker.layers.quantization.quantized_linear import RowDispatch
 from ztgi.services.worker.models.llama_weights import LlamaWeights
 
@@ -62,9 +62,9 @@ def _block(layer: object) -> tuple[BlockLinear, int] | None:
     """The layer's block product and the most rows it takes it for (above, the layer hands them to
     a float product); None for any other kind."""
     if isinstance(layer, RowDispatch) and isinstance(layer.quantized, BlockLinear):
-        return layer.quantized, min(layer.max_elements // layer.in_features, LARGE_ROWS)
+        return layer.quantized, min(layer.max_elements // layer.in_features, layer.quantized.large_rows)
     if isinstance(layer, BlockLinear):
-        return layer, LARGE_ROWS
+        return layer, layer.large_rows
     return None
 
 

@@ -19,7 +19,6 @@ from tests.worker.layers.block_helpers import (
 from tests.worker.layers.test_quantized_linear import _weight, _write_gguf
 from ztgi.services.worker.layers.quantization.block_linear import (
     BLOCK_SIZE,
-    LARGE_ROWS,
     BlockLinear,
     Int4BlockLinear,
     Int8BlockLinear,
@@ -97,12 +96,12 @@ def test_product_into_a_column_slice_of_a_wider_output(dtype):
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
 def test_large_row_calls_multiply_the_dequantized_weights(kind, dtype):
-    """Above `LARGE_ROWS` rows the layer multiplies its weights de-quantized (into the shared
+    """Above `large_rows` rows (by its bits) the layer multiplies its weights de-quantized (into the shared
     scratch) with torch: x @ W.T to the dtype's rounding, rows not rounded."""
     codes = block_codes(*kind, 40, 96, kind[0] == 8, seed=2)
     layer = BlockLinear.load(codes)
     weights = codes.dequantized().double()
-    for rows in (LARGE_ROWS + 1, 3 * LARGE_ROWS):
+    for rows in (layer.large_rows + 1, 3 * layer.large_rows):
         x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).to(dtype)
         exact = x.double() @ weights.T
         tolerance = 2.0**-7 if dtype is torch.bfloat16 else 2.0**-20

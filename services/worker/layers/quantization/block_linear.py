@@ -12,7 +12,7 @@ requests kept float weights' text against 52%; BENCHMARKS.md "Quantized weights"
 VNNI product per block that costs little where the weights' bytes are the time. One kernel takes
 4-, 5-, 6- and 8-bit codes by sub-blocks of 16 or 32 (`block_layout`).
 
-A call of more than `LARGE_ROWS` rows (a prefill chunk) is compute-bound: there the layer
+A call of more than `LARGE_ROWS[bits]` rows (a prefill chunk) is compute-bound: there the layer
 de-quantizes its weights into a buffer shared by all layers (`WeightScratch`) and multiplies with
 torch (oneDNN, AMX where the CPU has it), without a float copy of the weights kept in memory.
 
@@ -39,7 +39,9 @@ from ztgi.services.worker.layers.quantization.weight_scratch import WeightScratc
 
 INT8_MAX = 127
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
-LARGE_ROWS = 96  # more rows: de-quantized into scratch and multiplied by torch (measured crossover: the commit)
+# by the codes' bits, the most rows the integer product takes; more are de-quantized into the
+# scratch and multiplied by torch (measured crossovers: the commit that set them)
+LARGE_ROWS = {4: 96, 5: 80, 6: 48, 8: 128}
 
 __all__ = ["BLOCK_SIZE", "BlockLinear", "Int4BlockLinear", "Int8BlockLinear", "quantize_blocks"]
 
@@ -99,6 +101,7 @@ class BlockLinear:
         self.layout = BlockLayout.pack(codes)
         self.out_features, self.in_features = codes.out_features, codes.in_features
         self.bits, self.sub_block = codes.bits, codes.sub_block
+        self.large_rows = LARGE_ROWS[codes.bits]
         self._kernel, self._dequantize = kernels
         lay = self.layout
         self.weights = BlockWeights(lay.bits, lay.sub_block, lay.center, 0, lay.in_features, lay.out_features,
@@ -140,7 +143,7 @@ class BlockLinear:
         """`product_into` over arguments already checked."""
         if not rows.shape[0]:  # a step with no row to compute (a prefill chunk that needs no logits)
             return out
-        if rows.shape[0] > LARGE_ROWS:
+        if rows.shape[0] > self.large_rows:
             return torch.mm(rows, self._dequantized_into_scratch(rows.dtype).t(), out=out)
         status = self._kernel(rows.data_ptr(), rows.dtype is torch.bfloat16, rows.shape[0], self._weights_address,
                               out.data_ptr(), out.stride(0), torch.get_num_threads())
