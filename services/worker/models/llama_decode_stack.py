@@ -112,7 +112,7 @@ class NativeDecodeStack:
         if attention.softcap is not None or not all(t.dtype is torch.bfloat16 and t.is_contiguous() for t in norms):
             return None
         # the shapes every kernel takes (the layer-by-layer step falls back to torch per call instead)
-        if w.head_dim % 32 or w.head_dim > 256 or w.embedding.shape[1] % 16 or w.intermediate_size % 16:
+        if w.head_dim % 32 or w.head_dim > 256 or w.hidden_size % 16 or w.intermediate_size % 16:
             return None
         found = [[_block(getattr(layer, name)) for name in ("qkv", "output", "gate_up", "down")]
                  for layer in forward.weights.layers]
@@ -168,7 +168,7 @@ class NativeDecodeStack:
 
     def _describe(self, pool: KVPool) -> tuple[_Dims, ctypes.Array]:
         w, attention = self.forward.weights, self.forward.attention
-        dims = _Dims(len(w.layers), w.embedding.shape[1], w.num_heads, w.num_kv_heads, w.head_dim,
+        dims = _Dims(len(w.layers), w.hidden_size, w.num_heads, w.num_kv_heads, w.head_dim,
                      w.intermediate_size, pool.block_size, pool.num_blocks, w.eps, attention.scale)
         layers = (_Layer * len(w.layers))()
         for index, (layer, linears) in enumerate(zip(w.layers, self.linears, strict=True)):
