@@ -61,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 LLAMA = "llama-server"
 DTYPES = ("auto", "float32", "bfloat16")
-QUANTIZE = ("none", "int8", "int4")
+QUANTIZE = ("auto", "none", "gguf", "int8", "int4")
 MIN_THROUGHPUT_RATIO = 3.0
 MAX_TTFT_RATIO = 0.5
 MAX_ITL_P99_RATIO = 1.0
@@ -146,7 +146,7 @@ def ztgi_flags(system: str) -> list[str]:
              and (len(parts) == 2 or parts[2] in QUANTIZE))
     if not valid:
         raise ConfigError(f"system {system!r} must be ztgi-<{'|'.join(DTYPES)}>[-<{'|'.join(QUANTIZE[1:])}>]")
-    return ["--dtype", parts[1], "--quantize", parts[2] if len(parts) == 3 else "none"]
+    return ["--dtype", parts[1], "--quantize", parts[2] if len(parts) == 3 else "auto"]
 
 
 def launch_flags(config: LlamaCppConfig, system: str) -> list[str]:

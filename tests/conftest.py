@@ -14,15 +14,35 @@ import torch
 # doing at that moment. tests/worker/test_thread_governor.py tests the adaptive policy itself.
 os.environ.setdefault("ZTGI_CPU_ADAPTIVE_THREADS", "false")
 
-from ztgi.common.model_source import ModelSource, resolve_model
+from ztgi.common.model_source import ModelSource, cache_root, resolve_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
 @pytest.fixture(scope="session")
 def smollm2() -> ModelSource:
-    """The embedded SmolLM2-135M-Instruct, converted once into the ztgi cache."""
-    return resolve_model()
+    """The embedded SmolLM2-135M-Instruct: `gguf_file` its GGUF (what `--model-id smollm2` serves, as
+    stored) and `path` a directory of its weights dequantized, as transformers' GGUF loader computes
+    them: the float model the parity tests serve and compare with transformers. ztgi itself never
+    writes such a copy; the tests write it once into the ztgi cache."""
+    source = resolve_model()
+    directory = os.path.join(cache_root(), "test-models", os.path.basename(source.path) + "-float")
+    if not os.path.isfile(os.path.join(directory, "model.safetensors")):
+        _write_dequantized(source, directory)
+    return ModelSource(directory, source.name, source.gguf_file)
+
+
+def _write_dequantized(source: ModelSource, directory: str) -> None:
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM
+
+    path, arguments = source.pretrained_arguments()
+    model = AutoModelForCausalLM.from_pretrained(path, **arguments)
+    staging = directory + f".{os.getpid()}"
+    shutil.copytree(source.path, staging, dirs_exist_ok=True)  # config, generation config, tokenizer
+    save_model(model, os.path.join(staging, "model.safetensors"))
+    shutil.rmtree(directory, ignore_errors=True)
+    os.rename(staging, directory)
 
 
 @pytest.fixture(scope="session")

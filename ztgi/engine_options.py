@@ -36,7 +36,7 @@ class EngineOptions:
     cpu_warmup_prefill_tokens: int | None = 512
     speculate: int = 0
     draft_model_id: str | None = None
-    quantize: str = "none"
+    quantize: str = "auto"
     quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS
 
     @classmethod

@@ -83,7 +83,7 @@ class LLM:
     blocks of what they share) and the worker's (`kv_cache` paged, padded or auto; `block_size`,
     `step_target_ms`, `memory_budget_mb`, `cpu_warmup_prefill_tokens`, `speculate`, `draft_model_id`
     or `draft_model`: a small model with the same tokenizer that proposes the `speculate` tokens,
-    `quantize` none, int8 or int4 with `quantized_max_rows`: CPU weights kept quantized),
+    `quantize` auto, gguf, none, int8 or int4 with `quantized_max_rows`: as `ztgi worker --quantize`),
     or vLLM's for the same limit (`max_model_len`, `max_num_seqs`, `max_num_batched_tokens`,
     `num_speculative_tokens`, `speculative_model`, `enable_prefix_caching`).
     """

@@ -117,5 +117,5 @@ class WorkerInfo:
     eos_token_ids: list[int]
     vocab_size: int
     max_position_embeddings: int
-    quantize: str = "none"  # --quantize: the linear weights kept int8/int4, or float
+    quantize: str = "none"  # --quantize, resolved: gguf (blocks as stored), int8/int4, or none (float)
     draft_model_id: str | None = None  # --draft-model-id: the model proposing tokens, if any

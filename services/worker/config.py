@@ -46,12 +46,14 @@ class WorkerConfig(PeerConfig):
     step_target_ms: int = dataclasses.field(default=500, metadata={
         "help": "paged KV cache: warmup times a prefill chunk and announces how many tokens fit in a step "
                 "of this length; the scheduler's default per-step token budget"})
-    quantize: str = dataclasses.field(default="none", metadata={
-        "help": "keep the linear weights quantized on CPU (native forward): int8 (one scale per row), int4 "
-                "(a scale and offset per 32 inputs; a GGUF's Q4_0/Q4_1 blocks as stored), or none"})
+    quantize: str = dataclasses.field(default="auto", metadata={
+        "help": "the linear weights on CPU (native forward): auto (a GGUF's blocks as stored, as gguf, where "
+                "they can be served, else float), gguf (a GGUF's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks "
+                "multiplied as stored, other types dequantized; no float copy), none (float: a GGUF "
+                "dequantized), int8 (one scale per row), int4 (a scale and offset per 32 inputs)"})
     quantized_max_rows: int | None = dataclasses.field(default=DEFAULT_QUANTIZED_MAX_ROWS, metadata={
-        "help": "with --quantize: steps of up to this many rows (decode) multiply by the quantized weights, "
-                "larger ones (prefill chunks) by a packed float copy kept beside them, faster there (torch's "
+        "help": "with --quantize int8 or int4: steps of up to this many rows (decode) multiply by the quantized "
+                "weights, larger ones (prefill chunks) by a packed float copy kept beside them, faster there (torch's "
                 "int8/int4 kernels and the Q8_0 lm_head stop at 8 at most: bfloat16 overtakes them above); "
                 "none: the quantized weights for every step and no float copy (the memory quantizing saves)"})
     float32_decode_attention: bool = dataclasses.field(default=False, metadata={

@@ -44,7 +44,7 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
                          "per step (4 is a common choice)")
     if draft_model_id is not None:
         _draft_source(draft_model_id)  # a missing draft fails before the model loads
-    loaded = load(model_id, dtype, device, quantize, quantized_max_rows)
+    loaded = load(model_id, dtype, device, quantize, quantized_max_rows, native_forward=backend != "transformers")
     if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
         draft = (_load_draft(draft_model_id, dtype, device, quantize, quantized_max_rows)
                  if draft_model_id is not None else None)

@@ -20,7 +20,8 @@ from ztgi.common.config import ConfigError, parse_config
 
 
 def test_system_names_give_ztgi_flags():
-    assert ztgi_flags("ztgi-auto") == ["--dtype", "auto", "--quantize", "none"]
+    assert ztgi_flags("ztgi-auto") == ["--dtype", "auto", "--quantize", "auto"]  # the default launch
+    assert ztgi_flags("ztgi-float32-none") == ["--dtype", "float32", "--quantize", "none"]
     assert ztgi_flags("ztgi-bfloat16-int8") == ["--dtype", "bfloat16", "--quantize", "int8"]
     for bad in ("ztgi", "ztgi-float64", "ztgi-bfloat16-int2", "vllm-float32", "ztgi-float32-int8-x"):
         with pytest.raises(ConfigError, match="must be ztgi-"):

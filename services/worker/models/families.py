@@ -24,7 +24,7 @@ from ztgi.services.worker.models.decoder import Decoder, DecoderLayer, PagedDeco
 from ztgi.services.worker.models.llama import PagedLlamaForward
 
 if TYPE_CHECKING:
-    from ztgi.services.worker.layers.quantization.quantized_linear import LinearFactory
+    from ztgi.services.worker.layers.quantization.quantized_linear import LayerFactory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,7 @@ def unsupported_reason(config: TransformersConfig) -> str:
 
 
 def paged_forward(module: TransformersModule,
-                  linear: LinearFactory | None = None) -> PagedLlamaForward | PagedDecoderForward:
+                  linear: LayerFactory | None = None) -> PagedLlamaForward | PagedDecoderForward:
     """The native paged forward of `module` (a transformers causal LM), its linear layers from
     `linear` (`--quantize`; Llama only for now); TypeError where none fits, ValueError for a
     quantization the family's forward does not take."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ztgi.services.worker.layers.attention import AttentionInputs, PagedAttention
 from ztgi.services.worker.layers.kv_pool import KVPool
@@ -40,7 +39,7 @@ class PagedLlamaForward:
                  pool: KVPool, logit_rows: torch.Tensor) -> torch.Tensor:
         """Logits `[len(logit_rows), vocab]`; `input_ids`/`positions` are `[tokens]`."""
         w, ops = self.weights, self.ops
-        x = F.embedding(input_ids, w.embedding)
+        x = w.embed(input_ids)
         cos, sin = (t[0].unsqueeze(1) for t in w.rotary(x[None], positions[None]))  # [tokens, 1, head_dim]
         if self.stack is not None and self.stack.accepts(x, inputs):
             x, residual = self.stack.run(x, cos, sin, inputs, pool)

@@ -1,12 +1,12 @@
 """A Llama decode step's decoder layers in one C call, where every kernel of them is ztgi's own.
 
 A decode step of a row or two spends more in Python between its kernels than in most of them: a
-dozen calls a layer, each a few microseconds of interpreter and bindings. With `--quantize int4`
-on a CPU with the C kernels (4-bit GGUF block products, attention in place, the layer steps),
+dozen calls a layer, each a few microseconds of interpreter and bindings. With GGUF block products
+(`BlockLinear`, any bits) on a CPU with the C kernels (those, attention in place, the layer steps),
 every kernel of a layer is one of ours, so `kernels/csrc/llama_decode_stack.c` runs them all, layer after
 layer, through the function pointers of the libraries already built: the same kernels in the same
 order as `PagedLlamaForward` calls them, so the step's logits are bit-identical (tested). Steps
-with a prefill chunk, more rows than the 4-bit layers take, sliding-window or softcapped attention,
+with a prefill chunk, more rows than the block layers take, sliding-window or softcapped attention,
 or any other layer kind, run call by call as before.
 """
 
@@ -22,7 +22,7 @@ from ztgi.services.worker.kernels import native_library
 from ztgi.services.worker.layers.attention import AttentionInputs, PagedAttention
 from ztgi.services.worker.layers.kv_pool import KVPool
 from ztgi.services.worker.layers.layer_ops import NativeLayerOps, TorchLayerOps
-from ztgi.services.worker.layers.quantization.block_linear import Int4BlockLinear
+from ztgi.services.worker.layers.quantization.block_linear import BlockLinear
 from ztgi.services.worker.layers.quantization.quantized_linear import RowDispatch
 from ztgi.services.worker.models.llama_weights import LlamaWeights
 
@@ -38,17 +38,12 @@ class LlamaLayers(Protocol):
 
 
 class _Kernels(ctypes.Structure):
-    _fields_ = [("add_rms_norm", P), ("int4_linear", P), ("rotary", P), ("attention", P), ("silu_mul", P)]
-
-
-class _Linear(ctypes.Structure):
-    _fields_ = [("codes", P), ("scales", P), ("offsets", P), ("in_features", ctypes.c_int64),
-                ("out_features", ctypes.c_int64)]
+    _fields_ = [("add_rms_norm", P), ("block_linear", P), ("rotary", P), ("attention", P), ("silu_mul", P)]
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("attention_norm", P), ("mlp_norm", P), ("qkv", _Linear), ("output", _Linear),
-                ("gate_up", _Linear), ("down", _Linear), ("keys", P), ("values", P)]
+    _fields_ = [("attention_norm", P), ("mlp_norm", P), ("qkv", P), ("output", P), ("gate_up", P), ("down", P),
+                ("keys", P), ("values", P)]
 
 
 class _Dims(ctypes.Structure):
@@ -63,12 +58,13 @@ class _Step(ctypes.Structure):
                 ("width", ctypes.c_int)]
 
 
-def _int4(layer: object) -> tuple[Int4BlockLinear, int] | None:
-    """The layer's 4-bit block product and the most rows it takes it for; None for any other kind."""
-    if isinstance(layer, RowDispatch) and isinstance(layer.quantized, Int4BlockLinear):
-        return layer.quantized, layer.max_elements // layer.in_features
-    if isinstance(layer, Int4BlockLinear):
-        return layer, 1 << 30
+def _block(layer: object) -> tuple[BlockLinear, int] | None:
+    """The layer's block product and the most rows it takes it for (above, the layer hands them to
+    a float product); None for any other kind."""
+    if isinstance(layer, RowDispatch) and isinstance(layer.quantized, BlockLinear):
+        return layer.quantized, min(layer.max_elements // layer.in_features, layer.quantized.large_rows)
+    if isinstance(layer, BlockLinear):
+        return layer, layer.large_rows
     return None
 
 
@@ -88,7 +84,7 @@ def _one_table(inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
 class NativeDecodeStack:
     """`run` takes a decode-only step's embeddings through every layer; build with `load`."""
 
-    def __init__(self, forward: LlamaLayers, linears: list[list[Int4BlockLinear]], max_rows: int,
+    def __init__(self, forward: LlamaLayers, linears: list[list[BlockLinear]], max_rows: int,
                  library: ctypes.CDLL) -> None:
         self.forward = forward
         self.linears = linears
@@ -116,9 +112,9 @@ class NativeDecodeStack:
         if attention.softcap is not None or not all(t.dtype is torch.bfloat16 and t.is_contiguous() for t in norms):
             return None
         # the shapes every kernel takes (the layer-by-layer step falls back to torch per call instead)
-        if w.head_dim % 32 or w.head_dim > 256 or w.embedding.shape[1] % 16 or w.intermediate_size % 16:
+        if w.head_dim % 32 or w.head_dim > 256 or w.hidden_size % 16 or w.intermediate_size % 16:
             return None
-        found = [[_int4(getattr(layer, name)) for name in ("qkv", "output", "gate_up", "down")]
+        found = [[_block(getattr(layer, name)) for name in ("qkv", "output", "gate_up", "down")]
                  for layer in forward.weights.layers]
         if not found or any(kind is None for layer in found for kind in layer):
             return None
@@ -172,12 +168,11 @@ class NativeDecodeStack:
 
     def _describe(self, pool: KVPool) -> tuple[_Dims, ctypes.Array]:
         w, attention = self.forward.weights, self.forward.attention
-        dims = _Dims(len(w.layers), w.embedding.shape[1], w.num_heads, w.num_kv_heads, w.head_dim,
+        dims = _Dims(len(w.layers), w.hidden_size, w.num_heads, w.num_kv_heads, w.head_dim,
                      w.intermediate_size, pool.block_size, pool.num_blocks, w.eps, attention.scale)
         layers = (_Layer * len(w.layers))()
         for index, (layer, linears) in enumerate(zip(w.layers, self.linears, strict=True)):
-            packed = [_Linear(*(b.data_ptr() for b in linear.buffers), linear.in_features, linear.out_features)
-                      for linear in linears]
-            layers[index] = _Layer(layer.attention_norm.data_ptr(), layer.mlp_norm.data_ptr(), *packed,
+            layers[index] = _Layer(layer.attention_norm.data_ptr(), layer.mlp_norm.data_ptr(),
+                                   *(linear.weights_address() for linear in linears),
                                    pool.keys[index].data_ptr(), pool.values[index].data_ptr())
         return dims, layers

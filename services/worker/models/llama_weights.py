@@ -8,9 +8,11 @@ arithmetic are the same and only attention differs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from ztgi.services.worker.layers.packed_linear import PackedLinear
 from ztgi.services.worker.layers.transformers_module import TransformersConfig, TransformersModule
@@ -40,8 +42,9 @@ class LlamaLayer:
 
 
 class LlamaWeights:
-    """The embedding, transformers' rotary module, the layers, the final norm and the head, with
-    the model's dimensions; `linear` makes a layer of weights stacked by rows (packed by default)."""
+    """The embedding (`embed`: token ids to rows), transformers' rotary module, the layers, the final
+    norm and the head, with the model's dimensions; `linear` makes a layer of weights stacked by rows
+    (packed by default), and the embedding where it has an `embedding()` (`StoredLinearFactory`)."""
 
     def __init__(self, model: TransformersModule, linear: Callable[..., Linear] | None = None) -> None:
         config = model.config
@@ -54,8 +57,12 @@ class LlamaWeights:
         self.eps = config.rms_norm_eps
         decoder = model.model
         self.rotary = decoder.rotary_emb  # transformers' own: every rope scaling it knows
-        self.embedding = decoder.embed_tokens.weight.detach().clone()
+        self.hidden_size = config.hidden_size
         linear = linear or _packed  # weights stacked by rows -> a layer (quantized_linear.LinearFactory)
+        embedding = getattr(linear, "embedding", None)  # a GGUF as stored: rows read from the file
+        self.embed: Callable[[torch.Tensor], torch.Tensor] = (
+            embedding() if embedding is not None
+            else functools.partial(F.embedding, weight=decoder.embed_tokens.weight.detach().clone()))
         self.layers = [_layer(block, linear) for block in decoder.layers]
         self.norm = decoder.norm.weight.detach().clone()
         self.lm_head = linear(model.lm_head.weight)

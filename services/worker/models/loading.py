@@ -7,13 +7,14 @@ import logging
 import time
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from ztgi.common.messages import WorkerInfo
-from ztgi.common.model_source import resolve_model
+from ztgi.common.model_source import ModelSource, resolve_model
 from ztgi.services.worker.layers.quantization.options import DEFAULT_QUANTIZED_MAX_ROWS
 from ztgi.services.worker.layers.transformers_module import TransformersConfig, TransformersModule
-from ztgi.services.worker.models import dtype_choice
+from ztgi.services.worker.models import dtype_choice, gguf_module
+from ztgi.services.worker.models.gguf_checkpoint import GgufCheckpoint
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +45,10 @@ class LoadedModel:
     module: torch.nn.Module
     config: TransformersConfig  # the text (decoder) config
     eos_token_ids: frozenset[int]
-    quantize: str = "none"  # --quantize: the linear weights the native forwards build (quantized_linear)
+    quantize: str = "none"  # --quantize, resolved: the linear weights the native forwards build (quantized_linear)
     gguf_file: str | None = None  # the GGUF file the weights came from, if any (its 4-bit blocks, as stored)
     quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS  # --quantized-max-rows (quantized_linear)
+    checkpoint: GgufCheckpoint | None = None  # `quantize` gguf: the file's tensors, as stored
 
     @property
     def vocab_size(self) -> int:
@@ -83,21 +85,35 @@ class LoadedModel:
 
 
 def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str = "none",
-         quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS) -> LoadedModel:
-    """Loads the weights; ValueError for a bad device, ModelNotFoundError for an unknown model."""
+         quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS, native_forward: bool = True) -> LoadedModel:
+    """Loads the weights; ValueError for a bad device or `--quantize`, ModelNotFoundError for an
+    unknown model. `native_forward` False: the model will run transformers' own forward (which
+    needs every weight as a float tensor, so `auto` does not keep a GGUF's blocks)."""
     source = resolve_model(model_id)
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
     started = time.monotonic()
-    module = AutoModelForCausalLM.from_pretrained(source.path, dtype=resolved_dtype,
-                                                  device_map=str(resolved_device))
+    config = AutoConfig.from_pretrained(source.path)
+    quantize = gguf_module.resolve_quantize(quantize, source, config, resolved_device, native_forward)
+    checkpoint = None
+    if source.gguf_file is not None and gguf_module.reads_natively(config):
+        checkpoint = GgufCheckpoint(source.gguf_file, config)
+        module = gguf_module.build(checkpoint, config, resolved_dtype, keep_blocks=quantize == "gguf")
+    else:
+        module = _from_pretrained(source, resolved_dtype, resolved_device)
     module.eval()
     loaded = LoadedModel(source.name, resolved_device, resolved_dtype, module,
                          module.config.get_text_config(decoder=True), frozenset(_eos_token_ids(module)),
-                         quantize, source.gguf_file, quantized_max_rows)
-    logger.info("loaded %s on %s (%s) in %.1f s; eos %s", loaded.name, resolved_device,
-                str(resolved_dtype)[6:], time.monotonic() - started, sorted(loaded.eos_token_ids))
+                         quantize, source.gguf_file, quantized_max_rows, checkpoint if quantize == "gguf" else None)
+    logger.info("loaded %s on %s (%s%s) in %.1f s; eos %s", loaded.name, resolved_device, str(resolved_dtype)[6:],
+                ", GGUF blocks as stored" if quantize == "gguf" else "", time.monotonic() - started,
+                sorted(loaded.eos_token_ids))
     return loaded
+
+
+def _from_pretrained(source: ModelSource, dtype: torch.dtype, device: torch.device) -> TransformersModule:
+    path, arguments = source.pretrained_arguments()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=str(device), **arguments)
 
 
 def _eos_token_ids(model: TransformersModule) -> list[int]:

@@ -33,7 +33,7 @@ class LlamaForward(LlamaWeights):
         caller commits once the step succeeded.
         """
         num_new = input_ids.shape[1]
-        x = F.embedding(input_ids, self.embedding)
+        x = self.embed(input_ids)
         cos, sin = (t.unsqueeze(1) for t in self.rotary(x, position_ids))  # [batch, 1, new, head_dim]
         keep = _attention_keep(attention_mask, cache.num_positions, num_new)
         for index, layer in enumerate(self.layers):

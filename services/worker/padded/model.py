@@ -61,7 +61,7 @@ class PaddedModel:
         with torch.inference_mode():
             module = loaded.module
             linear = quantized_linear.factory(loaded.quantize, module, loaded.gguf_file, self.backend, self.device,
-                                              self.dtype, loaded.quantized_max_rows)
+                                              self.dtype, loaded.quantized_max_rows, stored=loaded.checkpoint)
             self.forward_pass = (LlamaForward(module, linear) if self.backend == "native"
                                  else TransformersForward(module))
         logger.info("padded KV cache, %s forward, %s weights", self.backend, linear.describe())

@@ -36,7 +36,7 @@ from ztgi.services.worker.models.loading import LoadedModel
 from ztgi.services.worker.paged.batch import PagedBatch, Sequence
 
 if TYPE_CHECKING:
-    from ztgi.services.worker.layers.quantization.quantized_linear import LinearFactory
+    from ztgi.services.worker.layers.quantization.quantized_linear import LayerFactory
 
 MAX_CATCH_UP_TOKENS = 2048  # draft tokens of one step's catch-up forward, in all
 
@@ -54,7 +54,7 @@ class CatchUp:
 class DraftProposer:
     """The draft model, its KV pool, and the proposals of one step."""
 
-    def __init__(self, loaded: LoadedModel, block_size: int, linear: LinearFactory | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, block_size: int, linear: LayerFactory | None = None) -> None:
         self.loaded = loaded
         self.device = loaded.device
         self.kv_shape = KVShape(loaded.num_layers, block_size, loaded.num_kv_heads, loaded.head_dim, loaded.dtype)

@@ -54,7 +54,8 @@ class PagedModel:
         self.kv_shape = KVShape(loaded.num_layers, block_size, loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
         with torch.inference_mode():
             linear = quantized_linear.factory(loaded.quantize, loaded.module, loaded.gguf_file, "native",
-                                              self.device, self.dtype, loaded.quantized_max_rows, native_kernels)
+                                              self.device, self.dtype, loaded.quantized_max_rows, native_kernels,
+                                              loaded.checkpoint)
             self.forward_pass = paged_forward(loaded.module, linear)
         self.forward_pass.attention.float32_decode = float32_decode_attention
         if native_kernels and self.device.type == "cpu" and self.dtype == torch.bfloat16:
@@ -84,7 +85,8 @@ class PagedModel:
             raise ValueError(f"the draft model {draft.name}: {families.unsupported_reason(draft.module.config)}")
         with torch.inference_mode():
             linear = quantized_linear.factory(draft.quantize, draft.module, draft.gguf_file, "native",
-                                              draft.device, draft.dtype, draft.quantized_max_rows)
+                                              draft.device, draft.dtype, draft.quantized_max_rows,
+                                              stored=draft.checkpoint)
         logger.info("draft model %s (%d layers) proposes up to %d tokens a step", draft.name, draft.num_layers,
                     speculate)
         proposer = DraftProposer(draft, self.block_size, linear)

@@ -1,4 +1,5 @@
-"""GGUF block products in C (Q8_0, Q4_1) against exact integer arithmetic; Q8_0 rounding; the GGUF's head blocks."""
+"""GGUF block products in C over `BlockCodes` of every kind (4, 5, 6, 8 bits; sub-blocks of 16 and
+32) against exact integer arithmetic; their large-row path; Q8_0 rounding; the GGUF's head blocks."""
 
 from __future__ import annotations
 
@@ -6,118 +7,148 @@ import numpy as np
 import pytest
 import torch
 
+from tests.worker.layers.block_helpers import (
+    KIND_IDS,
+    KINDS,
+    assert_sum_of,
+    block_codes,
+    exact_terms,
+    needs_kernel,
+    rounded_rows,
+)
 from tests.worker.layers.test_quantized_linear import _weight, _write_gguf
 from ztgi.services.worker.layers.quantization.block_linear import (
     BLOCK_SIZE,
+    BlockLinear,
     Int4BlockLinear,
     Int8BlockLinear,
     quantize_blocks,
 )
 from ztgi.services.worker.layers.quantization.quantized_linear import GgufWeights, quantize_int4
 
-needs_kernel = pytest.mark.skipif(Int8BlockLinear.load(*quantize_blocks(torch.ones(16, 32))) is None,
-                                  reason="no AVX512-VNNI CPU or no C compiler here")
-
-
-def rounded_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x's rows as the kernels round them: per block of 32, int8 codes c1 in steps of the block's
-    largest magnitude over 127 and c2 for what is left in steps 254 times finer. Returns the
-    combined codes 254 c1 + c2 and the fine step per block."""
-    blocks = x.float().view(x.shape[0], -1, BLOCK_SIZE)
-    largest = blocks.abs().amax(dim=-1)
-    # a true division, as the kernel's (torch's `127 / t` is 127 times a rounded reciprocal)
-    inverse = torch.where(largest > 0, torch.full_like(largest, 127).div(largest), torch.zeros_like(largest))
-    first = torch.round(blocks * inverse[..., None])
-    left = (blocks.double() * inverse.double()[..., None] - first).float()  # from the exact product, as FMA
-    second = torch.round(left * 254)
-    return first * 254 + second, largest / 127 / 254
-
-
-def assert_float32_sum_of(got: torch.Tensor, terms: torch.Tensor) -> None:
-    """`got` `[rows, out]` is the sum of the float64 terms `[rows, out, terms]` to float32's rounding:
-    a few roundings per term (int to float, the scales), one per addition."""
-    bound = terms.abs().sum(-1) * (terms.shape[-1] + 4) * 2.0**-24
-    assert ((got.double() - terms.sum(-1)).abs() <= bound + 1e-30).all()
-
-
-def exact_terms(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The Q8_0 product's block terms in float64 `[rows, out, blocks]`: each block's integer dot
-    product times the weight block's scale and the row block's step."""
-    x_codes, x_scales = rounded_rows(x)
-    dots = torch.einsum("rbk,obk->rob", x_codes.double(), codes.view(codes.shape[0], -1, BLOCK_SIZE).double())
-    return dots * x_scales.double()[:, None, :] * scales.double()[None]
+DTYPES = [torch.float32, torch.bfloat16]
 
 
 @needs_kernel
-@pytest.mark.parametrize("out_features,in_features", [(16, 32), (40, 64), (100, 96), (1000, 576)])
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+@pytest.mark.parametrize("symmetric", [False, True], ids=["offsets", "centered"])
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
-def test_product_equals_exact_block_arithmetic(out_features, in_features, rows):
-    """Rows of activations rounded per block, integer block sums, float32 scaling: the kernel equals
-    that computed in float64 to float32's rounding of its sums, for outputs that do not fill the last tile of
-    16 and for row counts across the kernel's passes of 8; and the rounded rows are within a
-    part in 60000 of each block's largest input."""
-    generator = torch.Generator().manual_seed(out_features * rows)
-    codes, scales = quantize_blocks(torch.randn(out_features, in_features, generator=generator))
-    layer = Int8BlockLinear.load(codes, scales)
-    x = torch.randn(rows, in_features, generator=generator)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_product_equals_exact_block_arithmetic(kind, symmetric, rows, dtype):
+    """Rows of activations rounded per block, integer sub-block sums, float32 scaling: the kernel
+    equals that computed in float64 to float32's rounding of its sums (and bfloat16's of the result
+    for bfloat16 rows), for every kind of codes, outputs that do not fill the last tile of 16 and
+    row counts across the kernel's passes of 8."""
+    codes = block_codes(*kind, 40, 96, symmetric, seed=rows)
+    layer = BlockLinear.load(codes)
+    assert layer.layout.center == ((1 << ((kind[2] or kind)[0] - 1)) if symmetric else 0)
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).to(dtype)
     x[0, :BLOCK_SIZE] = 0  # a block of zeros has no scale to divide by
-    combined, steps = rounded_rows(x)
-    assert ((combined * steps[..., None] - x.view(rows, -1, BLOCK_SIZE)).abs()
-            <= x.view(rows, -1, BLOCK_SIZE).abs().amax(-1, keepdim=True) / 60000 + 1e-12).all()
     got = layer(x)
-    assert got.shape == (rows, out_features)
-    assert_float32_sum_of(got, exact_terms(x, codes, scales))
+    assert got.shape == (rows, 40) and got.dtype == dtype
+    assert_sum_of(got, exact_terms(x, codes, layer.layout.center))
 
 
 @needs_kernel
-@pytest.mark.parametrize("out_features,in_features", [(16, 32), (40, 64), (960, 576)])
-@pytest.mark.parametrize("rows", [1, 8, 9])
-def test_int4_product_equals_exact_block_arithmetic(out_features, in_features, rows):
-    """Q4_1: per block, scale x (the codes' dot with x's rounded row) + offset x (the sum of x's
-    codes), times x's block step; the kernel equals that computed in float64 to float32's rounding."""
-    generator = torch.Generator().manual_seed(out_features + rows)
-    groups = quantize_int4(torch.randn(out_features, in_features, generator=generator), torch.float16)
-    layer = Int4BlockLinear.load(groups.codes, groups.scales, groups.offsets)
-    assert torch.equal(layer.dequantized(), groups.dequantized())
-    x = torch.randn(rows, in_features, generator=generator)
-    x_codes, x_scales = rounded_rows(x)
-    codes = groups.codes.view(out_features, -1, BLOCK_SIZE).double()
-    dots = torch.einsum("rbk,obk->rob", x_codes.double(), codes) * groups.scales.double()[None]
-    offset_terms = groups.offsets.double()[None] * x_codes.double().sum(-1)[:, None, :]
-    assert_float32_sum_of(layer(x), torch.cat([dots, offset_terms], -1) * x_scales.double().repeat(1, 2)[:, None, :])
+@pytest.mark.parametrize("out_features,in_features", [(16, 32), (100, 96), (1000, 576)])
+def test_int8_layer_equals_exact_q8_0_arithmetic_and_rounds_rows_finely(out_features, in_features):
+    """Q8_0 from int8 codes and scales: the exact block arithmetic, and the rounded rows within a part
+    in 60000 of each block's largest input."""
+    generator = torch.Generator().manual_seed(out_features)
+    int8, scales = quantize_blocks(torch.randn(out_features, in_features, generator=generator))
+    layer = Int8BlockLinear.load(int8, scales)
+    x = torch.randn(9, in_features, generator=generator)
+    combined, steps = rounded_rows(x)
+    blocks = x.view(9, -1, BLOCK_SIZE)
+    assert ((combined * steps[..., None] - blocks).abs() <= blocks.abs().amax(-1, keepdim=True) / 60000).all()
+    codes = layer.layout.unpacked()
+    assert torch.equal(codes.codes.to(torch.int16) - 128, int8.to(torch.int16)) and layer.layout.center == 128
+    assert_sum_of(layer(x), exact_terms(x, codes, 128))
 
 
 @needs_kernel
-def test_int4_layer_takes_only_float16_block_scales():
-    """The kernel reads float16 scales and offsets, as GGUF stores them: others are refused (None), not rounded."""
-    groups = quantize_int4(_weight(16, 64), torch.float32)
-    assert Int4BlockLinear.load(groups.codes, groups.scales * (1 + 2**-20), groups.offsets) is None
-
-
-@needs_kernel
-def test_layer_keeps_the_input_shape_and_dtype_and_its_weights():
-    """3-d, 2-d and bfloat16 inputs; the packed weights de-quantize to exactly codes times scales."""
-    codes, scales = quantize_blocks(_weight(48, 64))
-    layer = Int8BlockLinear.load(codes, scales)
-    expected = (codes.float().view(48, -1, BLOCK_SIZE) * scales[..., None]).view(48, 64)
+def test_int4_layer_takes_q4_1_blocks_as_given():
+    """Q4_1 codes, scales and offsets (any float32, not only float16 values) as the weights they are."""
+    groups = quantize_int4(_weight(40, 64), torch.float32)
+    layer = Int4BlockLinear.load(groups.codes, groups.scales * (1 + 2**-20), groups.offsets)
+    assert isinstance(layer, BlockLinear) and layer.bits == 4 and layer.sub_block == 32
+    expected = (groups.codes.float().view(40, -1, 32) * (groups.scales * (1 + 2**-20))[..., None]
+                + groups.offsets[..., None]).view(40, 64)
     assert torch.equal(layer.dequantized(), expected)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_product_into_a_column_slice_of_a_wider_output(dtype):
+    """`product_into` writes its outputs into a slice of wider rows (fused layers' outputs side by
+    side), the same values as the plain call, and nothing else of those rows."""
+    layer = BlockLinear.load(block_codes(6, 16, None, 40, 96, False))
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(1)).to(dtype)
+    wide = torch.full((5, 72), float("nan"), dtype=dtype)
+    assert layer.product_into(x, wide[:, 8:48]).data_ptr() == wide[:, 8:48].data_ptr()
+    assert torch.equal(wide[:, 8:48], layer(x))
+    assert wide[:, :8].isnan().all() and wide[:, 48:].isnan().all()
+    with pytest.raises(ValueError, match="product_into"):
+        layer.product_into(x, torch.empty(5, 40, 2, dtype=dtype)[..., 0])
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_large_row_calls_multiply_the_dequantized_weights(kind, dtype):
+    """Above `large_rows` rows (by its bits) the layer multiplies its weights de-quantized (into the shared
+    scratch) with torch: x @ W.T to the dtype's rounding, rows not rounded."""
+    codes = block_codes(*kind, 40, 96, kind[0] == 8, seed=2)
+    layer = BlockLinear.load(codes)
+    weights = codes.dequantized().double()
+    for rows in (layer.large_rows + 1, 3 * layer.large_rows):
+        x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        exact = x.double() @ weights.T
+        tolerance = 2.0**-7 if dtype is torch.bfloat16 else 2.0**-20
+        scale = x.double().abs() @ weights.abs().T
+        assert ((layer(x).double() - exact).abs() <= tolerance * scale + 1e-12).all()
+    assert torch.equal(layer(x), torch.mm(x, layer.dequantize(dtype).t()))
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_dequantize_in_c_gives_the_weights(kind):
+    """The C de-quantizing (the large-row path's) gives the codes' weights: float32 to one rounding
+    (it fuses the multiply and add), bfloat16 as those rounded."""
+    codes = block_codes(*kind, 40, 96, False, seed=3)
+    layer = BlockLinear.load(codes)
+    weights = codes.dequantized()
+    torch.testing.assert_close(layer.dequantize(torch.float32), weights, rtol=2.0**-23, atol=1e-7)
+    torch.testing.assert_close(layer.dequantize(torch.bfloat16).float(), weights, rtol=2.0**-8, atol=1e-7)
+    with pytest.raises(ValueError, match="dequantize"):
+        layer.dequantize(torch.float16)
+
+
+@needs_kernel
+def test_layer_keeps_the_input_shape_and_dtype():
+    """3-d, 2-d and bfloat16 inputs; the short path for a step's 2-d bfloat16 rows computes the same."""
+    layer = Int8BlockLinear.load(*quantize_blocks(_weight(48, 64)))
     x = torch.randn(2, 3, 64).to(torch.bfloat16)
     y = layer(x)
     assert y.shape == (2, 3, 48) and y.dtype == torch.bfloat16
     torch.testing.assert_close(y[1, 2].float(), layer(x[1, 2:3].float())[0].to(torch.bfloat16).float())
-    assert torch.equal(layer(x[1]), y[1])  # a step's 2-d bfloat16 rows take the short path: the same products
+    assert torch.equal(layer(x[1]), y[1])
+    assert layer(x.double()).dtype == torch.float64
 
 
 @needs_kernel
-def test_no_rows_give_an_empty_product():
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_no_rows_give_an_empty_product(kind):
     """A step with no row to compute (a prefill chunk whose logits nobody needs) gets `[0, out]`, not an error."""
-    int8 = Int8BlockLinear.load(*quantize_blocks(_weight(48, 64)))
-    groups = quantize_int4(_weight(48, 64), torch.float16)
-    int4 = Int4BlockLinear.load(groups.codes, groups.scales, groups.offsets)
-    for layer in (int8, int4):
-        for x in (torch.empty(0, 64, dtype=torch.bfloat16), torch.empty(0, 64), torch.empty(2, 0, 64)):
-            y = layer(x)
-            assert y.shape == (*x.shape[:-1], 48) and y.dtype == x.dtype
+    layer = BlockLinear.load(block_codes(*kind, 48, 64, False))
+    for x in (torch.empty(0, 64, dtype=torch.bfloat16), torch.empty(0, 64), torch.empty(2, 0, 64)):
+        y = layer(x)
+        assert y.shape == (*x.shape[:-1], 48) and y.dtype == x.dtype
+
+
+def test_inputs_not_in_whole_blocks_get_no_layer():
+    """Sub-blocks of 16 over 48 inputs are BlockCodes, but not whole VNNI blocks of 32: no layer (torch's path)."""
+    assert BlockLinear.load(block_codes(6, 16, None, 16, 48, False)) is None
 
 
 def test_quantize_blocks_is_q8_0_rounding():

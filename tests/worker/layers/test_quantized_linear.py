@@ -237,8 +237,8 @@ def test_auto_dtype_with_quantize_is_bfloat16_where_the_cpu_has_it(tiny_model_di
 
 def test_quantize_flag_and_environment(monkeypatch):
     """--quantize and ZTGI_QUANTIZE reach the worker's config; the launcher passes it on to every
-    child; a value outside none/int8/int4 is a config error."""
-    assert parse_config(WorkerConfig, []).quantize == "none"
+    child; a value outside auto/none/gguf/int8/int4 is a config error."""
+    assert parse_config(WorkerConfig, []).quantize == "auto"
     assert parse_config(WorkerConfig, ["--quantize", "int4"]).quantize == "int4"
     monkeypatch.setenv("ZTGI_QUANTIZE", "int8")
     assert parse_config(WorkerConfig, []).quantize == "int8"

@@ -8,6 +8,9 @@ import torch
 from tests.worker.engine_helpers import batch_of, request, run_to_end
 from ztgi.services.worker.layers.attention import AttentionInputs, decode_groups
 from ztgi.services.worker.layers.layer_ops import TorchLayerOps
+from ztgi.services.worker.layers.quantization.block_codes import BlockCodes
+from ztgi.services.worker.layers.quantization.block_linear import BlockLinear
+from ztgi.services.worker.layers.quantization.quantized_linear import RowDispatch
 from ztgi.services.worker.model_loader import load_paged_model
 from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack
 
@@ -22,6 +25,39 @@ def int4_model():
         pytest.skip("no AVX512-VNNI/BF16 CPU or no C compiler here: the stack is not built")
     model.allocate_pool(256)
     return model
+
+
+def six_bit(layer: BlockLinear) -> BlockLinear:
+    """Q6_K's form of the layer's weights: 6-bit codes by sub-blocks of 16, offsets -32 scales."""
+    weights = layer.dequantized().view(layer.out_features, -1, 16)
+    scales = (weights.abs().amax(-1) / 31).clamp(min=1e-8)
+    codes = (torch.round(weights / scales[..., None]).clamp(-32, 31) + 32).to(torch.uint8)
+    six = BlockLinear.load(BlockCodes(codes.view(layer.out_features, -1), 6, 16, scales, -32 * scales))
+    assert six is not None
+    return six
+
+
+@pytest.fixture(scope="module")
+def six_bit_model():
+    """The embedded SmolLM2 with every decoder product's weights as 6-bit codes by 16 (Q6_K's form)."""
+    model = load_paged_model("smollm2", dtype="bfloat16", device="cpu", quantize="int4")
+    forward = model.forward_pass
+    if forward.stack is None:
+        pytest.skip("no AVX512-VNNI/BF16 CPU or no C compiler here: the stack is not built")
+    for layer in forward.weights.layers:
+        for name in ("qkv", "output", "gate_up", "down"):
+            dispatch = getattr(layer, name)
+            assert isinstance(dispatch, RowDispatch)
+            dispatch.quantized = six_bit(dispatch.quantized)
+    forward.stack = NativeDecodeStack.load(forward)
+    assert forward.stack is not None and all(linear.bits == 6 for layer in forward.stack.linears for linear in layer)
+    model.allocate_pool(256)
+    return model
+
+
+@pytest.fixture(params=["int4", "six_bit"])
+def quantized_model(request):
+    return request.getfixturevalue(f"{request.param}_model")
 
 
 def generate(model, requests, stack: NativeDecodeStack | None, calls: list[int]):
@@ -44,19 +80,19 @@ def generate(model, requests, stack: NativeDecodeStack | None, calls: list[int])
 
 
 @pytest.mark.parametrize("num_requests", [1, 3, 12, 17])
-def test_stack_gives_the_tokens_and_logprobs_of_the_layer_by_layer_step(int4_model, num_requests):
+def test_stack_gives_the_tokens_and_logprobs_of_the_layer_by_layer_step(quantized_model, num_requests):
     """Greedy and seeded sampled requests with top tokens, through prefill and decode steps: with
     the stack the generations are those of the step called layer by layer, bit for bit (logprobs
-    included); the stack ran every decode step of up to 16 rows (17 rows: none, they are called
-    layer by layer)."""
-    stack = int4_model.forward_pass.stack
+    included), with 4-bit (the GGUF's Q4_1) and 6-bit weights by 16 (Q6_K's form); the stack ran
+    every decode step of up to 16 rows (17 rows: none, they are called layer by layer)."""
+    stack = quantized_model.forward_pass.stack
     requests = [request(i + 1, PROMPTS[i % len(PROMPTS)], 10, ignore_eos=True, top_n_tokens=3,
                         **({"do_sample": True, "temperature": 0.8, "seed": i} if i % 2 else {}))
                 for i in range(num_requests)]
     calls: list[int] = []
-    with_stack = generate(int4_model, requests, stack, calls)
-    layer_by_layer = generate(int4_model, requests, None, [])
-    int4_model.forward_pass.stack = stack
+    with_stack = generate(quantized_model, requests, stack, calls)
+    layer_by_layer = generate(quantized_model, requests, None, [])
+    quantized_model.forward_pass.stack = stack
     assert with_stack == layer_by_layer
     assert len(with_stack) == num_requests and all(len(g) == 10 for g in with_stack.values())
     assert calls == ([] if num_requests > stack.max_rows else [num_requests] * 9)

@@ -8,7 +8,8 @@
  * (`PagedLlamaForward`): for each layer the residual add and RMSNorm, the q/k/v product, rotary of
  * queries and keys, the keys and values written to their pool slots, attention over the blocks in
  * place, the output product, the residual add and RMSNorm, the gate/up product, the SiLU gate and
- * the down product. Only 4-bit GGUF block products (`Int4BlockLinear`) and bfloat16 activations.
+ * the down product. GGUF block products (`BlockLinear`, any bits and sub-block) and bfloat16
+ * activations.
  *
  * x [rows, hidden] bfloat16: the embeddings in, the residual stream before the last layer's MLP
  * out; residual [rows, hidden]: the last layer's MLP output (the caller adds both and normalizes,
@@ -18,10 +19,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "block_weights.h"
+
 typedef int (*NormFn)(const uint16_t *, const uint16_t *, const uint16_t *, int64_t, int, float, uint16_t *,
                       uint16_t *, int);
-typedef int (*Int4Fn)(const void *, int, int64_t, int64_t, const uint8_t *, const uint16_t *, const uint16_t *,
-                      int64_t, void *, int);
 typedef int (*RotaryFn)(const uint16_t *, int64_t, int, int, int64_t, const uint16_t *, const uint16_t *,
                         uint16_t *, int);
 typedef int (*AttentionFn)(const uint16_t *, const uint16_t *, const uint16_t *, int64_t, const int64_t *,
@@ -30,21 +31,15 @@ typedef int (*SiluFn)(const uint16_t *, int64_t, int, uint16_t *, int);
 
 typedef struct {
     NormFn add_rms_norm;
-    Int4Fn int4_linear;
+    BlockLinearFn block_linear;
     RotaryFn rotary;
     AttentionFn attention;
     SiluFn silu_mul;
 } Kernels;
 
-typedef struct {  /* one Int4BlockLinear's packed buffers */
-    const uint8_t *codes;
-    const uint16_t *scales, *offsets;
-    int64_t in_features, out_features;
-} Linear;
-
 typedef struct {
     const uint16_t *attention_norm, *mlp_norm;
-    Linear qkv, output, gate_up, down;
+    const BlockWeights *qkv, *output, *gate_up, *down;  /* each BlockLinear's descriptor */
     uint16_t *keys, *values;  /* the layer's pool: [pool_blocks, block_size, kv_heads, head_dim] */
 } Layer;
 
@@ -73,8 +68,9 @@ int64_t llama_decode_scratch_bytes(const Dims *d, int64_t rows) {
     return elements * 2;
 }
 
-static int linear(const Kernels *k, const Linear *l, const uint16_t *in, int64_t rows, uint16_t *out, int threads) {
-    return k->int4_linear(in, 1, rows, l->in_features, l->codes, l->scales, l->offsets, l->out_features, out, threads);
+static int linear(const Kernels *k, const BlockWeights *w, const uint16_t *in, int64_t rows, uint16_t *out,
+                  int threads) {
+    return k->block_linear(in, 1, rows, w, out, w->out_features, threads);
 }
 
 /* q/k/v, rotary, the keys and values into the pool, attention: the attention output [rows, heads * head_dim]. */
@@ -82,7 +78,7 @@ static int attend(const Kernels *k, const Dims *d, const Layer *l, const Step *s
                   uint16_t *qkv, uint16_t *rotated, uint16_t *q, uint16_t *out, int threads) {
     int64_t rows = s->rows, width = qkv_width(d), dim = d->head_dim;
     int64_t q_elements = (int64_t)d->heads * dim, kv_elements = (int64_t)d->kv_heads * dim;
-    int status = linear(k, &l->qkv, hidden, rows, qkv, threads);
+    int status = linear(k, l->qkv, hidden, rows, qkv, threads);
     if (status == 0)  /* queries and keys side by side: one rotation for both, as the Python step */
         status = k->rotary(qkv, rows, d->heads + d->kv_heads, d->head_dim, width, s->cos, s->sin, rotated, threads);
     if (status != 0) return status;
@@ -111,12 +107,12 @@ int llama_decode_stack(const Kernels *k, const Dims *d, const Layer *layers, con
         int status = k->add_rms_norm(x, i == 0 ? NULL : residual, l->attention_norm, rows, d->hidden, d->eps,
                                      i == 0 ? NULL : x, hidden, threads);
         if (status == 0) status = attend(k, d, l, s, hidden, wide, rotated, q, attended, threads);
-        if (status == 0) status = linear(k, &l->output, attended, rows, residual, threads);
+        if (status == 0) status = linear(k, l->output, attended, rows, residual, threads);
         if (status == 0)
             status = k->add_rms_norm(x, residual, l->mlp_norm, rows, d->hidden, d->eps, x, hidden, threads);
-        if (status == 0) status = linear(k, &l->gate_up, hidden, rows, wide, threads);
+        if (status == 0) status = linear(k, l->gate_up, hidden, rows, wide, threads);
         if (status == 0) status = k->silu_mul(wide, rows, d->intermediate, gate, threads);
-        if (status == 0) status = linear(k, &l->down, gate, rows, residual, threads);
+        if (status == 0) status = linear(k, l->down, gate, rows, residual, threads);
         if (status != 0) return status + 100 * (i + 1);
     }
     return 0;

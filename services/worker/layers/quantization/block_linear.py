@@ -1,22 +1,27 @@
-"""Linear layers in GGUF's block formats, multiplied in C with integer dot products: Q8_0 and Q4_1/Q4_0.
+"""Linear layers in `BlockCodes`' form (every GGUF block type served as stored), multiplied in C
+with integer dot products.
 
 A decode step of a few rows reads every weight once for a few operations each, so its time is the
 weights' bytes and how fast the products consume them. torch's CPU int4 kernel widens the 4-bit
 weights to bfloat16 and multiplies in float. llama.cpp instead rounds each activation row to int8
 per block of 32 inputs and sums each block's products exactly in int32 with the CPU's VNNI dot
-products, several times the multiplies per instruction. `kernels/csrc/block_linear.c` does the same with
-finer activations: what the int8 rounding leaves is rounded again to int8 in steps 254 times
+products, several times the multiplies per instruction. `kernels/csrc/block_linear.c` does the same
+with finer activations: what the int8 rounding leaves is rounded again to int8 in steps 254 times
 finer, so each row keeps about 16 bits per block (with 8-bit rows, as llama.cpp's, 28% of greedy
 requests kept float weights' text against 52%; BENCHMARKS.md "Quantized weights"), for a second
-VNNI product per block that costs little where the weights' bytes are the time.
+VNNI product per block that costs little where the weights' bytes are the time. One kernel takes
+4-, 5-, 6- and 8-bit codes by sub-blocks of 16 or 32 (`block_layout`).
 
-- `Int4BlockLinear`: `--quantize int4`'s decoder blocks, from the GGUF's own Q4_1/Q4_0 blocks
-  (4-bit codes, a float16 scale and offset per 32 inputs) or rounded from float weights.
-- `Int8BlockLinear`: the lm_head in both quantized modes, the GGUF's Q8_0 blocks where the file
-  has them (SmolLM2's tied token embedding), else rounded here (`quantize_blocks`).
+A call of more than `LARGE_ROWS[bits]` rows (a prefill chunk) is compute-bound: there the layer
+de-quantizes its weights into a buffer shared by all layers (`WeightScratch`) and multiplies with
+torch (oneDNN, AMX where the CPU has it), without a float copy of the weights kept in memory.
 
-Both need a CPU with AVX512-VNNI and AVX512-BF16 and a C compiler (`native_library`); elsewhere
-`load` returns None and the caller keeps torch's layers.
+- `BlockLinear.load(codes)`: any `BlockCodes`.
+- `Int4BlockLinear`, `Int8BlockLinear`: Q4_1/Q4_0 blocks from codes, scales and offsets, and Q8_0
+  blocks from int8 codes and scales (`quantize_blocks` rounds float weights to them).
+
+They need a CPU with AVX512-VNNI and AVX512-BF16 and a C compiler (`native_library`); elsewhere
+`load` returns None and the caller keeps torch's layers (`torch_block_linear`).
 """
 
 from __future__ import annotations
@@ -28,12 +33,25 @@ import torch
 
 from ztgi.services.worker.kernels import native_library
 from ztgi.services.worker.kernels.native_library import INT, INT64, POINTER, Kernel
+from ztgi.services.worker.layers.quantization.block_codes import BlockCodes
+from ztgi.services.worker.layers.quantization.block_layout import BLOCK_SIZE, BlockLayout
+from ztgi.services.worker.layers.quantization.weight_scratch import WeightScratch
 
-BLOCK_SIZE = 32
-TILE = 16  # outputs side by side in one VNNI operand
-GROUPS = BLOCK_SIZE // 4  # four inputs per VNNI lane
 INT8_MAX = 127
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
+# by the codes' bits, the most rows the integer product takes; more are de-quantized into the
+# scratch and multiplied by torch (measured crossovers: the commit that set them)
+LARGE_ROWS = {4: 96, 5: 80, 6: 48, 8: 128}
+
+__all__ = ["BLOCK_SIZE", "BlockLinear", "Int4BlockLinear", "Int8BlockLinear", "quantize_blocks"]
+
+
+class BlockWeights(ctypes.Structure):
+    """`kernels/csrc/block_weights.h`'s descriptor."""
+
+    _fields_ = [("bits", ctypes.c_int32), ("sub_block", ctypes.c_int32), ("center", ctypes.c_int32),
+                ("unused", ctypes.c_int32), ("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64),
+                ("codes", POINTER), ("planes", POINTER), ("scales", POINTER), ("offsets", POINTER)]
 
 
 @functools.cache
@@ -41,12 +59,14 @@ def _library() -> ctypes.CDLL | None:
     return native_library.load_or_none("block_linear.c", "quantized products", CPU_FLAGS)
 
 
-def _kernel(name: str, weight_buffers: int) -> Kernel | None:
+@functools.cache
+def _kernels() -> tuple[Kernel, Kernel] | None:
+    """The product and the de-quantizing, or None (why, logged once) where they cannot run here."""
     library = _library()
     if library is None:
         return None
-    return native_library.bind(library, name, [POINTER, INT, INT64, INT64, *[POINTER] * weight_buffers, INT64,
-                                               POINTER, INT])
+    return (native_library.bind(library, "block_linear", [POINTER, INT, INT64, POINTER, POINTER, INT64, INT]),
+            native_library.bind(library, "block_dequantize", [POINTER, INT, POINTER, INT]))
 
 
 def quantize_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,110 +81,120 @@ def quantize_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.view(out_features, in_features), scales
 
 
-def _tiled(values: torch.Tensor, tiles: int, fill: int | float = 0) -> torch.Tensor:
-    """`[out, ...]` padded with `fill` to whole tiles of 16 outputs: `[tiles, 16, ...]`."""
-    padded = torch.full((tiles * TILE, *values.shape[1:]), fill, dtype=values.dtype)
-    padded[:values.shape[0]] = values
-    return padded.view(tiles, TILE, *values.shape[1:])
-
-
-def _tiled_scales(scales: torch.Tensor, tiles: int) -> torch.Tensor:
-    """`[out, blocks]` -> float16 `[tiles, blocks, 16]`: one vector per tile and block."""
-    return _tiled(scales.float(), tiles).transpose(1, 2).to(torch.float16).contiguous()
+def _address(tensor: torch.Tensor) -> int | None:
+    return tensor.data_ptr() if tensor.numel() else None
 
 
 class BlockLinear:
-    """`y = x @ W.T` by one of `kernels/csrc/block_linear.c`'s products over this layer's packed buffers."""
+    """`y = x @ W.T` by `kernels/csrc/block_linear.c` over this layer's packed `BlockCodes`."""
 
-    def __init__(self, out_features: int, in_features: int, kernel: Kernel, buffers: tuple[torch.Tensor, ...]) -> None:
-        if in_features % BLOCK_SIZE:
-            raise ValueError(f"block formats need a multiple of {BLOCK_SIZE} inputs, not {in_features}")
-        self.out_features, self.in_features = out_features, in_features
-        self._kernel, self._buffers = kernel, buffers
-        self._pointers = [buffer.data_ptr() for buffer in buffers]
+    @classmethod
+    def load(cls, codes: BlockCodes) -> BlockLinear | None:
+        """The layer, or None where the kernel cannot run here (logged once) or the inputs are not
+        whole blocks of 32."""
+        kernels = _kernels()
+        if kernels is None or codes.in_features % BLOCK_SIZE:
+            return None
+        return cls(codes, kernels)
+
+    def __init__(self, codes: BlockCodes, kernels: tuple[Kernel, Kernel]) -> None:
+        self.layout = BlockLayout.pack(codes)
+        self.out_features, self.in_features = codes.out_features, codes.in_features
+        self.bits, self.sub_block = codes.bits, codes.sub_block
+        self.large_rows = LARGE_ROWS[codes.bits]
+        self._kernel, self._dequantize = kernels
+        lay = self.layout
+        self.weights = BlockWeights(lay.bits, lay.sub_block, lay.center, 0, lay.in_features, lay.out_features,
+                                    _address(lay.codes), _address(lay.planes), _address(lay.scales),
+                                    _address(lay.offsets))
+        self._weights_address = ctypes.addressof(self.weights)
 
     def kernel_address(self) -> int:
-        """The product's C function, for C code that calls it (`decode_stack`)."""
+        """The product's C function (`BlockLinearFn`), for C code that calls it (`decode_stack`)."""
         return native_library.address(self._kernel)
 
-    @property
-    def buffers(self) -> tuple[torch.Tensor, ...]:
-        """The packed weights the kernel reads, in its argument order."""
-        return self._buffers
+    def weights_address(self) -> int:
+        """This layer's `BlockWeights` descriptor, alive as long as the layer."""
+        return self._weights_address
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`x` `[..., in]` bfloat16 or float32 (anything else is taken as float32); the result in its dtype."""
         if x.dtype is torch.bfloat16 and x.dim() == 2 and x.is_contiguous():  # a step's rows: the fast path
-            return self._product(x, True)
+            return self._product(x, x.new_empty(x.shape[0], self.out_features))
         bf16 = x.dtype == torch.bfloat16
         rows = x.reshape(-1, self.in_features)
         if not (bf16 or x.dtype == torch.float32) or not rows.is_contiguous():
             rows = rows.to(torch.bfloat16 if bf16 else torch.float32).contiguous()
-        return self._product(rows, bf16).view(*x.shape[:-1], self.out_features).to(x.dtype)
+        out = self._product(rows, rows.new_empty(rows.shape[0], self.out_features))
+        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
-    def _product(self, rows: torch.Tensor, bf16: bool) -> torch.Tensor:
-        """The kernel over contiguous `[rows, in]` of its dtype (bfloat16 or float32)."""
-        out = rows.new_empty(rows.shape[0], self.out_features)
+    def product_into(self, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """`rows @ W.T` written into `out` `[rows, out_features]` of `rows`' dtype, which may be a
+        column slice of a wider tensor (unit stride along a row); returns `out`. `rows` contiguous
+        `[rows, in]`, bfloat16 or float32."""
+        if out.shape != (rows.shape[0], self.out_features) or out.dtype != rows.dtype or rows.dtype not in (
+                torch.bfloat16, torch.float32) or (
+                self.out_features > 1 and out.stride(1) != 1) or not rows.is_contiguous():
+            raise ValueError(f"product_into: rows {list(rows.shape)} {rows.dtype} into out {list(out.shape)} "
+                             f"{out.dtype} with strides {out.stride()}")
+        return self._product(rows, out)
+
+    def _product(self, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """`product_into` over arguments already checked."""
         if not rows.shape[0]:  # a step with no row to compute (a prefill chunk that needs no logits)
             return out
-        status = self._kernel(rows.data_ptr(), bf16, rows.shape[0], self.in_features, *self._pointers,
-                              self.out_features, out.data_ptr(), torch.get_num_threads())
+        if rows.shape[0] > self.large_rows:
+            return torch.mm(rows, self._dequantized_into_scratch(rows.dtype).t(), out=out)
+        status = self._kernel(rows.data_ptr(), rows.dtype is torch.bfloat16, rows.shape[0], self._weights_address,
+                              out.data_ptr(), out.stride(0), torch.get_num_threads())
         if status != 0:
-            raise ValueError(f"{self._kernel.__name__} refused its inputs (status {status})")
+            raise ValueError(f"block_linear refused its inputs (status {status})")
         return out
+
+    def dequantize(self, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The weights as the kernel sees them, `[out, in]` bfloat16 or float32, by the C kernel
+        (into `out` where given)."""
+        if out is None:
+            out = torch.empty(self.out_features, self.in_features, dtype=dtype)
+        if out.shape != (self.out_features, self.in_features) or out.dtype != dtype or not out.is_contiguous() or (
+                dtype not in (torch.bfloat16, torch.float32)):
+            raise ValueError(f"dequantize: {dtype} into {list(out.shape)} {out.dtype}")
+        status = self._dequantize(self.weights_address(), dtype == torch.bfloat16, out.data_ptr(),
+                                  torch.get_num_threads())
+        if status != 0:
+            raise ValueError(f"block_dequantize refused its inputs (status {status})")
+        return out
+
+    def _dequantized_into_scratch(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.dequantize(dtype, WeightScratch.take((self.out_features, self.in_features), dtype))
+
+    def dequantized(self) -> torch.Tensor:
+        """The weights as the kernel sees them, `[out, in]` float32, read back from the packed buffers."""
+        return self.layout.unpacked().dequantized()
+
+
+class Int4BlockLinear(BlockLinear):
+    """Q4_1: 4-bit `codes` `[out, in]` (0..15), `weight = code * scale + offset` with a scale and
+    offset per block of 32 inputs (`[out, in / 32]` each; Q4_0's offset is -8 x its scale)."""
+
+    @classmethod
+    def load(cls, codes: torch.Tensor, scales: torch.Tensor,  # type: ignore[override]
+             offsets: torch.Tensor) -> Int4BlockLinear | None:
+        """The layer, or None where the kernel cannot run here."""
+        kernels = _kernels()
+        if kernels is None:
+            return None
+        return cls(BlockCodes(codes.to(torch.uint8), 4, BLOCK_SIZE, scales.float(), offsets.float()), kernels)
 
 
 class Int8BlockLinear(BlockLinear):
     """Q8_0: int8 `codes` `[out, in]` times a scale per block of 32 inputs `scales` `[out, in / 32]`."""
 
     @classmethod
-    def load(cls, codes: torch.Tensor, scales: torch.Tensor) -> Int8BlockLinear | None:
+    def load(cls, codes: torch.Tensor, scales: torch.Tensor) -> Int8BlockLinear | None:  # type: ignore[override]
         """The layer, or None (why, logged) where the kernel cannot run on this machine."""
-        kernel = _kernel("int8_block_linear", 2)
-        return None if kernel is None else cls(codes, scales, kernel)
-
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, kernel: Kernel) -> None:
-        out_features, in_features = codes.shape
-        tiles, blocks = -(-out_features // TILE), in_features // BLOCK_SIZE
-        shifted = _tiled(codes.to(torch.int16) + 128, tiles, fill=128)  # VNNI takes the weights unsigned
-        weights = (shifted.to(torch.uint8).view(tiles, TILE, blocks, GROUPS, 4).permute(0, 2, 3, 1, 4).contiguous())
-        super().__init__(out_features, in_features, kernel, (weights, _tiled_scales(scales, tiles)))
-
-    def dequantized(self) -> torch.Tensor:
-        """The weights as the kernel sees them, `[out, in]` float32."""
-        weights, scales = self._buffers
-        tiles, blocks = weights.shape[0], weights.shape[1]
-        codes = weights.permute(0, 3, 1, 2, 4).reshape(tiles * TILE, blocks, BLOCK_SIZE).to(torch.int16) - 128
-        block_scales = scales.transpose(1, 2).reshape(tiles * TILE, blocks, 1).float()
-        return (codes.float() * block_scales).view(tiles * TILE, -1)[:self.out_features]
-
-
-class Int4BlockLinear(BlockLinear):
-    """Q4_1: 4-bit `codes` `[out, in]` (0..15), `weight = code * scale + offset` with a float16 scale and
-    offset per block of 32 inputs (`[out, in / 32]` each; Q4_0's offset is -8 x its scale)."""
-
-    @classmethod
-    def load(cls, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> Int4BlockLinear | None:
-        """The layer, or None where the kernel cannot run here or a scale or offset is not a float16 value."""
-        kernel = _kernel("int4_block_linear", 3)
-        if kernel is None or not all(torch.equal(t.float(), t.to(torch.float16).float()) for t in (scales, offsets)):
+        kernels = _kernels()
+        if kernels is None:
             return None
-        return cls(codes, scales, offsets, kernel)
-
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, kernel: Kernel) -> None:
-        out_features, in_features = codes.shape
-        tiles, blocks = -(-out_features // TILE), in_features // BLOCK_SIZE
-        grouped = _tiled(codes.to(torch.uint8), tiles).view(tiles, TILE, blocks, GROUPS, 4).permute(0, 2, 3, 1, 4)
-        half = GROUPS // 2  # group g in the low nibbles, g + 4 in the high ones
-        packed = (grouped[:, :, :half] | (grouped[:, :, half:] << 4)).contiguous()
-        super().__init__(out_features, in_features, kernel,
-                         (packed, _tiled_scales(scales, tiles), _tiled_scales(offsets, tiles)))
-
-    def dequantized(self) -> torch.Tensor:
-        """The weights as the kernel sees them, `[out, in]` float32."""
-        packed, scales, offsets = self._buffers
-        tiles, blocks = packed.shape[0], packed.shape[1]
-        grouped = torch.cat([packed & 0x0F, packed >> 4], dim=2)  # [tiles, blocks, groups, 16, 4]
-        codes = grouped.permute(0, 3, 1, 2, 4).reshape(tiles * TILE, blocks, BLOCK_SIZE).float()
-        per_block = [t.transpose(1, 2).reshape(tiles * TILE, blocks, 1).float() for t in (scales, offsets)]
-        return (codes * per_block[0] + per_block[1]).view(tiles * TILE, -1)[:self.out_features]
+        unsigned = (codes.to(torch.int16) + 128).to(torch.uint8)  # VNNI takes the weights unsigned
+        return cls(BlockCodes(unsigned, 8, BLOCK_SIZE, scales.float(), -128 * scales.float()), kernels)
