@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import logging
 import multiprocessing
 import urllib.request
 from collections.abc import Sequence
@@ -22,6 +23,8 @@ from typing import Any
 from ztgi.bench.llama_server import LlamaServer, server_flags
 
 REQUEST_TIMEOUT_S = 600.0
+WEIGHT_LOGGERS = ("ztgi.services.worker.paged.model", "ztgi.services.worker.padded.model",
+                  "ztgi.services.worker.models.gguf_module", "ztgi.services.worker.layers.quantization.stored_linear")
 Candidates = list[tuple[int, float]]  # the two best (token id, logprob) at one position, best first
 
 
@@ -40,17 +43,20 @@ class GreedyRequests:
 
 @dataclasses.dataclass(frozen=True)
 class GreedyRun:
-    """Each request's generated ids and, at each of its positions, the two best candidates."""
+    """Each request's generated ids and, at each of its positions, the two best candidates; `notes`:
+    what the server said of the weights it runs (ztgi's log lines: blocks as stored, or dequantized)."""
 
     ids: list[list[int]]
     top2: list[list[Candidates]]
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"ids": self.ids, "top2": self.top2}
+        return {"ids": self.ids, "top2": self.top2, "notes": self.notes}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GreedyRun:
-        return cls(data["ids"], [[[(int(i), float(p)) for i, p in step] for step in steps] for steps in data["top2"]])
+        top2 = [[[(int(i), float(p)) for i, p in step] for step in steps] for steps in data["top2"]]
+        return cls(data["ids"], top2, data.get("notes", []))
 
 
 def ztgi_greedy(model: str, dtype: str, quantize: str, requests: GreedyRequests) -> GreedyRun:
@@ -63,13 +69,28 @@ def ztgi_greedy(model: str, dtype: str, quantize: str, requests: GreedyRequests)
 def _ztgi_greedy_here(model: str, dtype: str, quantize: str, requests: GreedyRequests) -> GreedyRun:
     from ztgi import LLM, SamplingParams
 
+    notes = _NoteTaker()
     llm = LLM(model, dtype=dtype, device="cpu", quantize=quantize, prefix_caching=False)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=requests.ignore_eos, logprobs=2)
               for n in requests.max_new_tokens]
     prompts = [{"prompt_token_ids": ids} for ids in requests.input_ids]
     sequences = [output.outputs[0] for output in llm.generate(prompts, params, use_tqdm=False)]
     return GreedyRun([list(sequence.token_ids) for sequence in sequences],
-                     [[_ranked(step) for step in sequence.logprobs or []] for sequence in sequences])
+                     [[_ranked(step) for step in sequence.logprobs or []] for sequence in sequences], notes.lines)
+
+
+class _NoteTaker(logging.Handler):
+    """Keeps the INFO lines of the loggers that say which weights the worker runs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        for name in WEIGHT_LOGGERS:
+            logging.getLogger(name).setLevel(logging.INFO)
+            logging.getLogger(name).addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 def _ranked(step: dict[int, Any]) -> Candidates:

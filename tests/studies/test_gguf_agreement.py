@@ -159,11 +159,11 @@ def test_llama_quantize_makes_each_type_file_once(tiny_gguf, tmp_path):
 @pytest.mark.slow
 def test_a_run_measures_both_servers_against_their_anchors(tiny_gguf, tmp_path):
     """A whole run on the tiny model, one type: the JSON holds every request's ids on both servers,
-    the figures agree with them, and the table has the type's row."""
+    the figures agree with them, ztgi served the type's blocks as stored, and the table has the type's row."""
     output, markdown = tmp_path / "result.json", tmp_path / "table.md"
     assert gguf_agreement.main([
         "--gguf", tiny_gguf, "--types", "Q8_0", "--max-requests", "3", "--output-tokens", "6", "--num-threads", "1",
-        "--quantize", "none", "--work-dir", str(tmp_path / "files"), "--llama-cpp-build", LLAMA_CPP_BUILD,
+        "--work-dir", str(tmp_path / "files"), "--llama-cpp-build", LLAMA_CPP_BUILD,
         "--output", str(output), "--markdown", str(markdown)]) == 0
     result = json.loads(output.read_text())
     (row,) = result["types"]
@@ -174,6 +174,7 @@ def test_a_run_measures_both_servers_against_their_anchors(tiny_gguf, tmp_path):
         assert all(steps[0][0][0] == ids[0] for steps, ids in zip(run.top2, run.ids))  # greedy took the best
         assert row[server] == Agreement.of(anchor, run).summary()
     assert row["tensor_types"]["Q8_0"] >= 7 * NUM_LAYERS
+    assert any("GGUF blocks as stored (" in note for note in row["runs"]["ztgi"]["notes"])  # --quantize gguf's default
     assert markdown.read_text().splitlines()[2].startswith("| Q8_0 |")
 
 
