@@ -190,8 +190,9 @@ class AgreementRun:
         for server in SERVERS:
             logger.info("%s on the anchor %s", server, anchor)
             self.anchor_runs[server] = self.greedy(server, anchor, anchor=True)
-        return {"file": anchor, "tensor_types": tensor_types(anchor),
-                "runs": {server: run.to_json() for server, run in self.anchor_runs.items()}}
+        ztgi, llama = (self.anchor_runs[server] for server in SERVERS)
+        return {"file": anchor, "tensor_types": tensor_types(anchor), "ztgi_against_llama_server":
+                Agreement.of(ztgi, llama).summary(), "runs": {s: run.to_json() for s, run in self.anchor_runs.items()}}
 
     def run_type(self, file_type: str) -> dict[str, Any]:
         path = self.files.make_type_file(file_type)
@@ -233,6 +234,14 @@ def _server_cells(figures: dict[str, Any]) -> list[str]:
             "-" if gap is None else f"{gap:.3f}"]
 
 
+def anchors_line(figures: dict[str, Any]) -> str:
+    """The two anchor runs against each other: the same F16 weights, ztgi in float32, llama.cpp in its own way."""
+    return (f"\nThe anchors against each other (ztgi float32 as the reference, llama-server on the F16 file): "
+            f"{figures['requests_identical']:.0%} of requests identical, "
+            f"{figures['median_positions_before_divergence']:g} / {figures['mean_positions_before_divergence']:.1f} "
+            "positions before divergence (median / mean).\n")
+
+
 def git_commit() -> str:
     result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__)))
@@ -259,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = {"config": dataclasses.asdict(config), "source": config.source(), "ztgi_commit": git_commit(),
                "llama_server_version": llama_version,
                "num_requests": len(requests.input_ids), "anchor": anchor, "types": types}
-    table = markdown_table(types)
+    table = markdown_table(types) + anchors_line(anchor["ztgi_against_llama_server"])
     sys.stdout.write(table)
     if config.output:
         with open(config.output, "w") as file:

@@ -176,6 +176,9 @@ def test_a_run_measures_both_servers_against_their_anchors(tiny_gguf, tmp_path):
     assert row["tensor_types"]["Q8_0"] >= 7 * NUM_LAYERS
     assert any("GGUF blocks as stored (" in note for note in row["runs"]["ztgi"]["notes"])  # --quantize gguf's default
     assert markdown.read_text().splitlines()[2].startswith("| Q8_0 |")
+    anchors = Agreement.of(*(GreedyRun.from_json(result["anchor"]["runs"][s]) for s in ("ztgi", "llama-server")))
+    assert result["anchor"]["ztgi_against_llama_server"] == anchors.summary()
+    assert "The anchors against each other" in markdown.read_text()
 
 
 def test_a_missing_llama_cpp_build_is_refused(tmp_path):
