@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from studies.gguf_anchor import AnchorFiles, tensor_types
-from studies.greedy_runs import GreedyRequests, GreedyRun, llama_server_greedy, ztgi_greedy
+from studies.greedy_runs import Candidates, GreedyRequests, GreedyRun, llama_server_greedy, ztgi_greedy
 from ztgi.bench.baseline_setup import parse_workload
 from ztgi.bench.offline_workload import encode_prompts
 from ztgi.common.config import require
@@ -117,9 +117,8 @@ class Agreement:
         assert len(anchor.ids) == len(other.ids), (len(anchor.ids), len(other.ids))
         positions = [first_divergence(a, o) for a, o in zip(anchor.ids, other.ids)]
         identical = [a == o for a, o in zip(anchor.ids, other.ids)]
-        gaps = [top2[0][1] - top2[1][1] for top2 in (
-            steps[at] for steps, at, same in zip(anchor.top2, positions, identical) if not same and at < len(steps))
-            if len(top2) == 2]
+        gaps = [gap for steps, at, same in zip(anchor.top2, positions, identical)
+                if not same and (gap := top2_gap(steps, at)) is not None]
         return cls(positions, identical, gaps)
 
     def summary(self) -> dict[str, float | None]:
@@ -133,6 +132,14 @@ class Agreement:
 def first_divergence(anchor: Sequence[int], other: Sequence[int]) -> int:
     """How many leading ids agree (the shorter one's length where one is the other's prefix)."""
     return next((i for i, (a, o) in enumerate(zip(anchor, other)) if a != o), min(len(anchor), len(other)))
+
+
+def top2_gap(steps: Sequence[Candidates], at: int) -> float | None:
+    """The logprob gap between the two best candidates at position `at` (None past the end, or without two)."""
+    if at >= len(steps) or len(steps[at]) < 2:
+        return None
+    (_, best), (_, second) = steps[at][:2]
+    return best - second
 
 
 class RunCache:
