@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from ztgi.common.messages import Generation, Timings, Warmup, WarmupResult, WorkerInfo
-from ztgi.services.worker.layers.quantization import quantized_linear
+from ztgi.services.worker.layers.quantization import factory
 from ztgi.services.worker.models import llama_weights
 from ztgi.services.worker.models.loading import LoadedModel
 from ztgi.services.worker.padded import kv_cache
@@ -60,7 +60,7 @@ class PaddedModel:
         self.backend = resolve_backend(backend, loaded.module.config)
         with torch.inference_mode():
             module = loaded.module
-            linear = quantized_linear.factory(loaded.quantize, module, loaded.gguf_file, self.backend, self.device,
+            linear = factory.factory(loaded.quantize, module, loaded.gguf_file, self.backend, self.device,
                                               self.dtype, loaded.quantized_max_rows, stored=loaded.checkpoint)
             self.forward_pass = (LlamaForward(module, linear) if self.backend == "native"
                                  else TransformersForward(module))

@@ -14,7 +14,7 @@ from ztgi.common.messages import Generation, Timings, Warmup, WarmupResult, Work
 from ztgi.services.worker.kernels.native_attention import NativeAttention
 from ztgi.services.worker.layers.kv_pool import KVPool, KVShape
 from ztgi.services.worker.layers.layer_ops import NativeLayerOps
-from ztgi.services.worker.layers.quantization import quantized_linear
+from ztgi.services.worker.layers.quantization import factory
 from ztgi.services.worker.models import families
 from ztgi.services.worker.models.decoder import PagedDecoderForward
 from ztgi.services.worker.models.families import layer_windows, paged_forward
@@ -53,7 +53,7 @@ class PagedModel:
         self.block_size = block_size
         self.kv_shape = KVShape(loaded.num_layers, block_size, loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
         with torch.inference_mode():
-            linear = quantized_linear.factory(loaded.quantize, loaded.module, loaded.gguf_file, "native",
+            linear = factory.factory(loaded.quantize, loaded.module, loaded.gguf_file, "native",
                                               self.device, self.dtype, loaded.quantized_max_rows, native_kernels,
                                               loaded.checkpoint)
             self.forward_pass = paged_forward(loaded.module, linear)
@@ -84,7 +84,7 @@ class PagedModel:
         if not families.supports(draft.module.config):
             raise ValueError(f"the draft model {draft.name}: {families.unsupported_reason(draft.module.config)}")
         with torch.inference_mode():
-            linear = quantized_linear.factory(draft.quantize, draft.module, draft.gguf_file, "native",
+            linear = factory.factory(draft.quantize, draft.module, draft.gguf_file, "native",
                                               draft.device, draft.dtype, draft.quantized_max_rows,
                                               stored=draft.checkpoint)
         logger.info("draft model %s (%d layers) proposes up to %d tokens a step", draft.name, draft.num_layers,
