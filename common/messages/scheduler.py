@@ -21,7 +21,8 @@ QueryKind = Literal["health", "info", "stats"]
 
 @message("generate")
 class Generate:
-    """A client asks for text: `inputs` (raw prompt) or chat `messages`, exactly one of them.
+    """A client asks for text: `inputs` (raw prompt), chat `messages` or prompt `input_ids`
+    (OpenAI's token-id prompts, checked against the vocabulary by the tokenizer), exactly one of them.
 
     `tools` (with `messages` only) are rendered into the prompt by the chat template.
     """
@@ -31,10 +32,11 @@ class Generate:
     messages: list[ChatMessage] | None
     parameters: GenerateParameters
     tools: list[Tool] | None = None
+    input_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
-        if (self.inputs is None) == (self.messages is None):
-            raise ValueError("exactly one of inputs and messages must be given")
+        if sum(prompt is not None for prompt in (self.inputs, self.messages, self.input_ids)) != 1:
+            raise ValueError("exactly one of inputs, messages and input_ids must be given")
         if self.tools is not None and self.messages is None:
             raise ValueError("tools need messages")
 

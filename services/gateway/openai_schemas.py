@@ -7,6 +7,10 @@ As in TGI: temperature 0 means greedy, any other (or none) samples; completions 
 vLLM: TGI would sample then).
 `n` choices are `n` requests (choice `j` of a seeded request uses `seed + j`); choices of all
 prompts together are bounded by `max_client_batch_size`.
+A completion's prompt is text or token ids (one list, or a list of lists: evaluation harnesses
+send those). `echo` with `logprobs` asks for the prompt's own logprobs (`decoder_input_details`),
+and `max_tokens: 0` with `echo` scores the prompt only: the request runs as one prefill whose
+token is left out of the answer.
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ from ztgi.services.gateway.structured_output import parse_response_format, parse
 COMPLETION_MAX_NEW_TOKENS = 100
 """TGI's default for /v1/completions when `max_tokens` is not given."""
 
-_UNSUPPORTED_CHAT_FIELDS = ("logit_bias", "functions", "function_call")
+_UNSUPPORTED_CHAT_FIELDS = ("functions", "function_call")
+_UNSUPPORTED_COMPLETION_FIELDS = ("suffix",)
+
+_MAX_TOKEN_ID = 2**31 - 1
+
+Prompt = str | list[int]
+"""A completion prompt: text, or token ids."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,13 +41,14 @@ class OpenAIRequest:
 
     parameters: GenerateParameters
     messages: list[ChatMessage] | None = None
-    prompts: list[str] | None = None
+    prompts: list[Prompt] | None = None
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
     echo: bool = False
     n: int = 1
     tools: list[Tool] | None = None  # rendered into the prompt; the answer is read for tool calls
+    score_only: bool = False  # `max_tokens: 0` with `echo`: the prompt's logprobs, no generated token
 
     def choice_parameters(self, choice: int) -> GenerateParameters:
         """Parameters of choice `choice` of one prompt: its own seed when a seed is given."""
@@ -74,20 +85,39 @@ def parse_completion_request(body: Any, limits: ParameterLimits, max_client_batc
     """POST /v1/completions (several prompts become several requests, one choice each).
 
     The legacy `logprobs` is a number N: every token's logprob and, when N > 0, its N likeliest
-    alternatives (TGI's `top_n_tokens`).
+    alternatives (TGI's `top_n_tokens`); with `echo`, the prompt's tokens' too.
     """
     body = _object(body)
     if body.get("suffix") is not None:
         raise ValidationError("suffix", "Suffix is not supported and can be achieved by preprocessing the prompt.")
     prompts = _prompts(body.get("prompt"), max_client_batch_size)
-    max_tokens = _max_tokens(body, "max_tokens")
-    num_logprobs = _num_top_logprobs(body, "logprobs", limits)
-    parameters = _parameters(body, limits, COMPLETION_MAX_NEW_TOKENS if max_tokens is None else max_tokens,
-                             details=num_logprobs is not None, top_n_tokens=num_logprobs or None)
     echo = optional_value(body, "echo", bool, "a boolean") or False
-    return OpenAIRequest(parameters, prompts=prompts, stream=_stream(body), include_usage=_include_usage(body),
-                         logprobs=num_logprobs is not None, echo=echo,
-                         n=_num_choices(body, len(prompts), max_client_batch_size))
+    n = _num_choices(body, len(prompts), max_client_batch_size)
+    _check_best_of(body)
+    if echo and n > 1:
+        raise ValidationError("echo", "`echo` is not supported with `n` > 1")
+    max_tokens = _max_tokens(body, "max_tokens", allow_zero=echo)
+    score_only = max_tokens == 0
+    num_logprobs = _num_top_logprobs(body, "logprobs", limits)
+    stream = _stream(body)
+    token_ids = not isinstance(prompts[0], str)
+    if stream and echo and (score_only or token_ids):
+        raise ValidationError("echo", "`echo` of a token-id prompt, or with `max_tokens: 0`, is answered whole: "
+                                      "send it with `stream: false`")
+    prompt_details = echo and not stream and (num_logprobs is not None or token_ids)
+    parameters = _parameters(body, limits, COMPLETION_MAX_NEW_TOKENS if max_tokens is None else max(max_tokens, 1),
+                             details=num_logprobs is not None, top_n_tokens=num_logprobs or None)
+    parameters = dataclasses.replace(parameters, decoder_input_details=prompt_details)
+    return OpenAIRequest(parameters, prompts=prompts, stream=stream, include_usage=_include_usage(body),
+                         logprobs=num_logprobs is not None, echo=echo, n=n, score_only=score_only)
+
+
+def _check_best_of(body: dict[str, Any]) -> None:
+    """OpenAI's `best_of` on /v1/completions: 1 (the default) is served, more is refused."""
+    best_of = optional_integer(body, "best_of")
+    if best_of is not None and best_of != 1:
+        raise ValidationError("best_of", f"`best_of` > 1 is not supported on /v1/completions (TGI's /generate "
+                                         f"serves it). Given: {best_of}")
 
 
 def _num_top_logprobs(body: dict[str, Any], name: str, limits: ParameterLimits) -> int | None:
@@ -100,12 +130,15 @@ def _num_top_logprobs(body: dict[str, Any], name: str, limits: ParameterLimits) 
     return value
 
 
-def _max_tokens(body: dict[str, Any], name: str) -> int | None:
+def _max_tokens(body: dict[str, Any], name: str, allow_zero: bool = False) -> int | None:
     """`max_tokens` or `max_completion_tokens`, checked here so that the error names the field
-    sent (it travels as `max_new_tokens`)."""
+    sent (it travels as `max_new_tokens`); 0 only where it means "score the prompt" (`echo`)."""
     value = optional_integer(body, name)
+    if value == 0 and allow_zero:
+        return value
     if value is not None and value <= 0:
-        raise ValidationError(name, f"`{name}` must be strictly positive. Given: {value}")
+        hint = " (0 is accepted with `echo`: the prompt scored, nothing generated)" if name == "max_tokens" else ""
+        raise ValidationError(name, f"`{name}` must be strictly positive{hint}. Given: {value}")
     return value
 
 
@@ -210,16 +243,40 @@ def _content(content: Any, where: str, has_tool_calls: bool) -> str:
     return "".join(texts)
 
 
-def _prompts(raw: Any, max_client_batch_size: int) -> list[str]:
+def _prompts(raw: Any, max_client_batch_size: int) -> list[Prompt]:
+    """A string, an array of strings, an array of token ids, or an array of arrays of token ids."""
     if raw is None:
         raise ValidationError("prompt", "missing field `prompt`")
+    if isinstance(raw, list) and raw and all(_is_token_id(item) for item in raw):
+        raw = [raw]  # one token-id prompt
     prompts = [raw] if isinstance(raw, str) else raw
-    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p for p in prompts):
-        raise ValidationError("prompt", "`prompt` must be a non-empty string or array of non-empty strings")
+    if not isinstance(prompts, list) or not prompts:
+        raise ValidationError("prompt", "`prompt` must be a non-empty string, an array of non-empty strings, "
+                                        "an array of token ids or an array of arrays of token ids")
+    for index, prompt in enumerate(prompts):
+        _check_prompt(prompt, index)
+    if len({isinstance(prompt, str) for prompt in prompts}) > 1:
+        raise ValidationError("prompt", "`prompt` holds strings or token-id arrays, not a mix")
     if len(prompts) > max_client_batch_size:
         raise ValidationError("prompt", f"Number of prompts exceeds the maximum allowed batch size of "
                                         f"{max_client_batch_size}")
     return prompts
+
+
+def _check_prompt(prompt: Any, index: int) -> None:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValidationError("prompt", f"`prompt[{index}]` cannot be empty")
+        return
+    if not isinstance(prompt, list) or not prompt or not all(_is_token_id(item) for item in prompt):
+        raise ValidationError("prompt", f"`prompt[{index}]` must be a non-empty string or a non-empty array of "
+                                        f"token ids (integers >= 0), got {json_type(prompt)}; the prompts of "
+                                        f"one request are all strings or all token-id arrays")
+
+
+def _is_token_id(value: Any) -> bool:
+    """An integer that may be a token id (the tokenizer checks it against its vocabulary)."""
+    return type(value) is int and 0 <= value <= _MAX_TOKEN_ID
 
 
 def _stop(raw: Any) -> list[str]:

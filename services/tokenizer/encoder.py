@@ -70,13 +70,27 @@ class Encoder:
         )
 
     def input_ids(self, generate: Generate) -> list[int]:
-        """The prompt's ids before truncation: raw `inputs`, or `messages` through the template."""
+        """The prompt's ids before truncation: raw `inputs`, `messages` through the template, or
+        the client's own `input_ids`, each checked to be in the vocabulary."""
+        if generate.input_ids is not None:
+            return self.checked_ids(generate.input_ids)
         if generate.messages is not None:
             # the template writes the special tokens itself
             return self._tokenize(self.render_chat(generate.messages, generate.tools), add_special_tokens=False)
         if not generate.inputs:
             raise ValidationError("inputs", "`inputs` cannot be empty")
         return self._tokenize(generate.inputs, generate.parameters.add_special_tokens)
+
+    def checked_ids(self, input_ids: list[int]) -> list[int]:
+        """Token ids a client sent: a non-empty list of ids the tokenizer knows."""
+        if not input_ids:
+            raise ValidationError("prompt", "a token-id prompt cannot be empty")
+        vocab_size = len(self.tokenizer)
+        for token_id in input_ids:
+            if not 0 <= token_id < vocab_size:
+                raise ValidationError("prompt", f"token id {token_id} of `prompt` is outside the vocabulary "
+                                                f"[0, {vocab_size})")
+        return list(input_ids)
 
     def tokenize(self, query: TokenizeQuery) -> list[SimpleToken]:
         """TGI's /tokenize: each token with its text and character offsets in `inputs`.
