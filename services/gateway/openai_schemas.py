@@ -1,8 +1,10 @@
 """OpenAI's request schemas (chat completions, completions) to `GenerateParameters`, TGI's way.
 
 As in TGI: temperature 0 means greedy, any other (or none) samples; completions default to
-100 new tokens; `suffix` is refused. `response_format` and `tools` become a grammar
-(`structured_output`); assistant `tool_calls` and `tool` turns are carried back to the template.
+100 new tokens; `suffix` is refused. `logit_bias` ({"token id": -100..100}) is added to the
+logits in the worker's chooser; OpenAI fields the server does not implement are refused (422).
+`response_format` and `tools` become a grammar (`structured_output`); assistant `tool_calls` and
+`tool` turns are carried back to the template.
 `top_p: 1.0` (OpenAI's "off") is treated as unset, and so is any `top_p` with temperature 0 (as
 vLLM: TGI would sample then).
 `n` choices are `n` requests (choice `j` of a seeded request uses `seed + j`); choices of all
@@ -18,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ztgi.common.messages import ChatMessage, GenerateParameters, Grammar, Tool, ToolCall
+from ztgi.common.messages import ChatMessage, GenerateParameters, Grammar, TokenBias, Tool, ToolCall
 from ztgi.common.parameters import MAX_SEED, ParameterLimits, ValidationError, validate_parameters
 from ztgi.services.gateway.schemas import json_type, optional_integer, optional_number, optional_value
 from ztgi.services.gateway.structured_output import parse_response_format, parse_tool_use
@@ -26,8 +28,10 @@ from ztgi.services.gateway.structured_output import parse_response_format, parse
 COMPLETION_MAX_NEW_TOKENS = 100
 """TGI's default for /v1/completions when `max_tokens` is not given."""
 
-_UNSUPPORTED_CHAT_FIELDS = ("functions", "function_call")
-_UNSUPPORTED_COMPLETION_FIELDS = ("suffix",)
+_UNSUPPORTED_CHAT_FIELDS = ("functions", "function_call", "audio", "prediction", "web_search_options",
+                            "reasoning_effort")
+"""OpenAI chat fields this server does not implement: refused, never silently ignored (as
+`suffix` on /v1/completions and `best_of` > 1 there)."""
 
 _MAX_TOKEN_ID = 2**31 - 1
 
@@ -63,6 +67,8 @@ def parse_chat_request(body: Any, limits: ParameterLimits, max_client_batch_size
     for name in _UNSUPPORTED_CHAT_FIELDS:
         if body.get(name) is not None:
             raise ValidationError(name, f"`{name}` is not supported by this server")
+    if body.get("modalities") not in (None, ["text"]):
+        raise ValidationError("modalities", "`modalities` other than [\"text\"] are not supported by this server")
     logprobs = optional_value(body, "logprobs", bool, "a boolean") or False
     top_logprobs = _num_top_logprobs(body, "top_logprobs", limits)
     if top_logprobs and not logprobs:  # OpenAI and vLLM refuse it rather than answer without them
@@ -159,6 +165,7 @@ def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: i
         details=details,
         top_n_tokens=top_n_tokens,
         grammar=grammar,
+        logit_bias=_logit_bias(body.get("logit_bias")),
     )
     validate_parameters(parameters, limits)
     if not parameters.do_sample:
@@ -166,6 +173,25 @@ def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: i
         # is the same without it, so greedy stays greedy
         parameters = dataclasses.replace(parameters, top_p=None)
     return parameters
+
+
+def _logit_bias(raw: Any) -> list[TokenBias] | None:
+    """OpenAI's `logit_bias`: {"token id": bias}; the ranges are checked with the other parameters,
+    the ids against the vocabulary by the tokenizer."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValidationError("logit_bias", f"`logit_bias` must be an object mapping token ids to numbers, "
+                                            f"got {json_type(raw)}")
+    entries = []
+    for key, value in raw.items():
+        if not (key.isascii() and key.isdigit()) or len(key) > 10:
+            raise ValidationError("logit_bias", f"`logit_bias` keys must be token ids (integers >= 0). Given: {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValidationError("logit_bias", f"`logit_bias` values must be numbers, got {json_type(value)} "
+                                                f"for token {key}")
+        entries.append(TokenBias(int(key), float(value)))
+    return entries or None
 
 
 def _num_choices(body: dict[str, Any], num_prompts: int, max_client_batch_size: int) -> int:

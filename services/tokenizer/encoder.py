@@ -52,6 +52,7 @@ class Encoder:
     def _encoded(self, key: RequestKey, input_ids: list[int], params: GenerateParameters) -> Encoded:
         if params.grammar is not None:
             self.grammars.check(params.grammar)  # a grammar the worker could not compile never gets queued
+        self._check_logit_bias(params)
         if params.truncate is not None:
             input_ids = input_ids[-params.truncate:]  # TGI truncates from the left
         max_new_tokens = params.max_new_tokens
@@ -80,6 +81,13 @@ class Encoder:
         if not generate.inputs:
             raise ValidationError("inputs", "`inputs` cannot be empty")
         return self._tokenize(generate.inputs, generate.parameters.add_special_tokens)
+
+    def _check_logit_bias(self, params: GenerateParameters) -> None:
+        vocab_size = len(self.tokenizer)
+        for entry in params.logit_bias or ():
+            if not 0 <= entry.token_id < vocab_size:
+                raise ValidationError("logit_bias", f"`logit_bias` token id {entry.token_id} is outside the "
+                                                    f"vocabulary [0, {vocab_size})")
 
     def checked_ids(self, input_ids: list[int]) -> list[int]:
         """Token ids a client sent: a non-empty list of ids the tokenizer knows."""
