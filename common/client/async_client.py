@@ -167,13 +167,23 @@ class AsyncZtgiClient:
         return await self._query("stats")
 
     async def tokenize(self, inputs: str, add_special_tokens: bool = True,
-                       truncate: int | None = None) -> list[SimpleToken]:
-        """How a tokenizer of the pipeline splits `inputs` (TGI's /tokenize); errors raise ZtgiError."""
-        reply: TokenizeReply = await self._ask(
-            lambda query_id: TokenizeQuery(query_id, inputs, add_special_tokens, truncate), "tokenize")
+                       truncate: int | None = None, messages: list[ChatMessage] | None = None) -> list[SimpleToken]:
+        """How a tokenizer of the pipeline splits `inputs` (TGI's /tokenize), or with `messages`
+        the chat template's prompt of them; errors raise ZtgiError."""
+        reply = await self._tokenize_query(
+            lambda query_id: TokenizeQuery(query_id, inputs, add_special_tokens, truncate, messages))
+        return reply.tokens
+
+    async def detokenize(self, ids: list[int]) -> str:
+        """The text token `ids` decode to (vLLM's /detokenize); errors raise ZtgiError."""
+        reply = await self._tokenize_query(lambda query_id: TokenizeQuery(query_id, "", ids=ids))
+        return reply.text or ""
+
+    async def _tokenize_query(self, query: Callable[[str], TokenizeQuery]) -> TokenizeReply:
+        reply: TokenizeReply = await self._ask(query, "tokenize")
         if reply.error is not None:
             raise ZtgiError(reply.error, reply.error_type or "validation")
-        return reply.tokens
+        return reply
 
     # -- internals -----------------------------------------------------------------------------
 

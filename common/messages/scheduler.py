@@ -58,12 +58,15 @@ class Query:
 
 @message("tokenize_query")
 class TokenizeQuery:
-    """A client asks how `inputs` tokenize (TGI's /tokenize); answered with TokenizeReply."""
+    """A client asks how `inputs` tokenize (TGI's /tokenize), or `messages` through the chat
+    template, or what text `ids` decode to (vLLM's /detokenize); answered with TokenizeReply."""
 
     query_id: str
     inputs: str
     add_special_tokens: bool = True
     truncate: int | None = None
+    messages: list[ChatMessage] | None = None
+    ids: list[int] | None = None
 
 
 @message("encoded")

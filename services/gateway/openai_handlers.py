@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from collections.abc import Awaitable, Iterable
 from typing import Any
 
@@ -15,6 +14,7 @@ from ztgi.common.client.generate_result import GenerateResult
 from ztgi.common.messages import FinalDetails, GenerateParameters, InfoReply, StreamEvent
 from ztgi.services.gateway import openai_render as render
 from ztgi.services.gateway.completion_logprobs import CompletionLogprobs
+from ztgi.services.gateway.errors import HttpError
 from ztgi.services.gateway.openai_render import Envelope
 from ztgi.services.gateway.openai_schemas import (
     OpenAIRequest,
@@ -22,6 +22,7 @@ from ztgi.services.gateway.openai_schemas import (
     parse_chat_request,
     parse_completion_request,
 )
+from ztgi.services.gateway.request_id import pipeline_request_id, request_id
 from ztgi.services.gateway.schemas import read_json
 from ztgi.services.gateway.state import CLIENT, CONFIG, SERVED_MODEL
 from ztgi.services.gateway.stop_trim import StopTrimmer, trim_stop
@@ -41,6 +42,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if chat.stream:
         return await _stream_chat(request, client, chat, envelope)
     results = await gather_all(client.generate(messages=chat.messages, parameters=chat.choice_parameters(j),
+                                               request_id=pipeline_request_id(request),
                                                tools=chat.tools)
                                for j in range(chat.n))
     results = _without_stop(results, chat.parameters.stop)
@@ -58,7 +60,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if completion.stream:
         return await _stream_completion(request, client, completion, envelope)
     choices = _completion_choices(completion)
-    results = await gather_all(_generate(client, prompt, parameters) for prompt, parameters in choices)
+    results = await gather_all(_generate(client, prompt, parameters, pipeline_request_id(request))
+                               for prompt, parameters in choices)
     results = _without_stop(results, completion.parameters.stop)
     if completion.score_only:
         results = [_without_generated(result) for result in results]
@@ -73,17 +76,29 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response(render.models_json(await request.app[SERVED_MODEL].info()))
 
 
+async def model(request: web.Request) -> web.Response:
+    """GET /v1/models/{model_id}: the served model, or 404 for any other id (a slash in the id
+    arrives percent-encoded, as the openai SDK sends it)."""
+    info = await request.app[SERVED_MODEL].info()
+    model_id = request.match_info["model_id"]
+    if model_id != info.model_id:
+        raise HttpError(404, f"The model `{model_id}` does not exist (this server serves `{info.model_id}`)",
+                        "model_not_found")
+    return web.json_response(render.model_json(info))
+
+
 # -- helpers -----------------------------------------------------------------------------------
 
 async def _envelope(request: web.Request, prefix: str) -> Envelope:
     info: InfoReply = await request.app[SERVED_MODEL].info()
-    return Envelope(prefix, uuid.uuid4().hex, int(time.time()), info)
+    return Envelope(prefix, request_id(request), int(time.time()), info)
 
 
-def _generate(client: AsyncZtgiClient, prompt: Prompt, parameters: GenerateParameters) -> Awaitable[GenerateResult]:
+def _generate(client: AsyncZtgiClient, prompt: Prompt, parameters: GenerateParameters,
+              pipeline_id: str) -> Awaitable[GenerateResult]:
     if isinstance(prompt, str):
-        return client.generate(prompt, parameters=parameters)
-    return client.generate(input_ids=prompt, parameters=parameters)
+        return client.generate(prompt, parameters=parameters, request_id=pipeline_id)
+    return client.generate(input_ids=prompt, parameters=parameters, request_id=pipeline_id)
 
 
 def _without_generated(result: GenerateResult) -> GenerateResult:
@@ -169,7 +184,8 @@ async def _stream_chat(request: web.Request, client: AsyncZtgiClient, chat: Open
         usage = [render.chat_usage_chunk_json(envelope, final, chat.n)] if chat.include_usage and final else []
         return [*usage, DONE]
 
-    streams = [client.stream(messages=chat.messages, parameters=chat.choice_parameters(j), tools=chat.tools)
+    streams = [client.stream(messages=chat.messages, parameters=chat.choice_parameters(j), tools=chat.tools,
+                             request_id=pipeline_request_id(request))
                for j in range(chat.n)]
     return await serve_sse(request, merge(streams), chunks, trailer)
 
@@ -201,6 +217,8 @@ async def _stream_completion(request: web.Request, client: AsyncZtgiClient, comp
         usage = [render.completion_usage_chunk_json(envelope, final, completion.n)] if completion.include_usage else []
         return [*usage, DONE]
 
-    streams = [client.stream(prompt, parameters=parameters) if isinstance(prompt, str)
-               else client.stream(input_ids=prompt, parameters=parameters) for prompt, parameters in choices]
+    streams = [client.stream(prompt, parameters=parameters, request_id=pipeline_request_id(request))
+               if isinstance(prompt, str) else
+               client.stream(input_ids=prompt, parameters=parameters, request_id=pipeline_request_id(request))
+               for prompt, parameters in choices]
     return await serve_sse(request, merge(streams), chunks, trailer)

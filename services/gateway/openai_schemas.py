@@ -211,6 +211,11 @@ def _object(body: Any) -> dict[str, Any]:
     return body
 
 
+def parse_messages(raw: Any) -> list[ChatMessage]:
+    """OpenAI's `messages` (text content only), checked."""
+    return _messages(raw)
+
+
 def _messages(raw: Any) -> list[ChatMessage]:
     if raw is None:
         raise ValidationError("messages", "missing field `messages`")

@@ -104,20 +104,32 @@ class Encoder:
         """TGI's /tokenize: each token with its text and character offsets in `inputs`.
 
         Special tokens added by the tokenizer have empty offsets (and so empty text); `truncate`
-        keeps the last tokens, as for generation.
+        keeps the last tokens, as for generation. A query with `messages` tokenizes the chat
+        template's prompt (whose special tokens the template writes).
         """
+        if query.messages is not None:
+            text = self.render_chat(query.messages)
+            return self._offsets(text, add_special_tokens=False, truncate=query.truncate)
         if not query.inputs:
             raise ValidationError("inputs", "`inputs` cannot be empty")
         if query.truncate is not None and not 0 < query.truncate <= self.limits.max_input_tokens:
             raise ValidationError("truncate", f"`truncate` must be strictly positive and less than or equal to "
                                               f"{self.limits.max_input_tokens}. Given: {query.truncate}")
+        return self._offsets(query.inputs, query.add_special_tokens, query.truncate)
+
+    def detokenize(self, input_ids: list[int]) -> str:
+        """vLLM's /detokenize: the text of token ids (special tokens kept, as vLLM decodes)."""
+        text = self.tokenizer.decode(self.checked_ids(input_ids), skip_special_tokens=False)
+        assert isinstance(text, str), "one sequence decodes to one string"
+        return text
+
+    def _offsets(self, text: str, add_special_tokens: bool, truncate: int | None) -> list[SimpleToken]:
         if not self.tokenizer.is_fast:
             raise ValidationError("inputs", "No fast tokenizer available: offsets are unknown")
-        encoding = self.tokenizer(query.inputs, add_special_tokens=query.add_special_tokens,
-                                  return_offsets_mapping=True)
-        tokens = [SimpleToken(token_id, query.inputs[start:stop], start, stop)
+        encoding = self.tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        tokens = [SimpleToken(token_id, text[start:stop], start, stop)
                   for token_id, (start, stop) in zip(encoding["input_ids"], encoding["offset_mapping"])]
-        return tokens[-query.truncate:] if query.truncate is not None else tokens
+        return tokens[-truncate:] if truncate is not None else tokens
 
     def render_chat(self, messages: list[ChatMessage], tools: list[Tool] | None = None) -> str:
         """The prompt text of a conversation (and the tools it may call), ending with the
