@@ -74,7 +74,8 @@ class Generation:
     """One request's output of one step: the chosen token, and on finish the reason.
 
     `prefill_ids`/`prefill_logprobs` come once, with a request's first token, when asked for
-    (the first prefill logprob is NaN: nothing predicts the first prompt token).
+    (the first prefill logprob is NaN: nothing predicts the first prompt token), and with a
+    request's `top_n_tokens` each prompt position's likeliest tokens (none for the first).
     """
 
     seq_id: int
@@ -87,6 +88,8 @@ class Generation:
     top_logprobs: list[float] = ()  # type: ignore[assignment]
     prefill_ids: list[int] | None = None
     prefill_logprobs: list[float] | None = None
+    prefill_top_ids: list[list[int]] | None = None
+    prefill_top_logprobs: list[list[float]] | None = None
 
     def __post_init__(self) -> None:
         for name in ("top_ids", "top_logprobs"):

@@ -52,6 +52,8 @@ def validate_request(request: WorkerRequest, model: ModelLimits) -> None:
         raise ValueError(f"{where}: `input_ids` is empty")
     if min(request.input_ids) < 0 or max(request.input_ids) >= model.vocab_size:
         raise ValueError(f"{where}: `input_ids` has a token id outside the vocabulary [0, {model.vocab_size})")
+    if any(not 0 <= entry.token_id < model.vocab_size for entry in request.sampling.logit_bias or ()):
+        raise ValueError(f"{where}: `logit_bias` has a token id outside the vocabulary [0, {model.vocab_size})")
     if request.max_new_tokens < 1:
         raise ValueError(f"{where}: `max_new_tokens` must be >= 1, got {request.max_new_tokens}")
     if request.top_n_tokens < 0:

@@ -27,6 +27,7 @@ from ztgi.services.worker.paged.speculator import Speculator
 from ztgi.services.worker.paged.step_inputs import StepInputs, build_step_inputs
 from ztgi.services.worker.paged.warmup import warm_up
 from ztgi.services.worker.sampling.generations import step_rows, top_of_row
+from ztgi.services.worker.sampling.top_tokens import row_top_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -228,6 +229,10 @@ class PagedModel:
             chunk = torch.log_softmax(logits[first:first + len(targets)].float(), dim=-1)
             ids = torch.tensor(targets, device=logits.device)[:, None]
             sequence.prefill_logprobs.extend(chunk.gather(1, ids).squeeze(1).tolist())
+            if sequence.prefill_top is not None:
+                top_ids, top_logprobs = row_top_tokens(chunk, sequence.request.top_n_tokens)
+                sequence.prefill_top[0].extend(top_ids)
+                sequence.prefill_top[1].extend(top_logprobs)
 
     @staticmethod
     def _generation(sequence: Sequence, row: list[float]) -> Generation:
@@ -237,13 +242,16 @@ class PagedModel:
         top_ids, top_logprobs = top_of_row(row)
         request = sequence.request
         prefill_logprobs = sequence.prefill_logprobs if sequence.stopping.num_generated == 1 else None
+        prefill_top = sequence.prefill_top if prefill_logprobs is not None else None
         return Generation(
             seq_id=request.seq_id, token_id=token_id, logprob=row[1], finish_reason=finish_reason,
             generated_tokens=sequence.stopping.num_generated,
             seed=request.sampling.seed if request.sampling.do_sample else None,
             top_ids=top_ids, top_logprobs=top_logprobs,
             prefill_ids=list(sequence.tokens[:sequence.prompt_len]) if prefill_logprobs is not None else None,
-            prefill_logprobs=list(prefill_logprobs) if prefill_logprobs is not None else None)
+            prefill_logprobs=list(prefill_logprobs) if prefill_logprobs is not None else None,
+            prefill_top_ids=prefill_top[0] if prefill_top is not None else None,
+            prefill_top_logprobs=prefill_top[1] if prefill_top is not None else None)
 
     def _synchronize(self) -> int:
         if self.device.type == "cuda":
