@@ -39,7 +39,7 @@ class LaunchConfig(LogConfig, RequestLimits):
         "help": "auto (CUDA when torch sees it), cpu or cuda"})
     backend: str = "auto"  # the worker's forward: native (ztgi's own, Llama), transformers, or auto
     kv_cache: str = "auto"  # the worker's KV layout: paged, padded, or auto (paged where it fits)
-    quantize: str = "none"  # the worker's linear weights: none (float), int8 or int4 (CPU, native forward)
+    quantize: str = "auto"  # worker linear weights: auto (a GGUF's blocks as stored, else float), gguf, none, int8, int4
     quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS  # with quantize: float weights above these rows
     block_size: int = 16  # paged KV cache: tokens per block
     float32_decode_attention: bool = False  # paged, CPU, bfloat16: the worker's decode attention in float32
