@@ -18,6 +18,10 @@ class WorkerRequest:
     request's block table so far, `cache_len` how many of `input_ids` already have their keys
     and values in those blocks, and `chunk_len` how many of the rest this step computes (None:
     all of them; a longer prompt is prefilled in chunks over several steps).
+
+    `num_generated`: the last that many of `input_ids` are the request's own output from before
+    a resume (preemption, a lost worker): the worker replays them through the request's sampling
+    state (grammar, seeded generator) so that it continues where it stopped, not from the start.
     """
 
     seq_id: int
@@ -30,6 +34,7 @@ class WorkerRequest:
     block_ids: list[int] = ()  # type: ignore[assignment]
     cache_len: int = 0
     chunk_len: int | None = None
+    num_generated: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.block_ids, tuple):

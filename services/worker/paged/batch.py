@@ -111,7 +111,7 @@ class PagedBatch:
             num_computed=r.cache_len, stopping=StoppingCriteria(model.eos_token_ids, r.max_new_tokens, r.ignore_eos),
             chunk_len=r.chunk_len, prefill_logprobs=[math.nan] if r.prefill_logprobs else None)
             for r in requests]
-        return cls(batch_id, sequences, chooser_for(requests, model.device), max_tokens)
+        return cls(batch_id, sequences, chooser_for(requests, model.device, model.vocab_size), max_tokens)
 
     def apply(self, updates: Seq[SeqUpdate]) -> None:
         """Grows block tables and sets prefill chunks; ValueError (nothing changed) for an unknown
