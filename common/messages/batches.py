@@ -79,7 +79,9 @@ class Generation:
     """One request's output of one step: the chosen token, and on finish the reason.
 
     `prefill_ids`/`prefill_logprobs` come once, with a request's first token, when asked for
-    (the first prefill logprob is NaN: nothing predicts the first prompt token).
+    (the first prefill logprob is NaN: nothing predicts the first prompt token). `error` says why
+    a request ends with finish_reason "error" (its grammar failed): it gets an error event, not
+    a text.
     """
 
     seq_id: int
@@ -92,6 +94,7 @@ class Generation:
     top_logprobs: list[float] = ()  # type: ignore[assignment]
     prefill_ids: list[int] | None = None
     prefill_logprobs: list[float] | None = None
+    error: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("top_ids", "top_logprobs"):

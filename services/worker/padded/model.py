@@ -19,7 +19,7 @@ from ztgi.services.worker.padded.llama_forward import LlamaForward
 from ztgi.services.worker.padded.options import BACKENDS
 from ztgi.services.worker.padded.transformers_forward import TransformersForward
 from ztgi.services.worker.padded.warmup import run_warmup
-from ztgi.services.worker.sampling.generations import step_rows, top_of_row
+from ztgi.services.worker.sampling.generations import failed, step_rows, top_of_row
 
 logger = logging.getLogger(__name__)
 
@@ -151,11 +151,12 @@ class PaddedModel:
             token_id = int(row[0])
             finish_reason = stopping(token_id)
             top_ids, top_logprobs = top_of_row(row)
-            generations.append(Generation(
+            generation = Generation(
                 seq_id=request.seq_id, token_id=token_id, logprob=row[1],
                 finish_reason=finish_reason, generated_tokens=stopping.num_generated,
                 seed=request.sampling.seed if request.sampling.do_sample else None,
                 top_ids=top_ids, top_logprobs=top_logprobs,
                 prefill_ids=list(request.input_ids) if i in prefill_logprobs else None,
-                prefill_logprobs=prefill_logprobs.get(i)))
+                prefill_logprobs=prefill_logprobs.get(i))
+            generations.append(failed(generation, stopping, batch.chooser.grammar_failure(i)))
         return generations

@@ -168,6 +168,11 @@ class NextTokenChooser:
         rows = torch.tensor(self.grammar_rows, device=next_ids.device)
         grammars.advance(self._constrained_states(), next_ids.index_select(0, rows).tolist())
 
+    def grammar_failure(self, row: int) -> str | None:
+        """Why row `row`'s grammar failed, if it did (the request must end with an error)."""
+        state = self.grammar_states[row]
+        return None if state is None else state.failure
+
     def replay(self, row: int, generated: Sequence[int], vocab_size: int) -> None:
         """Row `row` continues after `generated`, its own tokens from before a resume: its grammar
         takes them, and its generator makes the draws that choosing them made (one exponential
