@@ -71,6 +71,9 @@ class LaunchConfig(LogConfig, RequestLimits):
         "help": "heartbeats missed in a row after which a silent peer is dropped"})
     no_worker_timeout_s: float = dataclasses.field(default=30.0, metadata={
         "help": "a queued request fails after waiting this long with no worker to take it"})
+    startup_grace_s: float = dataclasses.field(default=600.0, metadata={
+        "help": "while workers start (none ready yet since the scheduler started, or one registered and "
+                "warming up), a queued request waits this long for one instead of --no-worker-timeout-s"})
     drain_timeout_s: float = dataclasses.field(default=20.0, metadata={
         "help": "SIGTERM: how long gateways and the scheduler let requests finish"})
     health_window_s: float = dataclasses.field(default=30.0, metadata={
@@ -104,8 +107,8 @@ class LaunchConfig(LogConfig, RequestLimits):
                 "--heartbeat-interval-ms and --heartbeat-misses must be positive")
         require(self.health_window_s > 0, "--health-window-s must be positive")
         require(self.body_read_timeout_s > 0, "--body-read-timeout-s must be positive")
-        require(self.no_worker_timeout_s >= 0 and self.restart_backoff_s >= 0,
-                "--no-worker-timeout-s and --restart-backoff-s must be >= 0")
+        require(self.no_worker_timeout_s >= 0 and self.restart_backoff_s >= 0 and self.startup_grace_s >= 0,
+                "--no-worker-timeout-s, --startup-grace-s and --restart-backoff-s must be >= 0")
         require(0 <= self.drain_timeout_s < self.shutdown_timeout_s,
                 f"--drain-timeout-s ({self.drain_timeout_s:g}) must be >= 0 and less than "
                 f"--shutdown-timeout-s ({self.shutdown_timeout_s:g}), or children are killed mid-drain")
@@ -120,7 +123,7 @@ class LaunchConfig(LogConfig, RequestLimits):
                  "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",
                  "max_waiting_tokens",
                  "pipeline_decode", "prefix_caching", "placement", "heartbeat_interval_ms", "heartbeat_misses",
-                 "no_worker_timeout_s", "drain_timeout_s", "health_window_s")
+                 "no_worker_timeout_s", "startup_grace_s", "drain_timeout_s", "health_window_s")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
                if getattr(self, name) is not None}
         if self.quantized_max_rows is None:  # none is not the worker's default: say it
