@@ -71,6 +71,9 @@ class LaunchConfig(LogConfig, RequestLimits):
         "help": "heartbeats missed in a row after which a silent peer is dropped"})
     no_worker_timeout_s: float = dataclasses.field(default=30.0, metadata={
         "help": "a queued request fails after waiting this long with no worker to take it"})
+    api_key_file: str | None = dataclasses.field(default=None, metadata={
+        "help": "the gateways' API key, on the first line of this file (or set ZTGI_API_KEY; a flag "
+                "would show in `ps`)"})
     startup_grace_s: float = dataclasses.field(default=600.0, metadata={
         "help": "while workers start (none ready yet since the scheduler started, or one registered and "
                 "warming up), a queued request waits this long for one instead of --no-worker-timeout-s"})
@@ -123,7 +126,7 @@ class LaunchConfig(LogConfig, RequestLimits):
                  "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",
                  "max_waiting_tokens",
                  "pipeline_decode", "prefix_caching", "placement", "heartbeat_interval_ms", "heartbeat_misses",
-                 "no_worker_timeout_s", "startup_grace_s", "drain_timeout_s", "health_window_s")
+                 "no_worker_timeout_s", "startup_grace_s", "drain_timeout_s", "health_window_s", "api_key_file")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
                if getattr(self, name) is not None}
         if self.quantized_max_rows is None:  # none is not the worker's default: say it
