@@ -14,6 +14,7 @@ from ztgi.common.client.async_client import AsyncZtgiClient
 from ztgi.common.client.generate_result import GenerateResult
 from ztgi.common.messages import FinalDetails, GenerateParameters, InfoReply, StreamEvent
 from ztgi.services.gateway import openai_render as render
+from ztgi.services.gateway.best_of import sequence_logprob
 from ztgi.services.gateway.completion_logprobs import CompletionLogprobs
 from ztgi.services.gateway.openai_render import Envelope
 from ztgi.services.gateway.openai_schemas import OpenAIRequest, parse_chat_request, parse_completion_request
@@ -52,10 +53,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     client = request.app[CLIENT]
     if completion.stream:
         return await _stream_completion(request, client, completion, envelope)
-    results = await gather_all(
+    candidates = await gather_all(
         client.generate(prompt, parameters=dataclasses.replace(parameters, return_full_text=completion.echo))
-        for prompt, parameters in _completion_choices(completion))
-    results = _without_stop(results, completion.parameters.stop)
+        for prompt, parameters in _completion_choices(completion, completion.best_of))
+    results = _without_stop(_likeliest(candidates, completion.best_of, completion.n), completion.parameters.stop)
     logprobs = [None if builder is None else builder.render(result.tokens, result.top_tokens)
                 for builder, result in zip(_completion_logprobs(completion), results)]
     return web.json_response(render.completion_json(envelope, results, logprobs, completion.n))
@@ -73,10 +74,25 @@ async def _envelope(request: web.Request, prefix: str) -> Envelope:
     return Envelope(prefix, uuid.uuid4().hex, int(time.time()), info)
 
 
-def _completion_choices(completion: OpenAIRequest) -> list[tuple[str, GenerateParameters]]:
-    """(prompt, parameters) of every choice, in choice-index order: prompt-major, as OpenAI."""
+def _completion_choices(completion: OpenAIRequest,
+                        per_prompt: int | None = None) -> list[tuple[str, GenerateParameters]]:
+    """(prompt, parameters) of every choice (or `per_prompt` candidates of each prompt), in
+    choice-index order: prompt-major, as OpenAI."""
     assert completion.prompts is not None, "a completion request has prompts"
-    return [(prompt, completion.choice_parameters(j)) for prompt in completion.prompts for j in range(completion.n)]
+    count = completion.n if per_prompt is None else per_prompt
+    return [(prompt, completion.choice_parameters(j)) for prompt in completion.prompts for j in range(count)]
+
+
+def _likeliest(candidates: list[GenerateResult], per_prompt: int, n: int) -> list[GenerateResult]:
+    """`best_of`: of each prompt's `per_prompt` candidates, the `n` with the highest total token
+    logprob, likeliest first (all of them, in order, when `per_prompt` is `n`)."""
+    if per_prompt == n:
+        return candidates
+    chosen = []
+    for first in range(0, len(candidates), per_prompt):
+        group = candidates[first:first + per_prompt]
+        chosen += sorted(group, key=sequence_logprob, reverse=True)[:n]
+    return chosen
 
 
 def _completion_logprobs(completion: OpenAIRequest) -> list[CompletionLogprobs | None]:

@@ -6,7 +6,10 @@ As in TGI: temperature 0 means greedy, any other (or none) samples; completions 
 `top_p: 1.0` (OpenAI's "off") is treated as unset, and so is any `top_p` with temperature 0 (as
 vLLM: TGI would sample then).
 `n` choices are `n` requests (choice `j` of a seeded request uses `seed + j`); choices of all
-prompts together are bounded by `max_client_batch_size`.
+prompts together are bounded by `max_client_batch_size`. A completion's `best_of` (OpenAI, vLLM)
+generates that many candidates per prompt, the same way, and returns the `n` with the highest
+total token logprob; it must be >= `n`, counts against `max_client_batch_size` as `n` does, and is
+refused when streaming or greedy (every candidate would be the same).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class OpenAIRequest:
     logprobs: bool = False
     echo: bool = False
     n: int = 1
+    best_of: int = 1  # completions: candidates generated per prompt, the `n` likeliest returned (>= n)
     tools: list[Tool] | None = None  # rendered into the prompt; the answer is read for tool calls
 
     def choice_parameters(self, choice: int) -> GenerateParameters:
@@ -85,9 +89,11 @@ def parse_completion_request(body: Any, limits: ParameterLimits, max_client_batc
     parameters = _parameters(body, limits, COMPLETION_MAX_NEW_TOKENS if max_tokens is None else max_tokens,
                              details=num_logprobs is not None, top_n_tokens=num_logprobs or None)
     echo = optional_value(body, "echo", bool, "a boolean") or False
-    return OpenAIRequest(parameters, prompts=prompts, stream=_stream(body), include_usage=_include_usage(body),
-                         logprobs=num_logprobs is not None, echo=echo,
-                         n=_num_choices(body, len(prompts), max_client_batch_size))
+    n = _num_choices(body, len(prompts), max_client_batch_size)
+    stream = _stream(body)
+    return OpenAIRequest(parameters, prompts=prompts, stream=stream, include_usage=_include_usage(body),
+                         logprobs=num_logprobs is not None, echo=echo, n=n,
+                         best_of=_best_of(body, n, len(prompts), max_client_batch_size, parameters, stream))
 
 
 def _num_top_logprobs(body: dict[str, Any], name: str, limits: ParameterLimits) -> int | None:
@@ -144,6 +150,25 @@ def _num_choices(body: dict[str, Any], num_prompts: int, max_client_batch_size: 
         raise ValidationError("n", f"`n` must be >= 1 and <= {max_n} (--max-client-batch-size "
                                    f"{max_client_batch_size} choices per request). Given: {n}")
     return n
+
+
+def _best_of(body: dict[str, Any], n: int, num_prompts: int, max_client_batch_size: int,
+             parameters: GenerateParameters, stream: bool) -> int:
+    """Candidates per prompt (`n` when unset); ValidationError naming `best_of` when it cannot be served."""
+    best_of = optional_integer(body, "best_of")
+    if best_of is None or best_of == n:
+        return n
+    max_best_of = max(1, max_client_batch_size // num_prompts)
+    if not n <= best_of <= max_best_of:
+        raise ValidationError("best_of", f"`best_of` must be >= `n` ({n}) and <= {max_best_of} "
+                                         f"(--max-client-batch-size {max_client_batch_size} candidates per "
+                                         f"request). Given: {best_of}")
+    if stream:
+        raise ValidationError("best_of", "`best_of` > `n` is not supported when streaming")
+    if not parameters.do_sample:
+        raise ValidationError("best_of", "`best_of` > `n` needs sampling (temperature > 0): greedy "
+                                         "candidates are all the same")
+    return best_of
 
 
 def _object(body: Any) -> dict[str, Any]:
