@@ -13,6 +13,7 @@ from ztgi.common.client.async_client import AsyncZtgiClient
 from ztgi.common.client.generate_result import GenerateResult
 from ztgi.common.messages import FinalDetails, GenerateParameters, InfoReply, StreamEvent
 from ztgi.services.gateway import openai_render as render
+from ztgi.services.gateway.best_of import sequence_logprob
 from ztgi.services.gateway.completion_logprobs import CompletionLogprobs
 from ztgi.services.gateway.errors import HttpError
 from ztgi.services.gateway.openai_render import Envelope
@@ -59,14 +60,16 @@ async def completions(request: web.Request) -> web.StreamResponse:
     client = request.app[CLIENT]
     if completion.stream:
         return await _stream_completion(request, client, completion, envelope)
-    choices = _completion_choices(completion)
-    results = await gather_all(_generate(client, prompt, parameters, pipeline_request_id(request))
-                               for prompt, parameters in choices)
-    results = _without_stop(results, completion.parameters.stop)
+    choices = _completion_choices(completion, completion.best_of)
+    candidates = await gather_all(_generate(client, prompt, parameters, pipeline_request_id(request))
+                                  for prompt, parameters in choices)
+    results = _without_stop(_likeliest(candidates, completion.best_of, completion.n), completion.parameters.stop)
     if completion.score_only:
         results = [_without_generated(result) for result in results]
+    assert completion.prompts is not None, "a completion request has prompts"
+    prompts = [prompt for prompt in completion.prompts for _ in range(completion.n)]
     answers = [_completion_answer(completion, prompt, result, builder)
-               for (prompt, _), result, builder in zip(choices, results, _completion_logprobs(completion))]
+               for prompt, result, builder in zip(prompts, results, _completion_logprobs(completion))]
     return web.json_response(render.completion_json(envelope, [result for result, _ in answers],
                                                     [logprobs for _, logprobs in answers], completion.n))
 
@@ -124,10 +127,25 @@ def _completion_answer(completion: OpenAIRequest, prompt: Prompt, result: Genera
     return result, builder.concatenate(prompt_logprobs, builder.render(result.tokens, result.top_tokens))
 
 
-def _completion_choices(completion: OpenAIRequest) -> list[tuple[Prompt, GenerateParameters]]:
-    """(prompt, parameters) of every choice, in choice-index order: prompt-major, as OpenAI."""
+def _completion_choices(completion: OpenAIRequest,
+                        per_prompt: int | None = None) -> list[tuple[Prompt, GenerateParameters]]:
+    """(prompt, parameters) of every choice (or `per_prompt` candidates of each prompt), in
+    choice-index order: prompt-major, as OpenAI."""
     assert completion.prompts is not None, "a completion request has prompts"
-    return [(prompt, completion.choice_parameters(j)) for prompt in completion.prompts for j in range(completion.n)]
+    count = completion.n if per_prompt is None else per_prompt
+    return [(prompt, completion.choice_parameters(j)) for prompt in completion.prompts for j in range(count)]
+
+
+def _likeliest(candidates: list[GenerateResult], per_prompt: int, n: int) -> list[GenerateResult]:
+    """`best_of`: of each prompt's `per_prompt` candidates, the `n` with the highest total token
+    logprob, likeliest first (all of them, in order, when `per_prompt` is `n`)."""
+    if per_prompt == n:
+        return candidates
+    chosen = []
+    for first in range(0, len(candidates), per_prompt):
+        group = candidates[first:first + per_prompt]
+        chosen += sorted(group, key=sequence_logprob, reverse=True)[:n]
+    return chosen
 
 
 def _completion_logprobs(completion: OpenAIRequest) -> list[CompletionLogprobs | None]:

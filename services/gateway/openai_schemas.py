@@ -8,7 +8,10 @@ logits in the worker's chooser; OpenAI fields the server does not implement are 
 `top_p: 1.0` (OpenAI's "off") is treated as unset, and so is any `top_p` with temperature 0 (as
 vLLM: TGI would sample then).
 `n` choices are `n` requests (choice `j` of a seeded request uses `seed + j`); choices of all
-prompts together are bounded by `max_client_batch_size`.
+prompts together are bounded by `max_client_batch_size`. A completion's `best_of` (OpenAI, vLLM)
+generates that many candidates per prompt, the same way, and returns the `n` with the highest
+total token logprob; it must be >= `n`, counts against `max_client_batch_size` as `n` does, and is
+refused when streaming, greedy (every candidate would be the same) or with `echo`.
 A completion's prompt is text or token ids (one list, or a list of lists: evaluation harnesses
 send those). `echo` with `logprobs` asks for the prompt's own logprobs (`decoder_input_details`),
 and `max_tokens: 0` with `echo` scores the prompt only: the request runs as one prefill whose
@@ -31,7 +34,7 @@ COMPLETION_MAX_NEW_TOKENS = 100
 _UNSUPPORTED_CHAT_FIELDS = ("functions", "function_call", "audio", "prediction", "web_search_options",
                             "reasoning_effort")
 """OpenAI chat fields this server does not implement: refused, never silently ignored (as
-`suffix` on /v1/completions and `best_of` > 1 there)."""
+`suffix` on /v1/completions)."""
 
 _MAX_TOKEN_ID = 2**31 - 1
 
@@ -51,6 +54,7 @@ class OpenAIRequest:
     logprobs: bool = False
     echo: bool = False
     n: int = 1
+    best_of: int = 1  # completions: candidates generated per prompt, the `n` likeliest returned (>= n)
     tools: list[Tool] | None = None  # rendered into the prompt; the answer is read for tool calls
     score_only: bool = False  # `max_tokens: 0` with `echo`: the prompt's logprobs, no generated token
 
@@ -99,7 +103,6 @@ def parse_completion_request(body: Any, limits: ParameterLimits, max_client_batc
     prompts = _prompts(body.get("prompt"), max_client_batch_size)
     echo = optional_value(body, "echo", bool, "a boolean") or False
     n = _num_choices(body, len(prompts), max_client_batch_size)
-    _check_best_of(body)
     if echo and n > 1:
         raise ValidationError("echo", "`echo` is not supported with `n` > 1")
     max_tokens = _max_tokens(body, "max_tokens", allow_zero=echo)
@@ -114,16 +117,11 @@ def parse_completion_request(body: Any, limits: ParameterLimits, max_client_batc
     parameters = _parameters(body, limits, COMPLETION_MAX_NEW_TOKENS if max_tokens is None else max(max_tokens, 1),
                              details=num_logprobs is not None, top_n_tokens=num_logprobs or None)
     parameters = dataclasses.replace(parameters, decoder_input_details=prompt_details)
+    best_of = _best_of(body, n, len(prompts), max_client_batch_size, parameters, stream)
+    if echo and best_of > n:
+        raise ValidationError("best_of", "`best_of` is not supported with `echo`")
     return OpenAIRequest(parameters, prompts=prompts, stream=stream, include_usage=_include_usage(body),
-                         logprobs=num_logprobs is not None, echo=echo, n=n, score_only=score_only)
-
-
-def _check_best_of(body: dict[str, Any]) -> None:
-    """OpenAI's `best_of` on /v1/completions: 1 (the default) is served, more is refused."""
-    best_of = optional_integer(body, "best_of")
-    if best_of is not None and best_of != 1:
-        raise ValidationError("best_of", f"`best_of` > 1 is not supported on /v1/completions (TGI's /generate "
-                                         f"serves it). Given: {best_of}")
+                         logprobs=num_logprobs is not None, echo=echo, n=n, score_only=score_only, best_of=best_of)
 
 
 def _num_top_logprobs(body: dict[str, Any], name: str, limits: ParameterLimits) -> int | None:
@@ -203,6 +201,25 @@ def _num_choices(body: dict[str, Any], num_prompts: int, max_client_batch_size: 
         raise ValidationError("n", f"`n` must be >= 1 and <= {max_n} (--max-client-batch-size "
                                    f"{max_client_batch_size} choices per request). Given: {n}")
     return n
+
+
+def _best_of(body: dict[str, Any], n: int, num_prompts: int, max_client_batch_size: int,
+             parameters: GenerateParameters, stream: bool) -> int:
+    """Candidates per prompt (`n` when unset); ValidationError naming `best_of` when it cannot be served."""
+    best_of = optional_integer(body, "best_of")
+    if best_of is None or best_of == n:
+        return n
+    max_best_of = max(1, max_client_batch_size // num_prompts)
+    if not n <= best_of <= max_best_of:
+        raise ValidationError("best_of", f"`best_of` must be >= `n` ({n}) and <= {max_best_of} "
+                                         f"(--max-client-batch-size {max_client_batch_size} candidates per "
+                                         f"request). Given: {best_of}")
+    if stream:
+        raise ValidationError("best_of", "`best_of` > `n` is not supported when streaming")
+    if not parameters.do_sample:
+        raise ValidationError("best_of", "`best_of` > `n` needs sampling (temperature > 0): greedy "
+                                         "candidates are all the same")
+    return best_of
 
 
 def _object(body: Any) -> dict[str, Any]:

@@ -118,6 +118,10 @@ class Detokenizer:
                                error_type="generation"), generation.finish_reason is None
 
     def _advance(self, key: RequestKey, state: DecodeState, generation: Generation) -> tuple[StreamEvent, bool]:
+        if generation.finish_reason == "error":  # the worker failed the request (its grammar): no text
+            del self.key_to_state[key]
+            return StreamEvent(request_id=key.request_id, error=generation.error or "generation failed",
+                               error_type="generation"), False
         if generation.prefill_ids is not None and state.decoder_input_details:
             state.prefill = self._prefill_tokens(generation.prefill_ids, generation.prefill_logprobs)
             state.prefill_top_tokens = self._prefill_top_tokens(generation)

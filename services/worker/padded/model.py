@@ -20,7 +20,7 @@ from ztgi.services.worker.padded.llama_forward import LlamaForward
 from ztgi.services.worker.padded.options import BACKENDS
 from ztgi.services.worker.padded.transformers_forward import TransformersForward
 from ztgi.services.worker.padded.warmup import run_warmup
-from ztgi.services.worker.sampling.generations import step_rows, top_of_row
+from ztgi.services.worker.sampling.generations import failed, step_rows, top_of_row
 from ztgi.services.worker.sampling.top_tokens import row_top_tokens
 
 logger = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class PaddedModel:
             finish_reason = stopping(token_id)
             top_ids, top_logprobs = top_of_row(row)
             prompt = prefill_logprobs.get(i)
-            generations.append(Generation(
+            generation = Generation(
                 seq_id=request.seq_id, token_id=token_id, logprob=row[1],
                 finish_reason=finish_reason, generated_tokens=stopping.num_generated,
                 seed=request.sampling.seed if request.sampling.do_sample else None,
@@ -169,5 +169,6 @@ class PaddedModel:
                 prefill_ids=list(request.input_ids) if prompt is not None else None,
                 prefill_logprobs=prompt.logprobs if prompt is not None else None,
                 prefill_top_ids=prompt.top[0] if prompt is not None and prompt.top is not None else None,
-                prefill_top_logprobs=prompt.top[1] if prompt is not None and prompt.top is not None else None))
+                prefill_top_logprobs=prompt.top[1] if prompt is not None and prompt.top is not None else None)
+            generations.append(failed(generation, stopping, batch.chooser.grammar_failure(i)))
         return generations

@@ -113,7 +113,7 @@ class PagedBatch:
             chunk_len=r.chunk_len, prefill_logprobs=[math.nan] if r.prefill_logprobs else None,
             prefill_top=([[]], [[]]) if r.prefill_logprobs and r.top_n_tokens else None)
             for r in requests]
-        return cls(batch_id, sequences, chooser_for(requests, model.device), max_tokens)
+        return cls(batch_id, sequences, chooser_for(requests, model.device, model.vocab_size), max_tokens)
 
     def apply(self, updates: Seq[SeqUpdate]) -> None:
         """Grows block tables and sets prefill chunks; ValueError (nothing changed) for an unknown

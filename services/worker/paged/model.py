@@ -26,7 +26,7 @@ from ztgi.services.worker.paged.draft_proposer import DraftProposer
 from ztgi.services.worker.paged.speculator import Speculator
 from ztgi.services.worker.paged.step_inputs import StepInputs, build_step_inputs
 from ztgi.services.worker.paged.warmup import warm_up
-from ztgi.services.worker.sampling.generations import step_rows, top_of_row
+from ztgi.services.worker.sampling.generations import failed, step_rows, top_of_row
 from ztgi.services.worker.sampling.top_tokens import row_top_tokens
 
 logger = logging.getLogger(__name__)
@@ -206,7 +206,8 @@ class PagedModel:
         token that stops the request)."""
         sequence = batch.sequences[index]
         if not sequence.draft:
-            return [self._generation(sequence, rows[0])]
+            generation = self._generation(sequence, rows[0])
+            return [failed(generation, sequence.stopping, batch.chooser.grammar_failure(index))]
         num_emitted = Speculator.accepted(sequence.draft, [int(row[0]) for row in rows])
         generations = []
         for row in rows[:num_emitted]:

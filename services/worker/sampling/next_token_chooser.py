@@ -184,6 +184,26 @@ class NextTokenChooser:
         rows = torch.tensor(self.grammar_rows, device=next_ids.device)
         grammars.advance(self._constrained_states(), next_ids.index_select(0, rows).tolist())
 
+    def grammar_failure(self, row: int) -> str | None:
+        """Why row `row`'s grammar failed, if it did (the request must end with an error)."""
+        state = self.grammar_states[row]
+        return None if state is None else state.failure
+
+    def replay(self, row: int, generated: Sequence[int], vocab_size: int) -> None:
+        """Row `row` continues after `generated`, its own tokens from before a resume: its grammar
+        takes them, and its generator makes the draws that choosing them made (one exponential
+        per vocabulary entry and token, as `choose`), so a resumed request goes on exactly as if it
+        had never stopped. Penalties need nothing: they count the row's tokens, which hold these."""
+        state = self.grammar_states[row]
+        if state is not None:
+            for token_id in generated:
+                state.consume(token_id)
+        generator = self.generators[row]
+        if generator is not None:
+            noise = torch.empty(vocab_size, dtype=torch.float32, device=generator.device)
+            for _ in generated:
+                noise.exponential_(generator=generator)
+
     def select(self, indices: Sequence[int]) -> NextTokenChooser:
         """The chooser of the rows `indices` (in that order), generators and grammar states carried over."""
         return NextTokenChooser([self.params[i] for i in indices], self.device,
