@@ -69,6 +69,10 @@ class LaunchedServer:
             raise ServerStartError(message) from None
         logger.info("%s serving on %s after %.1f s", self.name, self.url, seconds)
 
+    def resident_bytes(self) -> int:
+        """The resident memory of the server's whole process tree (every service, or llama-server)."""
+        return 0 if self.process is None else sum(_resident_bytes(pid) for pid in _tree(self.process.pid))
+
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after a minute; the log file is removed."""
         if self.process is not None and stop_process(self.process, STOP_TIMEOUT_S) is None:
@@ -82,3 +86,25 @@ class LaunchedServer:
         self.log_file.flush()
         with open(self.log_file.name, encoding="utf-8", errors="replace") as file:
             return "".join(file.readlines()[-LOG_TAIL_LINES:])
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants, from /proc (Linux)."""
+    pids, index = [pid], 0
+    while index < len(pids):
+        try:
+            for task in os.listdir(f"/proc/{pids[index]}/task"):
+                with open(f"/proc/{pids[index]}/task/{task}/children") as file:
+                    pids += [int(child) for child in file.read().split()]
+        except OSError:  # gone meanwhile
+            pass
+        index += 1
+    return pids
+
+
+def _resident_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as file:
+            return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0

@@ -42,7 +42,7 @@ import shlex
 import statistics
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -66,6 +66,7 @@ MIN_THROUGHPUT_RATIO = 3.0
 MAX_TTFT_RATIO = 0.5
 MAX_ITL_P99_RATIO = 1.0
 MAX_TPOT_RATIO = 1.0
+MAX_MEMORY_RATIO = 1.5
 
 
 def _help(text: str) -> dict[str, str]:
@@ -164,17 +165,18 @@ class SystemRun:
     repeat: int
     result: RunResult
     load_average: tuple[float, float, float]
+    resident_bytes: int = 0  # the server's process tree right after the run
 
     def figures(self) -> dict[str, float | None]:
         s = self.result.summary
         return {"output_token_throughput": s.output_token_throughput, "ttft_p50_s": s.ttft_s.p50,
                 "tpot_p50_s": s.tpot_s.p50, "itl_p99_s": s.itl_s.p99, "e2e_p50_s": s.e2e_s.p50,
                 "num_output_tokens": s.num_output_tokens, "num_failures": s.num_failures,
-                "duration_s": s.duration_s}
+                "duration_s": s.duration_s, "resident_mib": self.resident_bytes / 2**20 or None}
 
     def to_json(self) -> dict[str, Any]:
         return {"system": self.system, "concurrency": self.concurrency, "repeat": self.repeat,
-                "load_average": self.load_average, **self.result.to_json()}
+                "load_average": self.load_average, "resident_bytes": self.resident_bytes, **self.result.to_json()}
 
 
 class Table:
@@ -215,7 +217,9 @@ class Table:
                     _claim(f"{system}@{level} TTFT p50 / llama", self.ratio(system, level, "ttft_p50_s"),
                            MAX_TTFT_RATIO, at_least=False),
                     _claim(f"{system}@{level} ITL p99 / llama", self.ratio(system, level, "itl_p99_s"),
-                           MAX_ITL_P99_RATIO, at_least=False, strict=True)]
+                           MAX_ITL_P99_RATIO, at_least=False, strict=True),
+                    _claim(f"{system}@{level} resident memory / llama", self.ratio(system, level, "resident_mib"),
+                           MAX_MEMORY_RATIO, at_least=False)]
         return claims
 
     def to_json(self) -> dict[str, Any]:
@@ -228,7 +232,7 @@ class Table:
                            for s in self.systems for c in self.concurrencies), default=0)
         lines = [f"medians over {num_repeats} repeat(s); latencies in ms; x: against llama-server at that level",
                  f"{'system':<22}{'level':>6}{'tok/s':>9}{'x':>7}{'TTFT p50':>10}{'x':>7}{'TPOT p50':>10}{'x':>7}"
-                 f"{'ITL p99':>10}{'x':>7}{'tokens':>8}{'failed':>7}"]
+                 f"{'ITL p99':>10}{'x':>7}{'RSS MiB':>9}{'x':>7}{'tokens':>8}{'failed':>7}"]
         for level in self.concurrencies:
             for system in self.systems:
                 m = self.median(system, level)
@@ -239,7 +243,8 @@ class Table:
                     f"{_x(self.ratio(system, level, 'output_token_throughput'))}{_ms(m['ttft_p50_s'])}"
                     f"{_x(self.ratio(system, level, 'ttft_p50_s'))}{_ms(m['tpot_p50_s'])}"
                     f"{_x(self.ratio(system, level, 'tpot_p50_s'))}{_ms(m['itl_p99_s'])}"
-                    f"{_x(self.ratio(system, level, 'itl_p99_s'))}{m['num_output_tokens']:>8.0f}"
+                    f"{_x(self.ratio(system, level, 'itl_p99_s'))}{_mib(m['resident_mib'])}"
+                    f"{_x(self.ratio(system, level, 'resident_mib'))}{m['num_output_tokens']:>8.0f}"
                     f"{m['num_failures']:>7.0f}")
         lines += ["", f"{'target (issue 23)':<44}{'value':>8}{'bound':>9}  verdict"]
         for claim in self.claims():
@@ -269,17 +274,30 @@ def _ms(seconds: float | None) -> str:
     return f"{'-':>10}" if seconds is None else f"{seconds * 1000:>10.1f}"
 
 
+def _mib(value: float | None) -> str:
+    return f"{'-':>9}" if value is None else f"{value:>9.0f}"
+
+
 def _x(ratio: float | None) -> str:
     return f"{'-':>7}" if ratio is None else f"{ratio:>7.2f}"
+
+
+class Served(Protocol):
+    """A server the runner loads: where it answers and what it holds in memory."""
+
+    url: str
+
+    def resident_bytes(self) -> int: ...
 
 
 class Runner:
     """The servers, each warmed up, and the load generator pointed at each in turn."""
 
-    def __init__(self, config: LlamaCppConfig, prompts: list[Prompt], urls: dict[str, str]) -> None:
+    def __init__(self, config: LlamaCppConfig, prompts: list[Prompt], servers: dict[str, Served]) -> None:
         self.config = config
         self.prompts = prompts
-        self.urls = urls
+        self.servers = servers
+        self.urls = {system: server.url for system, server in servers.items()}
 
     def warmup(self) -> None:
         width = max(levels(self.config.concurrencies))
@@ -303,7 +321,7 @@ class Runner:
                                 repeat + 1, self.config.repeats, system, level,
                                 result.summary.output_token_throughput, _ms(result.summary.ttft_s.p50).strip(),
                                 _ms(result.summary.itl_s.p99).strip(), load[0])
-                    runs.append(SystemRun(system, level, repeat, result, load))
+                    runs.append(SystemRun(system, level, repeat, result, load, self.servers[system].resident_bytes()))
         return runs
 
     def _run(self, system: str, prompts: list[Prompt], concurrency: int, ignore_eos: bool) -> RunResult:
@@ -326,18 +344,18 @@ class Runner:
 
 def run_comparison(config: LlamaCppConfig, prompts: list[Prompt]) -> tuple[list[SystemRun], dict[str, Any]]:
     with contextlib.ExitStack() as stack:
-        urls: dict[str, str] = {}
+        servers: dict[str, Served] = {}
         for system in config.ztgi_systems:
             server = LaunchedServer(launch_flags(config, system), config.startup_timeout_s)
-            urls[system] = stack.enter_context(server).url
+            servers[system] = stack.enter_context(server)
         llama = LlamaServer(config.llama_server, server_flags(
             config.gguf(), config.num_slots, config.num_threads, config.slot_context, config.prompt_cache,
             shlex.split(config.llama_server_args)), config.startup_timeout_s,
             nice=10 if config.llama_as_ztgi_worker else 0, idle_class=config.llama_as_ztgi_worker)
-        urls[LLAMA] = stack.enter_context(llama).url
+        servers[LLAMA] = stack.enter_context(llama)
         about = {"llama_server_version": llama.version(), "llama_server_flags": llama.flags, "gguf": config.gguf(),
                  "cpu_count": os.cpu_count(), "load_average_at_start": os.getloadavg()}
-        runner = Runner(config, prompts, urls)
+        runner = Runner(config, prompts, servers)
         runner.warmup()
         return runner.run_all(), about
 

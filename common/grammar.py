@@ -8,13 +8,16 @@ convert a `Grammar` the same way here.
 JSON is generated compactly (`", "` and `": "` separators, no free whitespace): a small model
 cannot pad an answer with endless blank lines, and every answer parses with `json.loads`.
 llguidance's own limits bound the work a grammar may cost (`LIMITS`), so no grammar hangs the
-tokenizer or a worker.
+tokenizer or a worker; a regex whose counted repetitions write out to more than MAX_REGEX_SIZE
+positions is refused before it compiles (`regex_size.py`): the library's limits let
+`(x{1000}){1000}` through to seconds of masking and a failure at its second token.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import llguidance
@@ -22,6 +25,7 @@ import llguidance.hf
 
 from ztgi.common.messages import Grammar
 from ztgi.common.parameters import ValidationError
+from ztgi.common.regex_size import MAX_REGEX_SIZE, regex_size
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 LIMITS = llguidance.LLParserLimits(verbose_errors=False)  # errors name the problem, not the parser state
 MAX_CACHED_GRAMMARS = 256
+LARK_REGEX = re.compile(r"/((?:\\.|[^/\\\n])+)/")  # a lark grammar's regex literals: /.../
 
 
 def to_llguidance(grammar: Grammar) -> str:
@@ -55,6 +60,11 @@ def lltokenizer(hf_tokenizer: Any, eos_token_ids: list[int] | None = None) -> ll
 
 def new_matcher(tokenizer: llguidance.LLTokenizer, grammar: Grammar) -> llguidance.LLMatcher:
     """A matcher at the grammar's start; ValidationError naming the problem when it cannot compile."""
+    if grammar.type == "regex":
+        _require_small_regex(grammar.value)
+    elif grammar.type == "lark":
+        for pattern in LARK_REGEX.findall(grammar.value):
+            _require_small_regex(pattern)
     try:
         compiled = to_llguidance(grammar)
     except ValueError as exc:
@@ -63,6 +73,14 @@ def new_matcher(tokenizer: llguidance.LLTokenizer, grammar: Grammar) -> llguidan
     if matcher.is_error():
         raise ValidationError("grammar", f"`grammar` cannot be compiled: {_first_line(matcher.get_error())}")
     return matcher
+
+
+def _require_small_regex(pattern: str) -> None:
+    size = regex_size(pattern)
+    if size is not None and size > MAX_REGEX_SIZE:
+        raise ValidationError("grammar", f"`grammar` is too large: the regex's counted repetitions write out to "
+                                         f"{size} positions, more than {MAX_REGEX_SIZE} (use `*` or `+`, or "
+                                         f"smaller counts)")
 
 
 class GrammarChecker:

@@ -1,8 +1,9 @@
 """How every service's `main` starts, stops and cleans up, written once.
 
 `on_stop_signals(stop)` replaces the early hook of `common/early_stop.py` (installed by each
-`__main__` before the slow imports) with the graceful one: SIGTERM or SIGINT asks the loop to
-drain. `serve(service)` runs the loop and closes its sockets whatever ends it.
+`__main__` before the slow imports) with the graceful one: SIGTERM, SIGINT or SIGHUP asks the
+loop to drain; another during the drain asks again, which changes nothing. `serve(service)` runs
+the loop and closes its sockets whatever ends it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import signal
 from collections.abc import Callable
 from typing import Protocol
 
+from ztgi.common.early_stop import STOP_SIGNALS
 from ztgi.common.gc_freeze import freeze_startup_objects
 
 logger = logging.getLogger(__name__)
@@ -26,13 +28,14 @@ class Service(Protocol):
 
 
 def on_stop_signals(stop: Callable[[], None]) -> None:
-    """SIGTERM and SIGINT call `stop` (logged); the loop then drains and returns."""
+    """SIGTERM, SIGINT and SIGHUP call `stop` (logged; `stop` must be idempotent); the loop then
+    drains and returns."""
 
     def handle(signum: int, _frame: object) -> None:
         logger.info("signal %d: stopping", signum)
         stop()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, handle)
 
 

@@ -24,6 +24,9 @@ from ztgi.common.request_limit import (
 MAX_SEED = 2**64 - 1
 """TGI seeds are u64."""
 
+MAX_LOGIT_BIAS = 100.0
+"""OpenAI's bound on a `logit_bias` value, either sign."""
+
 _RANDOM_SEED_BITS = 63  # a drawn seed stays a signed 64-bit integer everywhere it travels
 
 
@@ -102,6 +105,7 @@ def resolve_sampling(params: GenerateParameters) -> SamplingParameters:
         watermark=params.watermark,
         presence_penalty=0.0 if params.presence_penalty is None else float(params.presence_penalty),
         grammar=params.grammar,
+        logit_bias=params.logit_bias or None,
     )
 
 
@@ -128,6 +132,12 @@ def _validate_sampling(params: GenerateParameters) -> None:
         raise ValidationError("top_k", "`top_k` must be strictly positive")
     if params.seed is not None and not 0 <= params.seed <= MAX_SEED:
         raise ValidationError("seed", f"`seed` must be >= 0 and <= {MAX_SEED}. Given: {params.seed}")
+    for entry in params.logit_bias or ():
+        if entry.token_id < 0:
+            raise ValidationError("logit_bias", f"`logit_bias` keys must be token ids >= 0. Given: {entry.token_id}")
+        if not (math.isfinite(entry.bias) and -MAX_LOGIT_BIAS <= entry.bias <= MAX_LOGIT_BIAS):
+            raise ValidationError("logit_bias", f"`logit_bias` values must be >= -100 and <= 100. "
+                                                f"Given: {entry.bias} for token {entry.token_id}")
 
 
 def _validate_stopping(params: GenerateParameters, limits: ParameterLimits) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 
+from ztgi.common.early_stop import ignore_stop_signals
+
 
 def _launch(argv: Sequence[str]) -> int:
     from ztgi.services.launcher.service import main
@@ -67,7 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(__doc__.strip(), file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return COMMANDS[argv[0]](argv[1:]) or 0
+    try:
+        return COMMANDS[argv[0]](argv[1:]) or 0
+    finally:
+        ignore_stop_signals()  # the process is ending: a late stop signal must not kill it (early_stop.py)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import dataclasses
 import math
 import numbers
 
-from ztgi.common.messages import GenerateParameters
+from ztgi.common.messages import GenerateParameters, TokenBias
 from ztgi.common.parameters import MAX_SEED
 
 MAX_LOGPROBS = 20
@@ -44,6 +44,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     truncate_prompt_tokens: int | None = None
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         self.stop = _stop_list(self.stop)
@@ -78,6 +79,8 @@ class SamplingParams:
             top_n_tokens=self.logprobs or None,
             decoder_input_details=self.prompt_logprobs is not None,
             ignore_eos=self.ignore_eos,
+            logit_bias=[TokenBias(token_id, float(bias)) for token_id, bias in self.logit_bias.items()]
+            if self.logit_bias else None,
         )
 
     # -- checks --------------------------------------------------------------------------------
@@ -115,6 +118,7 @@ class SamplingParams:
         _require(self.prompt_logprobs in (None, 0),
                  f"prompt_logprobs must be None or 0 (each prompt token's own logprob; top tokens of the "
                  f"prompt are not computed), got {self.prompt_logprobs}")
+        _check_logit_bias(self.logit_bias)
         _require(self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1,
                  f"truncate_prompt_tokens must be at least 1, got {self.truncate_prompt_tokens}")
 
@@ -139,3 +143,14 @@ def _require_int(name: str, value: object) -> None:
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+def _check_logit_bias(logit_bias: dict[int, float] | None) -> None:
+    """vLLM's `logit_bias`: {token id: bias}, each bias within OpenAI's [-100, 100]."""
+    if logit_bias is None:
+        return
+    _require(isinstance(logit_bias, dict), f"logit_bias must be a dict of token id to bias, got {logit_bias!r}")
+    for token_id, bias in logit_bias.items():
+        _require(type(token_id) is int and token_id >= 0, f"logit_bias keys must be token ids >= 0, got {token_id!r}")
+        _require(not isinstance(bias, bool) and isinstance(bias, numbers.Real) and math.isfinite(bias)
+                 and -100 <= bias <= 100, f"logit_bias values must be in [-100, 100], got {bias!r} for {token_id}")

@@ -106,9 +106,10 @@ class AsyncZtgiClient:
     async def stream(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
                      parameters: GenerateParameters | None = None,
                      request_id: str | None = None, tools: list[Tool] | None = None,
-                     ) -> AsyncGenerator[StreamEvent, None]:
+                     input_ids: list[int] | None = None) -> AsyncGenerator[StreamEvent, None]:
         """Yields a request's events up to and including the final one.
 
+        The prompt is `inputs`, `messages` or `input_ids` (token ids), exactly one of them.
         An error event raises `ZtgiError`. Leaving early (break, exception, task cancellation)
         sends `Cancel`. With `return_full_text`, the final `generated_text` starts with `inputs`.
         """
@@ -117,7 +118,7 @@ class AsyncZtgiClient:
         # return_full_text is applied here, once, for gateway and direct users alike: the
         # scheduler is sent False so nothing downstream prepends the prompt a second time
         generate = Generate(request_id, inputs, messages,
-                            dataclasses.replace(parameters, return_full_text=False), tools)
+                            dataclasses.replace(parameters, return_full_text=False), tools, input_ids)
         observer = self.observe(parameters) if self.observe is not None else None
         queue = await self._open_request(request_id, observer)
         finished = False
@@ -137,12 +138,13 @@ class AsyncZtgiClient:
 
     async def generate(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
                        parameters: GenerateParameters | None = None,
-                       request_id: str | None = None, tools: list[Tool] | None = None) -> GenerateResult:
+                       request_id: str | None = None, tools: list[Tool] | None = None,
+                       input_ids: list[int] | None = None) -> GenerateResult:
         """Runs a request to its end and collects its tokens; errors raise `ZtgiError`."""
         tokens: list[Token] = []
         top_tokens: list[list[Token]] = []
         final: StreamEvent | None = None
-        async for event in self.stream(inputs, messages, parameters, request_id, tools):
+        async for event in self.stream(inputs, messages, parameters, request_id, tools, input_ids):
             if event.token is not None:
                 tokens.append(event.token)
                 top_tokens.append(event.top_tokens)
@@ -165,13 +167,23 @@ class AsyncZtgiClient:
         return await self._query("stats")
 
     async def tokenize(self, inputs: str, add_special_tokens: bool = True,
-                       truncate: int | None = None) -> list[SimpleToken]:
-        """How a tokenizer of the pipeline splits `inputs` (TGI's /tokenize); errors raise ZtgiError."""
-        reply: TokenizeReply = await self._ask(
-            lambda query_id: TokenizeQuery(query_id, inputs, add_special_tokens, truncate), "tokenize")
+                       truncate: int | None = None, messages: list[ChatMessage] | None = None) -> list[SimpleToken]:
+        """How a tokenizer of the pipeline splits `inputs` (TGI's /tokenize), or with `messages`
+        the chat template's prompt of them; errors raise ZtgiError."""
+        reply = await self._tokenize_query(
+            lambda query_id: TokenizeQuery(query_id, inputs, add_special_tokens, truncate, messages))
+        return reply.tokens
+
+    async def detokenize(self, ids: list[int]) -> str:
+        """The text token `ids` decode to (vLLM's /detokenize); errors raise ZtgiError."""
+        reply = await self._tokenize_query(lambda query_id: TokenizeQuery(query_id, "", ids=ids))
+        return reply.text or ""
+
+    async def _tokenize_query(self, query: Callable[[str], TokenizeQuery]) -> TokenizeReply:
+        reply: TokenizeReply = await self._ask(query, "tokenize")
         if reply.error is not None:
             raise ZtgiError(reply.error, reply.error_type or "validation")
-        return reply.tokens
+        return reply
 
     # -- internals -----------------------------------------------------------------------------
 

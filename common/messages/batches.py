@@ -18,6 +18,10 @@ class WorkerRequest:
     request's block table so far, `cache_len` how many of `input_ids` already have their keys
     and values in those blocks, and `chunk_len` how many of the rest this step computes (None:
     all of them; a longer prompt is prefilled in chunks over several steps).
+
+    `num_generated`: the last that many of `input_ids` are the request's own output from before
+    a resume (preemption, a lost worker): the worker replays them through the request's sampling
+    state (grammar, seeded generator) so that it continues where it stopped, not from the start.
     """
 
     seq_id: int
@@ -30,6 +34,7 @@ class WorkerRequest:
     block_ids: list[int] = ()  # type: ignore[assignment]
     cache_len: int = 0
     chunk_len: int | None = None
+    num_generated: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.block_ids, tuple):
@@ -74,7 +79,10 @@ class Generation:
     """One request's output of one step: the chosen token, and on finish the reason.
 
     `prefill_ids`/`prefill_logprobs` come once, with a request's first token, when asked for
-    (the first prefill logprob is NaN: nothing predicts the first prompt token).
+    (the first prefill logprob is NaN: nothing predicts the first prompt token), and with a
+    request's `top_n_tokens` each prompt position's likeliest tokens (none for the first).
+    `error` says why a request ends with finish_reason "error" (its grammar failed): it gets an
+    error event, not a text.
     """
 
     seq_id: int
@@ -87,6 +95,9 @@ class Generation:
     top_logprobs: list[float] = ()  # type: ignore[assignment]
     prefill_ids: list[int] | None = None
     prefill_logprobs: list[float] | None = None
+    prefill_top_ids: list[list[int]] | None = None
+    prefill_top_logprobs: list[list[float]] | None = None
+    error: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("top_ids", "top_logprobs"):

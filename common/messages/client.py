@@ -123,12 +123,13 @@ class SimpleToken:
 
 @message("tokenize_reply")
 class TokenizeReply:
-    """Answer to TokenizeQuery: the tokens, or `error` and its `error_type`."""
+    """Answer to TokenizeQuery: the tokens (or for `ids`, their `text`), or `error` and its `error_type`."""
 
     query_id: str
     tokens: list[SimpleToken]
     error: str | None = None
     error_type: str | None = None
+    text: str | None = None
 
 
 @message("error_reply")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from ztgi.common.codec import record
 
-__all__ = ["RequestKey", "Token", "FinalDetails", "StreamEvent", "FinishReason"]
+__all__ = ["RequestKey", "Token", "TopTokens", "FinalDetails", "StreamEvent", "FinishReason"]
 
 FinishReason = Literal["length", "eos_token", "stop_sequence", "cancelled", "error"]
 
@@ -30,6 +30,13 @@ class Token:
 
 
 @record
+class TopTokens:
+    """The likeliest tokens at one prompt position, best first."""
+
+    tokens: list[Token]
+
+
+@record
 class FinalDetails:
     """What the last event of a request carries besides its text."""
 
@@ -39,10 +46,12 @@ class FinalDetails:
     seed: int | None = None
     prefill: list[Token] = ()  # type: ignore[assignment]
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    prefill_top_tokens: list[TopTokens] = ()  # type: ignore[assignment]  # with top_n_tokens: per prompt token
 
     def __post_init__(self) -> None:
-        if isinstance(self.prefill, tuple):
-            object.__setattr__(self, "prefill", list(self.prefill))
+        for name in ("prefill", "prefill_top_tokens"):
+            if isinstance(getattr(self, name), tuple):
+                object.__setattr__(self, name, list(getattr(self, name)))
 
 
 @record

@@ -5,7 +5,15 @@ from __future__ import annotations
 from ztgi.common.codec import record
 from ztgi.common.messages.chat import Grammar
 
-__all__ = ["GenerateParameters", "SamplingParameters"]
+__all__ = ["GenerateParameters", "SamplingParameters", "TokenBias"]
+
+
+@record
+class TokenBias:
+    """OpenAI's `logit_bias` entry: `bias` (-100..100) added to the token's logit before choosing."""
+
+    token_id: int
+    bias: float
 
 
 @record
@@ -35,6 +43,7 @@ class GenerateParameters:
     add_special_tokens: bool = True
     presence_penalty: float | None = None  # OpenAI's; last so the older fields keep their places
     grammar: Grammar | None = None
+    logit_bias: list[TokenBias] | None = None  # OpenAI's
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, tuple):
@@ -46,7 +55,8 @@ class SamplingParameters:
     """How a worker chooses the next token for one request (TGI's NextTokenChooserParameters).
 
     Applied in TGI's order: watermark, repetition penalty, frequency penalty (then OpenAI's
-    presence penalty), the grammar's mask, then temperature, top_k, top_p, typical_p; greedy unless do_sample.
+    presence penalty and logit bias), the grammar's mask, then temperature, top_k, top_p, typical_p;
+    greedy unless do_sample.
     Neutral values leave logits untouched.
     """
 
@@ -61,3 +71,4 @@ class SamplingParameters:
     watermark: bool = False
     presence_penalty: float = 0.0  # last: added after the others, the older fields keep their places
     grammar: Grammar | None = None  # the grammar mask comes after the penalties, before temperature
+    logit_bias: list[TokenBias] | None = None  # after the penalties, before the grammar's mask

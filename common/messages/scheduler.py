@@ -21,7 +21,8 @@ QueryKind = Literal["health", "info", "stats"]
 
 @message("generate")
 class Generate:
-    """A client asks for text: `inputs` (raw prompt) or chat `messages`, exactly one of them.
+    """A client asks for text: `inputs` (raw prompt), chat `messages` or prompt `input_ids`
+    (OpenAI's token-id prompts, checked against the vocabulary by the tokenizer), exactly one of them.
 
     `tools` (with `messages` only) are rendered into the prompt by the chat template.
     """
@@ -31,10 +32,11 @@ class Generate:
     messages: list[ChatMessage] | None
     parameters: GenerateParameters
     tools: list[Tool] | None = None
+    input_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
-        if (self.inputs is None) == (self.messages is None):
-            raise ValueError("exactly one of inputs and messages must be given")
+        if sum(prompt is not None for prompt in (self.inputs, self.messages, self.input_ids)) != 1:
+            raise ValueError("exactly one of inputs, messages and input_ids must be given")
         if self.tools is not None and self.messages is None:
             raise ValueError("tools need messages")
 
@@ -56,12 +58,15 @@ class Query:
 
 @message("tokenize_query")
 class TokenizeQuery:
-    """A client asks how `inputs` tokenize (TGI's /tokenize); answered with TokenizeReply."""
+    """A client asks how `inputs` tokenize (TGI's /tokenize), or `messages` through the chat
+    template, or what text `ids` decode to (vLLM's /detokenize); answered with TokenizeReply."""
 
     query_id: str
     inputs: str
     add_special_tokens: bool = True
     truncate: int | None = None
+    messages: list[ChatMessage] | None = None
+    ids: list[int] | None = None
 
 
 @message("encoded")

@@ -18,6 +18,7 @@ from ztgi.services.gateway.config import GatewayConfig
 from ztgi.services.gateway.cors import install_cors
 from ztgi.services.gateway.errors import error_middleware
 from ztgi.services.gateway.metrics import METRICS, GatewayMetrics, handle_metrics, rejection_middleware
+from ztgi.services.gateway.request_id import echo_request_id, request_id_middleware
 from ztgi.services.gateway.served_model import ServedModel
 from ztgi.services.gateway.sse import EventStream
 from ztgi.services.gateway.state import CLIENT, CONFIG, EXIT_STATUS, SERVED_MODEL, STREAMS, ExitStatus
@@ -30,8 +31,10 @@ HANDSHAKE_CHECK_S = 0.5
 
 def make_app(config: GatewayConfig) -> web.Application:
     """The TGI HTTP API over one `AsyncZtgiClient` connected to the scheduler."""
-    app = web.Application(middlewares=[error_middleware, auth_middleware, rejection_middleware],
+    app = web.Application(middlewares=[error_middleware, request_id_middleware, auth_middleware,
+                                       rejection_middleware],
                           client_max_size=config.max_payload_bytes)
+    app.on_response_prepare.append(echo_request_id)
     install_cors(app, config.cors_allow_origins)
     app[CONFIG] = config
     app[STREAMS] = weakref.WeakSet()
@@ -48,10 +51,12 @@ def make_app(config: GatewayConfig) -> web.Application:
         web.get("/info", handlers.info),
         web.get("/ping", handlers.ping),
         web.post("/tokenize", handlers.tokenize),
+        web.post("/detokenize", handlers.detokenize),
         web.get("/metrics", handle_metrics),
         web.post("/v1/chat/completions", openai_handlers.chat_completions),
         web.post("/v1/completions", openai_handlers.completions),
         web.get("/v1/models", openai_handlers.models),
+        web.get("/v1/models/{model_id:.+}", openai_handlers.model),
         web.get("/docs", api_docs.docs),
         web.get("/api-doc/openapi.json", api_docs.openapi_json),
     ])

@@ -9,7 +9,7 @@ from aiohttp import web
 from ztgi.services.gateway.errors import OPENAI_PREFIX, Handler, HttpError
 from ztgi.services.gateway.state import CONFIG
 
-GENERATION_PATHS = frozenset({"/", "/generate", "/generate_stream", "/invocations", "/tokenize"})
+GENERATION_PATHS = frozenset({"/", "/generate", "/generate_stream", "/invocations", "/tokenize", "/detokenize"})
 """Routes that spend model time (and every `/v1` route); health, info, docs and metrics stay open."""
 
 

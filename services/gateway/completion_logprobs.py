@@ -5,6 +5,10 @@ null, "text_offset": [...]}`, one entry per generated token (as `usage` counts t
 offset is where its text starts in the choice's text: the echoed prompt comes first, and a
 special token (EOS) adds no text. As in vLLM, the tokens that made up a stop sequence keep their
 entries although the text leaves the sequence out.
+
+With `echo` the prompt's tokens come first, as vLLM answers (what lm-evaluation-harness reads):
+the first one's logprob and alternatives are null (nothing predicts it), and the choice's text
+begins with the prompt.
 """
 
 from __future__ import annotations
@@ -37,6 +41,20 @@ class CompletionLogprobs:
                 "token_logprobs": [logprob_json(token) for token in tokens],
                 "top_logprobs": self._top_logprobs(top_tokens, len(tokens)),
                 "text_offset": offsets}
+
+    def render_prompt(self, prefill: list[Token], prefill_top: list[list[Token]]) -> dict[str, Any]:
+        """The entries of the prompt's tokens (`FinalDetails.prefill`), offsets from the start."""
+        rendered = self.render(prefill, prefill_top)
+        rendered["token_logprobs"][:1] = [None] * min(1, len(prefill))
+        if rendered["top_logprobs"] is not None and prefill:
+            rendered["top_logprobs"][0] = None
+        return rendered
+
+    @staticmethod
+    def concatenate(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+        """The entries of `first` then `second` (the prompt's, then the generated tokens')."""
+        return {name: None if first[name] is None or second[name] is None else first[name] + second[name]
+                for name in first}
 
     def _top_logprobs(self, top_tokens: list[list[Token]], num_tokens: int) -> list[dict[str, float]] | None:
         """The N likeliest alternatives at each position (null when N is 0, as OpenAI)."""

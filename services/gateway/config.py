@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ztgi.common.config import require
+from ztgi.common.config import ConfigError, require
 from ztgi.common.request_limit import MAX_CLIENT_BATCH_SIZE, MAX_PAYLOAD_BYTES
 from ztgi.common.service_config import PeerConfig, RequestLimits
 
@@ -35,7 +35,10 @@ class GatewayConfig(PeerConfig, RequestLimits):
     compute_type: str = dataclasses.field(default="ztgi", metadata={
         "help": "the x-compute-type header of every answer, as TGI sends it"})
     api_key: str | None = dataclasses.field(default=None, metadata={
-        "help": "when set, generation routes need `Authorization: Bearer <key>`"})
+        "help": "when set, generation routes need `Authorization: Bearer <key>` (a flag shows in `ps`: "
+                "prefer ZTGI_API_KEY or --api-key-file)"})
+    api_key_file: str | None = dataclasses.field(default=None, metadata={
+        "help": "a file whose first line is the API key (instead of --api-key)"})
     cors_allow_origin: str = dataclasses.field(default="", metadata={
         "help": "comma-separated origins allowed to call from a browser (`*`: any)"})
     shutdown_timeout_s: float = 10.0
@@ -52,9 +55,24 @@ class GatewayConfig(PeerConfig, RequestLimits):
         require(self.query_timeout_s > 0, "--query-timeout-s must be positive")
         require(self.heartbeat_misses > 0, "--heartbeat-misses must be positive")
         require(self.shutdown_timeout_s >= 0, "--shutdown-timeout-s must be >= 0")
+        if self.api_key_file is not None:
+            require(self.api_key is None, "give the API key once: --api-key or --api-key-file, not both")
+            object.__setattr__(self, "api_key", read_api_key(self.api_key_file))
         require(self.api_key is None or self.api_key.strip() == self.api_key != "",
                 "--api-key must be non-empty, without surrounding spaces")
 
     @property
     def cors_allow_origins(self) -> tuple[str, ...]:
         return tuple(origin.strip() for origin in self.cors_allow_origin.split(",") if origin.strip())
+
+
+def read_api_key(path: str) -> str:
+    """The key on the first line of `path` (a line end stripped); ConfigError naming the file
+    when it cannot be read or its first line is empty. The key itself is never in the message."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            key = file.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--api-key-file {path}: {exc.__class__.__name__}: cannot read it") from None
+    require(key != "", f"--api-key-file {path}: its first line is empty")
+    return key

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from ztgi.common.client.errors import ZtgiError
 from ztgi.common.parameters import ValidationError
+from ztgi.services.gateway.state import REQUEST_ID
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ _ERROR_TYPE_TO_OPENAI_TYPE = {
     "request_timeout": "invalid_request_error",
     "authentication": "authentication_error",
     "overloaded": "rate_limit_error",
+    "model_not_found": "invalid_request_error",
 }
 
 
@@ -79,7 +81,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except ValidationError as exc:
         return error_for(request, 422, str(exc), "validation", param=exc.field)
     except ZtgiError as exc:
-        logger.info("%s %s failed: %s (%s)", request.method, request.path, exc.message, exc.error_type)
+        logger.info("%s %s [%s] failed: %s (%s)", request.method, request.path, request.get(REQUEST_ID),
+                    exc.message, exc.error_type)
         return error_for(request, status_for(exc.error_type), exc.message, exc.error_type)
     except TimeoutError as exc:
         return error_for(request, 503, str(exc) or "the scheduler did not answer in time", "unhealthy")
@@ -95,5 +98,5 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except ConnectionError:
         raise  # the HTTP client left; there is nobody to answer
     except Exception:
-        logger.exception("%s %s failed", request.method, request.path)
+        logger.exception("%s %s [%s] failed", request.method, request.path, request.get(REQUEST_ID))
         return error_for(request, 500, "internal error in the gateway", "internal")

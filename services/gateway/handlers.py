@@ -16,9 +16,16 @@ from aiohttp import web
 from ztgi.services.gateway import render
 from ztgi.services.gateway.best_of import BestOf, generate_best_of
 from ztgi.services.gateway.errors import HttpError
+from ztgi.services.gateway.request_id import pipeline_request_id
 from ztgi.services.gateway.schemas import TextRequest, parse_text_request, read_json
-from ztgi.services.gateway.state import CLIENT, CONFIG
+from ztgi.services.gateway.state import CLIENT, CONFIG, SERVED_MODEL
 from ztgi.services.gateway.streaming import serve_sse
+from ztgi.services.gateway.vllm_tokenize import (
+    TokenizeRequest,
+    is_vllm_tokenize,
+    parse_detokenize_request,
+    parse_tokenize_request,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +68,23 @@ async def info(request: web.Request) -> web.Response:
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    """POST /tokenize: TGI's TokenizeResponse (ids, texts, character offsets) from a tokenizer."""
-    text_request = await _text_request(request, stream=False)
+    """POST /tokenize: TGI's TokenizeResponse (ids, texts, character offsets) from a tokenizer,
+    or vLLM's answer to its form (`prompt` or `messages`)."""
+    config = request.app[CONFIG]
+    body = await read_json(request, config.max_payload_bytes, config.body_read_timeout_s)
+    if is_vllm_tokenize(body):
+        return await _vllm_tokenize(request, parse_tokenize_request(body))
+    text_request = parse_text_request(body, config.limits, stream=False)
     parameters = text_request.parameters
     tokens = await request.app[CLIENT].tokenize(text_request.inputs, parameters.add_special_tokens, parameters.truncate)
     return web.json_response([{"id": t.id, "text": t.text, "start": t.start, "stop": t.stop} for t in tokens])
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    """POST /detokenize (vLLM's): `{"tokens": [...]}` to `{"prompt": text}`."""
+    config = request.app[CONFIG]
+    ids = parse_detokenize_request(await read_json(request, config.max_payload_bytes, config.body_read_timeout_s))
+    return web.json_response({"prompt": await request.app[CLIENT].detokenize(ids)})
 
 
 async def ping(request: web.Request) -> web.Response:
@@ -81,6 +100,14 @@ async def _text_request(request: web.Request, stream: bool | None) -> TextReques
                               config.limits, stream)
 
 
+async def _vllm_tokenize(request: web.Request, query: TokenizeRequest) -> web.Response:
+    tokens = await request.app[CLIENT].tokenize(query.prompt or "", query.add_special_tokens, messages=query.messages)
+    info = await request.app[SERVED_MODEL].info()
+    return web.json_response({"count": len(tokens), "max_model_len": info.max_total_tokens,
+                              "tokens": [t.id for t in tokens],
+                              "token_strs": [t.text for t in tokens] if query.return_token_strs else None})
+
+
 async def _generate_json(request: web.Request, text_request: TextRequest,
                          wrap_in_list: bool = False) -> web.Response:
     started = time.monotonic()
@@ -88,7 +115,8 @@ async def _generate_json(request: web.Request, text_request: TextRequest,
     if text_request.best_of > 1:
         chosen = await generate_best_of(client, text_request.inputs, text_request.parameters, text_request.best_of)
     else:
-        chosen = BestOf(await client.generate(text_request.inputs, parameters=text_request.parameters), [])
+        chosen = BestOf(await client.generate(text_request.inputs, parameters=text_request.parameters,
+                                              request_id=pipeline_request_id(request)), [])
     result = chosen.best
     body: Any = render.generate_response(result, text_request.parameters, chosen.others)
     headers = render.timing_headers(result, text_request.inputs, time.monotonic() - started,
@@ -97,7 +125,8 @@ async def _generate_json(request: web.Request, text_request: TextRequest,
 
 
 async def _generate_sse(request: web.Request, text_request: TextRequest) -> web.StreamResponse:
-    events = request.app[CLIENT].stream(text_request.inputs, parameters=text_request.parameters)
+    events = request.app[CLIENT].stream(text_request.inputs, parameters=text_request.parameters,
+                                        request_id=pipeline_request_id(request))
     indexes = itertools.count(1)  # TGI counts stream events from 1
     headers = {"x-compute-type": request.app[CONFIG].compute_type,
                "x-compute-characters": str(len(text_request.inputs))}

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -14,9 +13,17 @@ from ztgi.common.client.async_client import AsyncZtgiClient
 from ztgi.common.client.generate_result import GenerateResult
 from ztgi.common.messages import FinalDetails, GenerateParameters, InfoReply, StreamEvent
 from ztgi.services.gateway import openai_render as render
+from ztgi.services.gateway.best_of import sequence_logprob
 from ztgi.services.gateway.completion_logprobs import CompletionLogprobs
+from ztgi.services.gateway.errors import HttpError
 from ztgi.services.gateway.openai_render import Envelope
-from ztgi.services.gateway.openai_schemas import OpenAIRequest, parse_chat_request, parse_completion_request
+from ztgi.services.gateway.openai_schemas import (
+    OpenAIRequest,
+    Prompt,
+    parse_chat_request,
+    parse_completion_request,
+)
+from ztgi.services.gateway.request_id import pipeline_request_id, request_id
 from ztgi.services.gateway.schemas import read_json
 from ztgi.services.gateway.state import CLIENT, CONFIG, SERVED_MODEL
 from ztgi.services.gateway.stop_trim import StopTrimmer, trim_stop
@@ -36,6 +43,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if chat.stream:
         return await _stream_chat(request, client, chat, envelope)
     results = await gather_all(client.generate(messages=chat.messages, parameters=chat.choice_parameters(j),
+                                               request_id=pipeline_request_id(request),
                                                tools=chat.tools)
                                for j in range(chat.n))
     results = _without_stop(results, chat.parameters.stop)
@@ -52,13 +60,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
     client = request.app[CLIENT]
     if completion.stream:
         return await _stream_completion(request, client, completion, envelope)
-    results = await gather_all(
-        client.generate(prompt, parameters=dataclasses.replace(parameters, return_full_text=completion.echo))
-        for prompt, parameters in _completion_choices(completion))
-    results = _without_stop(results, completion.parameters.stop)
-    logprobs = [None if builder is None else builder.render(result.tokens, result.top_tokens)
-                for builder, result in zip(_completion_logprobs(completion), results)]
-    return web.json_response(render.completion_json(envelope, results, logprobs, completion.n))
+    choices = _completion_choices(completion, completion.best_of)
+    candidates = await gather_all(_generate(client, prompt, parameters, pipeline_request_id(request))
+                                  for prompt, parameters in choices)
+    results = _without_stop(_likeliest(candidates, completion.best_of, completion.n), completion.parameters.stop)
+    if completion.score_only:
+        results = [_without_generated(result) for result in results]
+    assert completion.prompts is not None, "a completion request has prompts"
+    prompts = [prompt for prompt in completion.prompts for _ in range(completion.n)]
+    answers = [_completion_answer(completion, prompt, result, builder)
+               for prompt, result, builder in zip(prompts, results, _completion_logprobs(completion))]
+    return web.json_response(render.completion_json(envelope, [result for result, _ in answers],
+                                                    [logprobs for _, logprobs in answers], completion.n))
 
 
 async def models(request: web.Request) -> web.Response:
@@ -66,27 +79,83 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response(render.models_json(await request.app[SERVED_MODEL].info()))
 
 
+async def model(request: web.Request) -> web.Response:
+    """GET /v1/models/{model_id}: the served model, or 404 for any other id (a slash in the id
+    arrives percent-encoded, as the openai SDK sends it)."""
+    info = await request.app[SERVED_MODEL].info()
+    model_id = request.match_info["model_id"]
+    if model_id != info.model_id:
+        raise HttpError(404, f"The model `{model_id}` does not exist (this server serves `{info.model_id}`)",
+                        "model_not_found")
+    return web.json_response(render.model_json(info))
+
+
 # -- helpers -----------------------------------------------------------------------------------
 
 async def _envelope(request: web.Request, prefix: str) -> Envelope:
     info: InfoReply = await request.app[SERVED_MODEL].info()
-    return Envelope(prefix, uuid.uuid4().hex, int(time.time()), info)
+    return Envelope(prefix, request_id(request), int(time.time()), info)
 
 
-def _completion_choices(completion: OpenAIRequest) -> list[tuple[str, GenerateParameters]]:
-    """(prompt, parameters) of every choice, in choice-index order: prompt-major, as OpenAI."""
+def _generate(client: AsyncZtgiClient, prompt: Prompt, parameters: GenerateParameters,
+              pipeline_id: str) -> Awaitable[GenerateResult]:
+    if isinstance(prompt, str):
+        return client.generate(prompt, parameters=parameters, request_id=pipeline_id)
+    return client.generate(input_ids=prompt, parameters=parameters, request_id=pipeline_id)
+
+
+def _without_generated(result: GenerateResult) -> GenerateResult:
+    """`max_tokens: 0`: the prefill's token is not part of the answer, which ends at its length (as vLLM)."""
+    details = None if result.details is None else dataclasses.replace(result.details, generated_tokens=0,
+                                                                         finish_reason="length")
+    return dataclasses.replace(result, text="", tokens=[], top_tokens=[], details=details)
+
+
+def _completion_answer(completion: OpenAIRequest, prompt: Prompt, result: GenerateResult,
+                       builder: CompletionLogprobs | None) -> tuple[GenerateResult, dict[str, Any] | None]:
+    """The choice's result and logprobs; with `echo` both begin with the prompt (a token-id
+    prompt's text is its tokens' texts)."""
+    if not completion.echo:
+        return result, None if builder is None else builder.render(result.tokens, result.top_tokens)
+    prefill = result.details.prefill if result.details is not None else []
+    text = prompt if isinstance(prompt, str) else "".join("" if t.special else t.text for t in prefill)
+    result = dataclasses.replace(result, text=text + result.text)
+    if builder is None:
+        return result, None
+    prefill_top = [top.tokens for top in result.details.prefill_top_tokens] if result.details is not None else []
+    prompt_logprobs = builder.render_prompt(prefill, prefill_top)
+    return result, builder.concatenate(prompt_logprobs, builder.render(result.tokens, result.top_tokens))
+
+
+def _completion_choices(completion: OpenAIRequest,
+                        per_prompt: int | None = None) -> list[tuple[Prompt, GenerateParameters]]:
+    """(prompt, parameters) of every choice (or `per_prompt` candidates of each prompt), in
+    choice-index order: prompt-major, as OpenAI."""
     assert completion.prompts is not None, "a completion request has prompts"
-    return [(prompt, completion.choice_parameters(j)) for prompt in completion.prompts for j in range(completion.n)]
+    count = completion.n if per_prompt is None else per_prompt
+    return [(prompt, completion.choice_parameters(j)) for prompt in completion.prompts for j in range(count)]
+
+
+def _likeliest(candidates: list[GenerateResult], per_prompt: int, n: int) -> list[GenerateResult]:
+    """`best_of`: of each prompt's `per_prompt` candidates, the `n` with the highest total token
+    logprob, likeliest first (all of them, in order, when `per_prompt` is `n`)."""
+    if per_prompt == n:
+        return candidates
+    chosen = []
+    for first in range(0, len(candidates), per_prompt):
+        group = candidates[first:first + per_prompt]
+        chosen += sorted(group, key=sequence_logprob, reverse=True)[:n]
+    return chosen
 
 
 def _completion_logprobs(completion: OpenAIRequest) -> list[CompletionLogprobs | None]:
-    """Each choice's legacy `logprobs` builder (None when not asked for); with `echo` the
-    offsets start after the prompt, which begins the text."""
+    """Each choice's legacy `logprobs` builder (None when not asked for); streamed with `echo`
+    the offsets start after the prompt, which begins the text."""
     assert completion.prompts is not None, "a completion request has prompts"
     if not completion.logprobs:
         return [None] * (len(completion.prompts) * completion.n)
     num_top = completion.parameters.top_n_tokens or 0
-    return [CompletionLogprobs(num_top, len(prompt) if completion.echo else 0)
+    return [CompletionLogprobs(num_top, len(prompt) if completion.echo and completion.stream else 0)
             for prompt in completion.prompts for _ in range(completion.n)]
 
 
@@ -133,7 +202,8 @@ async def _stream_chat(request: web.Request, client: AsyncZtgiClient, chat: Open
         usage = [render.chat_usage_chunk_json(envelope, final, chat.n)] if chat.include_usage and final else []
         return [*usage, DONE]
 
-    streams = [client.stream(messages=chat.messages, parameters=chat.choice_parameters(j), tools=chat.tools)
+    streams = [client.stream(messages=chat.messages, parameters=chat.choice_parameters(j), tools=chat.tools,
+                             request_id=pipeline_request_id(request))
                for j in range(chat.n)]
     return await serve_sse(request, merge(streams), chunks, trailer)
 
@@ -154,6 +224,7 @@ async def _stream_completion(request: web.Request, client: AsyncZtgiClient, comp
         if completion.echo and index not in echoed:
             echoed.add(index)
             prompt = choices[index][0]
+            assert isinstance(prompt, str), "a token-id prompt's echo is not streamed"
             rendered.append(render.completion_echo_chunk_json(envelope, index, prompt))
         text = _streamed_text(trimmers[index], event)
         logprobs = _event_logprobs(builders[index], event)
@@ -164,5 +235,8 @@ async def _stream_completion(request: web.Request, client: AsyncZtgiClient, comp
         usage = [render.completion_usage_chunk_json(envelope, final, completion.n)] if completion.include_usage else []
         return [*usage, DONE]
 
-    streams = [client.stream(prompt, parameters=parameters) for prompt, parameters in choices]
+    streams = [client.stream(prompt, parameters=parameters, request_id=pipeline_request_id(request))
+               if isinstance(prompt, str) else
+               client.stream(input_ids=prompt, parameters=parameters, request_id=pipeline_request_id(request))
+               for prompt, parameters in choices]
     return await serve_sse(request, merge(streams), chunks, trailer)

@@ -145,6 +145,9 @@ def completion_usage_chunk_json(envelope: Envelope, details: list[FinalDetails],
     return envelope.wrap("text_completion", choices=[], usage=usage_json(details, n))
 
 
+def model_json(info: InfoReply) -> dict[str, Any]:
+    return {"id": info.model_id, "object": "model", "created": 0, "owned_by": info.model_id}
+
+
 def models_json(info: InfoReply) -> dict[str, Any]:
-    return {"object": "list",
-            "data": [{"id": info.model_id, "object": "model", "created": 0, "owned_by": info.model_id}]}
+    return {"object": "list", "data": [model_json(info)]}

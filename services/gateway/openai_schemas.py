@@ -1,12 +1,21 @@
 """OpenAI's request schemas (chat completions, completions) to `GenerateParameters`, TGI's way.
 
 As in TGI: temperature 0 means greedy, any other (or none) samples; completions default to
-100 new tokens; `suffix` is refused. `response_format` and `tools` become a grammar
-(`structured_output`); assistant `tool_calls` and `tool` turns are carried back to the template.
+100 new tokens; `suffix` is refused. `logit_bias` ({"token id": -100..100}) is added to the
+logits in the worker's chooser; OpenAI fields the server does not implement are refused (422).
+`response_format` and `tools` become a grammar (`structured_output`); assistant `tool_calls` and
+`tool` turns are carried back to the template.
 `top_p: 1.0` (OpenAI's "off") is treated as unset, and so is any `top_p` with temperature 0 (as
 vLLM: TGI would sample then).
 `n` choices are `n` requests (choice `j` of a seeded request uses `seed + j`); choices of all
-prompts together are bounded by `max_client_batch_size`.
+prompts together are bounded by `max_client_batch_size`. A completion's `best_of` (OpenAI, vLLM)
+generates that many candidates per prompt, the same way, and returns the `n` with the highest
+total token logprob; it must be >= `n`, counts against `max_client_batch_size` as `n` does, and is
+refused when streaming, greedy (every candidate would be the same) or with `echo`.
+A completion's prompt is text or token ids (one list, or a list of lists: evaluation harnesses
+send those). `echo` with `logprobs` asks for the prompt's own logprobs (`decoder_input_details`),
+and `max_tokens: 0` with `echo` scores the prompt only: the request runs as one prefill whose
+token is left out of the answer.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ztgi.common.messages import ChatMessage, GenerateParameters, Grammar, Tool, ToolCall
+from ztgi.common.messages import ChatMessage, GenerateParameters, Grammar, TokenBias, Tool, ToolCall
 from ztgi.common.parameters import MAX_SEED, ParameterLimits, ValidationError, validate_parameters
 from ztgi.services.gateway.schemas import json_type, optional_integer, optional_number, optional_value
 from ztgi.services.gateway.structured_output import parse_response_format, parse_tool_use
@@ -22,7 +31,15 @@ from ztgi.services.gateway.structured_output import parse_response_format, parse
 COMPLETION_MAX_NEW_TOKENS = 100
 """TGI's default for /v1/completions when `max_tokens` is not given."""
 
-_UNSUPPORTED_CHAT_FIELDS = ("logit_bias", "functions", "function_call")
+_UNSUPPORTED_CHAT_FIELDS = ("functions", "function_call", "audio", "prediction", "web_search_options",
+                            "reasoning_effort")
+"""OpenAI chat fields this server does not implement: refused, never silently ignored (as
+`suffix` on /v1/completions)."""
+
+_MAX_TOKEN_ID = 2**31 - 1
+
+Prompt = str | list[int]
+"""A completion prompt: text, or token ids."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,13 +48,15 @@ class OpenAIRequest:
 
     parameters: GenerateParameters
     messages: list[ChatMessage] | None = None
-    prompts: list[str] | None = None
+    prompts: list[Prompt] | None = None
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
     echo: bool = False
     n: int = 1
+    best_of: int = 1  # completions: candidates generated per prompt, the `n` likeliest returned (>= n)
     tools: list[Tool] | None = None  # rendered into the prompt; the answer is read for tool calls
+    score_only: bool = False  # `max_tokens: 0` with `echo`: the prompt's logprobs, no generated token
 
     def choice_parameters(self, choice: int) -> GenerateParameters:
         """Parameters of choice `choice` of one prompt: its own seed when a seed is given."""
@@ -52,6 +71,8 @@ def parse_chat_request(body: Any, limits: ParameterLimits, max_client_batch_size
     for name in _UNSUPPORTED_CHAT_FIELDS:
         if body.get(name) is not None:
             raise ValidationError(name, f"`{name}` is not supported by this server")
+    if body.get("modalities") not in (None, ["text"]):
+        raise ValidationError("modalities", "`modalities` other than [\"text\"] are not supported by this server")
     logprobs = optional_value(body, "logprobs", bool, "a boolean") or False
     top_logprobs = _num_top_logprobs(body, "top_logprobs", limits)
     if top_logprobs and not logprobs:  # OpenAI and vLLM refuse it rather than answer without them
@@ -74,20 +95,33 @@ def parse_completion_request(body: Any, limits: ParameterLimits, max_client_batc
     """POST /v1/completions (several prompts become several requests, one choice each).
 
     The legacy `logprobs` is a number N: every token's logprob and, when N > 0, its N likeliest
-    alternatives (TGI's `top_n_tokens`).
+    alternatives (TGI's `top_n_tokens`); with `echo`, the prompt's tokens' too.
     """
     body = _object(body)
     if body.get("suffix") is not None:
         raise ValidationError("suffix", "Suffix is not supported and can be achieved by preprocessing the prompt.")
     prompts = _prompts(body.get("prompt"), max_client_batch_size)
-    max_tokens = _max_tokens(body, "max_tokens")
-    num_logprobs = _num_top_logprobs(body, "logprobs", limits)
-    parameters = _parameters(body, limits, COMPLETION_MAX_NEW_TOKENS if max_tokens is None else max_tokens,
-                             details=num_logprobs is not None, top_n_tokens=num_logprobs or None)
     echo = optional_value(body, "echo", bool, "a boolean") or False
-    return OpenAIRequest(parameters, prompts=prompts, stream=_stream(body), include_usage=_include_usage(body),
-                         logprobs=num_logprobs is not None, echo=echo,
-                         n=_num_choices(body, len(prompts), max_client_batch_size))
+    n = _num_choices(body, len(prompts), max_client_batch_size)
+    if echo and n > 1:
+        raise ValidationError("echo", "`echo` is not supported with `n` > 1")
+    max_tokens = _max_tokens(body, "max_tokens", allow_zero=echo)
+    score_only = max_tokens == 0
+    num_logprobs = _num_top_logprobs(body, "logprobs", limits)
+    stream = _stream(body)
+    token_ids = not isinstance(prompts[0], str)
+    if stream and echo and (score_only or token_ids):
+        raise ValidationError("echo", "`echo` of a token-id prompt, or with `max_tokens: 0`, is answered whole: "
+                                      "send it with `stream: false`")
+    prompt_details = echo and not stream and (num_logprobs is not None or token_ids)
+    parameters = _parameters(body, limits, COMPLETION_MAX_NEW_TOKENS if max_tokens is None else max(max_tokens, 1),
+                             details=num_logprobs is not None, top_n_tokens=num_logprobs or None)
+    parameters = dataclasses.replace(parameters, decoder_input_details=prompt_details)
+    best_of = _best_of(body, n, len(prompts), max_client_batch_size, parameters, stream)
+    if echo and best_of > n:
+        raise ValidationError("best_of", "`best_of` is not supported with `echo`")
+    return OpenAIRequest(parameters, prompts=prompts, stream=stream, include_usage=_include_usage(body),
+                         logprobs=num_logprobs is not None, echo=echo, n=n, score_only=score_only, best_of=best_of)
 
 
 def _num_top_logprobs(body: dict[str, Any], name: str, limits: ParameterLimits) -> int | None:
@@ -100,12 +134,15 @@ def _num_top_logprobs(body: dict[str, Any], name: str, limits: ParameterLimits) 
     return value
 
 
-def _max_tokens(body: dict[str, Any], name: str) -> int | None:
+def _max_tokens(body: dict[str, Any], name: str, allow_zero: bool = False) -> int | None:
     """`max_tokens` or `max_completion_tokens`, checked here so that the error names the field
-    sent (it travels as `max_new_tokens`)."""
+    sent (it travels as `max_new_tokens`); 0 only where it means "score the prompt" (`echo`)."""
     value = optional_integer(body, name)
+    if value == 0 and allow_zero:
+        return value
     if value is not None and value <= 0:
-        raise ValidationError(name, f"`{name}` must be strictly positive. Given: {value}")
+        hint = " (0 is accepted with `echo`: the prompt scored, nothing generated)" if name == "max_tokens" else ""
+        raise ValidationError(name, f"`{name}` must be strictly positive{hint}. Given: {value}")
     return value
 
 
@@ -126,6 +163,7 @@ def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: i
         details=details,
         top_n_tokens=top_n_tokens,
         grammar=grammar,
+        logit_bias=_logit_bias(body.get("logit_bias")),
     )
     validate_parameters(parameters, limits)
     if not parameters.do_sample:
@@ -133,6 +171,25 @@ def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: i
         # is the same without it, so greedy stays greedy
         parameters = dataclasses.replace(parameters, top_p=None)
     return parameters
+
+
+def _logit_bias(raw: Any) -> list[TokenBias] | None:
+    """OpenAI's `logit_bias`: {"token id": bias}; the ranges are checked with the other parameters,
+    the ids against the vocabulary by the tokenizer."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValidationError("logit_bias", f"`logit_bias` must be an object mapping token ids to numbers, "
+                                            f"got {json_type(raw)}")
+    entries = []
+    for key, value in raw.items():
+        if not (key.isascii() and key.isdigit()) or len(key) > 10:
+            raise ValidationError("logit_bias", f"`logit_bias` keys must be token ids (integers >= 0). Given: {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValidationError("logit_bias", f"`logit_bias` values must be numbers, got {json_type(value)} "
+                                                f"for token {key}")
+        entries.append(TokenBias(int(key), float(value)))
+    return entries or None
 
 
 def _num_choices(body: dict[str, Any], num_prompts: int, max_client_batch_size: int) -> int:
@@ -146,10 +203,34 @@ def _num_choices(body: dict[str, Any], num_prompts: int, max_client_batch_size: 
     return n
 
 
+def _best_of(body: dict[str, Any], n: int, num_prompts: int, max_client_batch_size: int,
+             parameters: GenerateParameters, stream: bool) -> int:
+    """Candidates per prompt (`n` when unset); ValidationError naming `best_of` when it cannot be served."""
+    best_of = optional_integer(body, "best_of")
+    if best_of is None or best_of == n:
+        return n
+    max_best_of = max(1, max_client_batch_size // num_prompts)
+    if not n <= best_of <= max_best_of:
+        raise ValidationError("best_of", f"`best_of` must be >= `n` ({n}) and <= {max_best_of} "
+                                         f"(--max-client-batch-size {max_client_batch_size} candidates per "
+                                         f"request). Given: {best_of}")
+    if stream:
+        raise ValidationError("best_of", "`best_of` > `n` is not supported when streaming")
+    if not parameters.do_sample:
+        raise ValidationError("best_of", "`best_of` > `n` needs sampling (temperature > 0): greedy "
+                                         "candidates are all the same")
+    return best_of
+
+
 def _object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ValidationError("body", "the request body must be a JSON object")
     return body
+
+
+def parse_messages(raw: Any) -> list[ChatMessage]:
+    """OpenAI's `messages` (text content only), checked."""
+    return _messages(raw)
 
 
 def _messages(raw: Any) -> list[ChatMessage]:
@@ -210,16 +291,40 @@ def _content(content: Any, where: str, has_tool_calls: bool) -> str:
     return "".join(texts)
 
 
-def _prompts(raw: Any, max_client_batch_size: int) -> list[str]:
+def _prompts(raw: Any, max_client_batch_size: int) -> list[Prompt]:
+    """A string, an array of strings, an array of token ids, or an array of arrays of token ids."""
     if raw is None:
         raise ValidationError("prompt", "missing field `prompt`")
+    if isinstance(raw, list) and raw and all(_is_token_id(item) for item in raw):
+        raw = [raw]  # one token-id prompt
     prompts = [raw] if isinstance(raw, str) else raw
-    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) and p for p in prompts):
-        raise ValidationError("prompt", "`prompt` must be a non-empty string or array of non-empty strings")
+    if not isinstance(prompts, list) or not prompts:
+        raise ValidationError("prompt", "`prompt` must be a non-empty string, an array of non-empty strings, "
+                                        "an array of token ids or an array of arrays of token ids")
+    for index, prompt in enumerate(prompts):
+        _check_prompt(prompt, index)
+    if len({isinstance(prompt, str) for prompt in prompts}) > 1:
+        raise ValidationError("prompt", "`prompt` holds strings or token-id arrays, not a mix")
     if len(prompts) > max_client_batch_size:
         raise ValidationError("prompt", f"Number of prompts exceeds the maximum allowed batch size of "
                                         f"{max_client_batch_size}")
     return prompts
+
+
+def _check_prompt(prompt: Any, index: int) -> None:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValidationError("prompt", f"`prompt[{index}]` cannot be empty")
+        return
+    if not isinstance(prompt, list) or not prompt or not all(_is_token_id(item) for item in prompt):
+        raise ValidationError("prompt", f"`prompt[{index}]` must be a non-empty string or a non-empty array of "
+                                        f"token ids (integers >= 0), got {json_type(prompt)}; the prompts of "
+                                        f"one request are all strings or all token-id arrays")
+
+
+def _is_token_id(value: Any) -> bool:
+    """An integer that may be a token id (the tokenizer checks it against its vocabulary)."""
+    return type(value) is int and 0 <= value <= _MAX_TOKEN_ID
 
 
 def _stop(raw: Any) -> list[str]:

@@ -25,3 +25,5 @@ SERVED_MODEL = web.AppKey("served_model", ServedModel)
 STREAMS = web.AppKey("streams", weakref.WeakSet)
 """Open SSE streams (`EventStream`), ended with a reason when the gateway shuts down."""
 EXIT_STATUS = web.AppKey("exit_status", ExitStatus)
+REQUEST_ID = "request_id"
+"""Where a `web.Request` keeps its id (`request_id.request_id_middleware`)."""

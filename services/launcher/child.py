@@ -27,7 +27,13 @@ def _die_with_parent() -> None:
 
 
 class Child:
-    """A service process: `python -m ztgi.services.<service> ARGS` with extra environment."""
+    """A service process: `python -m ztgi.services.<service> ARGS` with extra environment.
+
+    Each child runs in a process group of its own: a terminal's Ctrl-C, `kill -- -PGID` or an init
+    that signals the launcher's group reaches the launcher only, which then stops the children in
+    order (gateways drain first, workers last); had they got the signal too, workers and tokenizers
+    would stop while the scheduler still drained requests that need them.
+    """
 
     def __init__(self, name: str, service: str, args: Sequence[str], env: dict[str, str]) -> None:
         self.name = name
@@ -43,6 +49,7 @@ class Child:
             [sys.executable, "-m", f"ztgi.services.{self.service}", *self.args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            process_group=0,  # a signal to the launcher's group (Ctrl-C, kill -- -PGID) reaches it alone
         )
         threading.Thread(target=self._pump_logs, args=(self.process,), daemon=True).start()
 

@@ -39,7 +39,7 @@ class LaunchConfig(LogConfig, RequestLimits):
         "help": "auto (CUDA when torch sees it), cpu or cuda"})
     backend: str = "auto"  # the worker's forward: native (ztgi's own, Llama), transformers, or auto
     kv_cache: str = "auto"  # the worker's KV layout: paged, padded, or auto (paged where it fits)
-    quantize: str = "none"  # the worker's linear weights: none (float), int8 or int4 (CPU, native forward)
+    quantize: str = "auto"  # worker weights: auto (a GGUF's blocks as stored, else float), gguf, none, int8, int4
     quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS  # with quantize: float weights above these rows
     block_size: int = 16  # paged KV cache: tokens per block
     float32_decode_attention: bool = False  # paged, CPU, bfloat16: the worker's decode attention in float32
@@ -71,6 +71,12 @@ class LaunchConfig(LogConfig, RequestLimits):
         "help": "heartbeats missed in a row after which a silent peer is dropped"})
     no_worker_timeout_s: float = dataclasses.field(default=30.0, metadata={
         "help": "a queued request fails after waiting this long with no worker to take it"})
+    api_key_file: str | None = dataclasses.field(default=None, metadata={
+        "help": "the gateways' API key, on the first line of this file (or set ZTGI_API_KEY; a flag "
+                "would show in `ps`)"})
+    startup_grace_s: float = dataclasses.field(default=600.0, metadata={
+        "help": "while workers start (none ready yet since the scheduler started, or one registered and "
+                "warming up), a queued request waits this long for one instead of --no-worker-timeout-s"})
     drain_timeout_s: float = dataclasses.field(default=20.0, metadata={
         "help": "SIGTERM: how long gateways and the scheduler let requests finish"})
     health_window_s: float = dataclasses.field(default=30.0, metadata={
@@ -104,8 +110,8 @@ class LaunchConfig(LogConfig, RequestLimits):
                 "--heartbeat-interval-ms and --heartbeat-misses must be positive")
         require(self.health_window_s > 0, "--health-window-s must be positive")
         require(self.body_read_timeout_s > 0, "--body-read-timeout-s must be positive")
-        require(self.no_worker_timeout_s >= 0 and self.restart_backoff_s >= 0,
-                "--no-worker-timeout-s and --restart-backoff-s must be >= 0")
+        require(self.no_worker_timeout_s >= 0 and self.restart_backoff_s >= 0 and self.startup_grace_s >= 0,
+                "--no-worker-timeout-s, --startup-grace-s and --restart-backoff-s must be >= 0")
         require(0 <= self.drain_timeout_s < self.shutdown_timeout_s,
                 f"--drain-timeout-s ({self.drain_timeout_s:g}) must be >= 0 and less than "
                 f"--shutdown-timeout-s ({self.shutdown_timeout_s:g}), or children are killed mid-drain")
@@ -120,7 +126,7 @@ class LaunchConfig(LogConfig, RequestLimits):
                  "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",
                  "max_waiting_tokens",
                  "pipeline_decode", "prefix_caching", "placement", "heartbeat_interval_ms", "heartbeat_misses",
-                 "no_worker_timeout_s", "drain_timeout_s", "health_window_s")
+                 "no_worker_timeout_s", "startup_grace_s", "drain_timeout_s", "health_window_s", "api_key_file")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
                if getattr(self, name) is not None}
         if self.quantized_max_rows is None:  # none is not the worker's default: say it

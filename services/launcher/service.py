@@ -11,6 +11,7 @@ from ztgi.common.lifecycle import on_stop_signals
 from ztgi.common.logs import setup_logging
 from ztgi.services.launcher.config import LaunchConfig
 from ztgi.services.launcher.launcher import Launcher, StartupError
+from ztgi.services.launcher.port_check import PortTakenError, check_port_free
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +23,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ztgi launch: {exc}", file=sys.stderr)
         return 2
     setup_logging("launcher", config.log_level, config.log_rate_limit_s)
+    try:
+        check_port_free(config.host, config.port)
+    except PortTakenError as exc:
+        logger.error("startup failed: %s", exc)
+        print(f"ztgi launch: {exc}", file=sys.stderr)
+        return 1
     launcher = Launcher(config)
     on_stop_signals(launcher.request_stop)
     launcher.start()

@@ -60,6 +60,9 @@ class SchedulerConfig(ServiceConfig):
     heartbeat_interval_ms: int = 1000
     heartbeat_misses: int = 5
     no_worker_timeout_s: float = 30.0
+    startup_grace_s: float = dataclasses.field(default=600.0, metadata={
+        "help": "while workers start (none ready yet since the scheduler started, or one registered and "
+                "warming up), a queued request waits this long for one instead of --no-worker-timeout-s"})
     drain_timeout_s: float = 30.0
     health_window_s: float = 30.0  # healthy while a worker answered a command this recently...
     canary_timeout_s: float = dataclasses.field(default=3.0, metadata={

@@ -107,4 +107,5 @@ class Request:
             block_ids=self.new_blocks(),
             cache_len=self.num_computed,
             chunk_len=chunk_len,
+            num_generated=len(self.generated_ids),
         )

@@ -81,6 +81,8 @@ class Scheduler:
         self.tokenizers = TokenizerPool(self.outbox)
         self.clients: dict[bytes, float] = {}
         self.last_worker_loss: WorkerLoss | None = None
+        self.started_at = time.monotonic()
+        self.had_ready_worker = False  # whether any worker has finished its warmup since the start
         self.health_monitor = HealthMonitor(self.outbox, config.canary_timeout_s)
         self.batcher = Batcher(config, self.table, self.queue, self.outbox,
                                self._on_generations, self._fail_requests, self.health_monitor.on_canary)
@@ -243,6 +245,8 @@ class Scheduler:
             case _:
                 self.batcher.workers.heard_from(worker_id, now)
                 self.batcher.on_answer(worker_id, msg)
+                if not self.had_ready_worker and isinstance(msg, WarmupResult):
+                    self.had_ready_worker = bool(self.batcher.workers.ready())
 
     def on_worker_disconnected(self, worker_id: bytes) -> None:
         """A worker's command connection closed (its process ended): it is lost now, not after
@@ -416,7 +420,19 @@ class Scheduler:
         """Ends every request with an explicit reason (the end of a drain)."""
         self._fail_requests(list(self.table), reason, "cancelled")
 
+    def _workers_starting(self, now: float) -> bool:
+        """A worker is registered and warming up, or none has been ready yet and the scheduler is
+        younger than startup_grace_s (workers load their model before they register)."""
+        if any(not slot.ready for slot in self.batcher.workers.values()):
+            return True
+        return not self.had_ready_worker and now - self.started_at < self.config.startup_grace_s
+
     def _fail_stale_queue(self, now: float) -> None:
-        stale = [r for r in self.queue if now - r.queued_at > self.config.no_worker_timeout_s]
+        """With no ready worker, a queued request fails after no_worker_timeout_s, or, while workers
+        are still starting, after startup_grace_s (whichever is longer)."""
+        timeout = self.config.no_worker_timeout_s
+        if self._workers_starting(now):
+            timeout = max(timeout, self.config.startup_grace_s)
+        stale = [r for r in self.queue if now - r.queued_at > timeout]
         if stale:
             self._fail_requests(stale, "No worker is available to serve the request", "unhealthy")

@@ -1,9 +1,8 @@
-import sys
 
-from ztgi.common.early_stop import exit_on_stop_signals
+from ztgi.common.early_stop import exit_after, exit_on_stop_signals
 
 exit_on_stop_signals()
 
 from ztgi.services.tokenizer.service import main  # noqa: E402 (after the stop hook: this import is the slow part)
 
-sys.exit(main())
+exit_after(main)

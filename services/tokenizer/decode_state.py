@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from ztgi.common.messages import Encoded, GenerateParameters, Token
+from ztgi.common.messages import Encoded, GenerateParameters, Token, TopTokens
 from ztgi.services.tokenizer.stop_sequences import StopSequences
 
 NUM_CONTEXT_TOKENS = 5
@@ -35,6 +35,7 @@ class DecodeState:
     num_generated_tokens: int = 0
     generated_parts: list[str] = dataclasses.field(default_factory=list)
     prefill: list[Token] = dataclasses.field(default_factory=list)
+    prefill_top_tokens: list[TopTokens] = dataclasses.field(default_factory=list)
     cached_tokens: int = 0
     scheduler_nonce: str = ""  # the scheduler this request belongs to
 

@@ -24,6 +24,7 @@ from ztgi.common.messages import (
     TextBatch,
     Token,
     TokenStep,
+    TopTokens,
 )
 from ztgi.services.tokenizer.decode_state import DecodeState
 
@@ -117,8 +118,13 @@ class Detokenizer:
                                error_type="generation"), generation.finish_reason is None
 
     def _advance(self, key: RequestKey, state: DecodeState, generation: Generation) -> tuple[StreamEvent, bool]:
+        if generation.finish_reason == "error":  # the worker failed the request (its grammar): no text
+            del self.key_to_state[key]
+            return StreamEvent(request_id=key.request_id, error=generation.error or "generation failed",
+                               error_type="generation"), False
         if generation.prefill_ids is not None and state.decoder_input_details:
             state.prefill = self._prefill_tokens(generation.prefill_ids, generation.prefill_logprobs)
+            state.prefill_top_tokens = self._prefill_top_tokens(generation)
         text, finish_reason = self._next_text(state, generation)
         special = generation.token_id in self.special_ids
         if not special:
@@ -150,6 +156,7 @@ class Detokenizer:
             seed=state.seed,
             prefill=state.prefill,
             cached_tokens=state.cached_tokens,
+            prefill_top_tokens=state.prefill_top_tokens,
         )
 
     # -- token texts ---------------------------------------------------------------------------
@@ -184,3 +191,15 @@ class Detokenizer:
         logprobs = [None if math.isnan(lp) else lp for lp in (prefill_logprobs or [])]
         logprobs += [None] * (len(prefill_ids) - len(logprobs))
         return self._tokens(prefill_ids, logprobs)
+
+    def _prefill_top_tokens(self, generation: Generation) -> list[TopTokens]:
+        """Each prompt position's likeliest tokens (none for the first), decoded in one call."""
+        ids, logprobs = generation.prefill_top_ids, generation.prefill_top_logprobs
+        if ids is None or logprobs is None:
+            return []
+        flat = self._tokens([i for row in ids for i in row], [lp for row in logprobs for lp in row])
+        rows, start = [], 0
+        for row in ids:
+            rows.append(TopTokens(flat[start:start + len(row)]))
+            start += len(row)
+        return rows

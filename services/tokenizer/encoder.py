@@ -52,6 +52,7 @@ class Encoder:
     def _encoded(self, key: RequestKey, input_ids: list[int], params: GenerateParameters) -> Encoded:
         if params.grammar is not None:
             self.grammars.check(params.grammar)  # a grammar the worker could not compile never gets queued
+        self._check_logit_bias(params)
         if params.truncate is not None:
             input_ids = input_ids[-params.truncate:]  # TGI truncates from the left
         max_new_tokens = params.max_new_tokens
@@ -70,7 +71,10 @@ class Encoder:
         )
 
     def input_ids(self, generate: Generate) -> list[int]:
-        """The prompt's ids before truncation: raw `inputs`, or `messages` through the template."""
+        """The prompt's ids before truncation: raw `inputs`, `messages` through the template, or
+        the client's own `input_ids`, each checked to be in the vocabulary."""
+        if generate.input_ids is not None:
+            return self.checked_ids(generate.input_ids)
         if generate.messages is not None:
             # the template writes the special tokens itself
             return self._tokenize(self.render_chat(generate.messages, generate.tools), add_special_tokens=False)
@@ -78,24 +82,54 @@ class Encoder:
             raise ValidationError("inputs", "`inputs` cannot be empty")
         return self._tokenize(generate.inputs, generate.parameters.add_special_tokens)
 
+    def _check_logit_bias(self, params: GenerateParameters) -> None:
+        vocab_size = len(self.tokenizer)
+        for entry in params.logit_bias or ():
+            if not 0 <= entry.token_id < vocab_size:
+                raise ValidationError("logit_bias", f"`logit_bias` token id {entry.token_id} is outside the "
+                                                    f"vocabulary [0, {vocab_size})")
+
+    def checked_ids(self, input_ids: list[int]) -> list[int]:
+        """Token ids a client sent: a non-empty list of ids the tokenizer knows."""
+        if not input_ids:
+            raise ValidationError("prompt", "a token-id prompt cannot be empty")
+        vocab_size = len(self.tokenizer)
+        for token_id in input_ids:
+            if not 0 <= token_id < vocab_size:
+                raise ValidationError("prompt", f"token id {token_id} of `prompt` is outside the vocabulary "
+                                                f"[0, {vocab_size})")
+        return list(input_ids)
+
     def tokenize(self, query: TokenizeQuery) -> list[SimpleToken]:
         """TGI's /tokenize: each token with its text and character offsets in `inputs`.
 
         Special tokens added by the tokenizer have empty offsets (and so empty text); `truncate`
-        keeps the last tokens, as for generation.
+        keeps the last tokens, as for generation. A query with `messages` tokenizes the chat
+        template's prompt (whose special tokens the template writes).
         """
+        if query.messages is not None:
+            text = self.render_chat(query.messages)
+            return self._offsets(text, add_special_tokens=False, truncate=query.truncate)
         if not query.inputs:
             raise ValidationError("inputs", "`inputs` cannot be empty")
         if query.truncate is not None and not 0 < query.truncate <= self.limits.max_input_tokens:
             raise ValidationError("truncate", f"`truncate` must be strictly positive and less than or equal to "
                                               f"{self.limits.max_input_tokens}. Given: {query.truncate}")
+        return self._offsets(query.inputs, query.add_special_tokens, query.truncate)
+
+    def detokenize(self, input_ids: list[int]) -> str:
+        """vLLM's /detokenize: the text of token ids (special tokens kept, as vLLM decodes)."""
+        text = self.tokenizer.decode(self.checked_ids(input_ids), skip_special_tokens=False)
+        assert isinstance(text, str), "one sequence decodes to one string"
+        return text
+
+    def _offsets(self, text: str, add_special_tokens: bool, truncate: int | None) -> list[SimpleToken]:
         if not self.tokenizer.is_fast:
             raise ValidationError("inputs", "No fast tokenizer available: offsets are unknown")
-        encoding = self.tokenizer(query.inputs, add_special_tokens=query.add_special_tokens,
-                                  return_offsets_mapping=True)
-        tokens = [SimpleToken(token_id, query.inputs[start:stop], start, stop)
+        encoding = self.tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        tokens = [SimpleToken(token_id, text[start:stop], start, stop)
                   for token_id, (start, stop) in zip(encoding["input_ids"], encoding["offset_mapping"])]
-        return tokens[-query.truncate:] if query.truncate is not None else tokens
+        return tokens[-truncate:] if truncate is not None else tokens
 
     def render_chat(self, messages: list[ChatMessage], tools: list[Tool] | None = None) -> str:
         """The prompt text of a conversation (and the tools it may call), ending with the

@@ -133,10 +133,14 @@ class TokenizerService:
         return encoded
 
     def tokenize_text(self, job: TokenizeJob) -> TokenizeDone:
-        """TGI's /tokenize for one query: the tokens, or the error, for the asking client."""
+        """TGI's /tokenize for one query (or vLLM's /detokenize for a query of `ids`): the tokens
+        or the text, or the error, for the asking client."""
         query_id = job.query.query_id
         try:
-            reply = TokenizeReply(query_id, self.encoder.tokenize(job.query))
+            if job.query.ids is not None:
+                reply = TokenizeReply(query_id, [], text=self.encoder.detokenize(job.query.ids))
+            else:
+                reply = TokenizeReply(query_id, self.encoder.tokenize(job.query))
         except ValidationError as exc:
             reply = TokenizeReply(query_id, [], str(exc), "validation")
         except Exception as exc:  # a bug must cost one query, not the service

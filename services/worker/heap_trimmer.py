@@ -27,6 +27,13 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
+def trim_heap() -> None:
+    """One trim now (after the model is built: a GGUF's codes, unpacked as bytes, were freed)."""
+    malloc_trim = _load_malloc_trim()
+    if malloc_trim is not None:
+        malloc_trim(0)
+
+
 class HeapTrimmer:
     """`freed()` when memory was freed; `release()` trims if some was and the last trim is
     `min_interval_s` old."""

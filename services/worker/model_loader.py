@@ -9,6 +9,7 @@ import logging
 from ztgi.common.model_source import ModelNotFoundError, resolve_model
 from ztgi.services.worker.backend import Model
 from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, KV_CACHES
+from ztgi.services.worker.heap_trimmer import trim_heap
 from ztgi.services.worker.models import families
 from ztgi.services.worker.models.loading import LoadedModel, load
 from ztgi.services.worker.padded.model import PaddedModel
@@ -48,7 +49,9 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
     if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
         draft = (_load_draft(draft_model_id, dtype, device, quantize, quantized_max_rows)
                  if draft_model_id is not None else None)
-        return PagedModel(loaded, block_size, speculate, float32_decode_attention, draft, native_kernels)
+        paged = PagedModel(loaded, block_size, speculate, float32_decode_attention, draft, native_kernels)
+        _release_load_memory(loaded, draft)
+        return paged
     if draft_model_id is not None:
         raise ValueError("--draft-model-id needs the paged KV cache, and this model runs on the padded one "
                          "(--kv-cache padded, or a model the paged forward cannot serve)")
@@ -57,7 +60,18 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
                          "(--kv-cache padded, or a model the paged forward cannot serve): use --speculate 0")
     if float32_decode_attention:
         logger.warning("--float32-decode-attention applies to the paged KV cache only; ignored")
-    return PaddedModel(loaded, backend)
+    padded = PaddedModel(loaded, backend)
+    _release_load_memory(loaded)
+    return padded
+
+
+def _release_load_memory(*models: LoadedModel | None) -> None:
+    """What building the layers left resident: the GGUF's mapped pages (the layers hold packed
+    copies) and the heap's free pages (the codes unpacked as bytes on the way)."""
+    for loaded in models:
+        if loaded is not None and loaded.checkpoint is not None:
+            loaded.checkpoint.release_pages()
+    trim_heap()
 
 
 def _draft_source(draft_model_id: str) -> None:

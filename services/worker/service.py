@@ -78,6 +78,7 @@ class EngineLoop:
         self.control = control
         self.hello = hello
         self.stop_requested = stop_requested
+        self.exit_code = 0  # 1 after a failed warmup
         self.poller = zmq.Poller()
         self.poller.register(control, zmq.POLLIN)
         self.poller.register(commands, zmq.POLLIN)
@@ -135,6 +136,11 @@ class EngineLoop:
         answer = self.engine.warmup(command)
         if isinstance(answer, WarmupResult):
             freeze_startup_objects()  # the model and everything alive now stay out of later collections
+        elif isinstance(answer, CommandFailed):
+            # the scheduler would send the same limits again, and fail again, for ever
+            logger.error("cannot serve with the scheduler's limits: %s; exiting", answer.error)
+            self.exit_code = 1
+            self.stop_requested.set()  # after this answer is sent
         return answer
 
     def _on_control(self, message: bytes) -> None:
@@ -308,4 +314,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     service = WorkerService(config, engine, stop_requested)
     serve(service, freeze_startup=False)  # it freezes after warmup instead, with the model loaded
     logger.info("stopped")
-    return service.exit_code
+    return service.exit_code or service.engine_loop.exit_code

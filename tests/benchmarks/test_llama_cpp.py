@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import sys
@@ -60,7 +61,7 @@ def test_runs_take_turns_and_the_single_stream_ignores_eos():
                                            "--concurrencies", "1,4", "--repeats", "2", "--single-stream-requests", "2"])
     prompts = [p.__class__(p.text, 3, p.input_tokens) for p in load_prompts("mixed", max_requests=6)]
     with StandInServer(ttft_s=0.001, itl_s=0.001) as ztgi, StandInServer(ttft_s=0.001, itl_s=0.001) as llama:
-        runner = Runner(config, prompts, {"ztgi-float32": ztgi.url, LLAMA: llama.url})
+        runner = Runner(config, prompts, {"ztgi-float32": ztgi, LLAMA: llama})
         runs = runner.run_all()
     assert [(r.system, r.concurrency, r.repeat) for r in runs] == [
         ("ztgi-float32", 1, 0), (LLAMA, 1, 0), ("ztgi-float32", 4, 0), (LLAMA, 4, 0),
@@ -94,7 +95,11 @@ def test_table_takes_medians_and_checks_the_issue_targets():
     assert table.ratio("ztgi-bfloat16", 16, "ttft_p50_s") == pytest.approx(0.4)
     claims = {c["name"]: c["passed"] for c in table.claims()}
     assert claims == {"ztgi-bfloat16@1 TPOT p50 / llama": False, "ztgi-bfloat16@16 tok/s / llama": True,
-                      "ztgi-bfloat16@16 TTFT p50 / llama": True, "ztgi-bfloat16@16 ITL p99 / llama": True}
+                      "ztgi-bfloat16@16 TTFT p50 / llama": True, "ztgi-bfloat16@16 ITL p99 / llama": True,
+                      "ztgi-bfloat16@16 resident memory / llama": None}  # no memory sampled in these runs
+    with_memory = [dataclasses.replace(run, resident_bytes=(2 if run.system == LLAMA else 3) << 30) for run in runs]
+    memory = Table(with_memory, ["ztgi-bfloat16", LLAMA], [1, 16]).ratio("ztgi-bfloat16", 16, "resident_mib")
+    assert memory == pytest.approx(1.5)
     text = table.render_text()
     assert "medians over 3 repeat(s)" in text and "FAIL" in text and "PASS" in text
     assert table.to_json()["medians"][0]["system"] == "ztgi-bfloat16"

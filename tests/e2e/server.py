@@ -17,7 +17,10 @@ from ztgi.common.health_probe import NotHealthyError, wait_until_healthy
 class LaunchedServer:
     """`python -m ztgi.services.launcher` with flags; keeps its log; stops it with SIGTERM."""
 
-    def __init__(self, run_dir: str, *flags: str, startup_timeout_s: float = 120.0) -> None:
+    def __init__(self, run_dir: str, *flags: str, startup_timeout_s: float = 120.0,
+                 own_process_group: bool = False) -> None:
+        """`own_process_group`: the launcher leads a group of its own (as a shell's job does), so a
+        test may signal the whole group."""
         self.port = free_port()
         self.run_dir = run_dir
         self.url = f"http://127.0.0.1:{self.port}"
@@ -27,7 +30,7 @@ class LaunchedServer:
             [sys.executable, "-m", "ztgi.services.launcher", "--port", str(self.port), "--run-dir", run_dir,
              "--restart", "--startup-timeout-s", str(startup_timeout_s), *flags],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1"}, process_group=0 if own_process_group else None,
         )
         threading.Thread(target=self._collect_log, daemon=True).start()
         self._wait_ready(startup_timeout_s)

@@ -11,6 +11,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -39,10 +40,10 @@ def model_dir(smollm2, tmp_path_factory: pytest.TempPathFactory) -> str:
     return build_small_vocab_model(str(tmp_path_factory.mktemp("small-vocab")), smollm2.path)
 
 
-def launch(run_dir: str, model_dir: str, *flags: str) -> LaunchedServer:
+def launch(run_dir: str, model_dir: str, *flags: str, own_process_group: bool = False) -> LaunchedServer:
     return LaunchedServer(run_dir, "--model-id", model_dir, *FAST_FLAGS, "--no-worker-timeout-s",
                           str(NO_WORKER_TIMEOUT_S), "--restart-backoff-s", str(RESTART_BACKOFF_S),
-                          "--health-window-s", str(HEALTH_WINDOW_S), *flags)
+                          "--health-window-s", str(HEALTH_WINDOW_S), *flags, own_process_group=own_process_group)
 
 
 @pytest.fixture(scope="module")
@@ -168,18 +169,37 @@ def test_failed_prefill_fails_only_its_batch(server: LaunchedServer) -> None:
     assert not any("answered command" in line for line in server.log_lines[log_start:])  # none untracked
 
 
+def signal_launcher(server: LaunchedServer, signum: int) -> None:
+    server.process.send_signal(signum)
+
+
+def signal_group_twice(server: LaunchedServer, signum: int) -> None:
+    """A terminal's Ctrl-C (the signal to the launcher's whole group), then, during the drain, a
+    second stop signal to the group (an impatient init)."""
+    os.killpg(server.process.pid, signum)
+    time.sleep(0.5)
+    os.killpg(server.process.pid, signal.SIGTERM)
+
+
 @pytest.mark.slow
-def test_sigterm_under_load_drains_and_exits_clean(model_dir: str, tmp_path) -> None:
-    """SIGTERM to the launcher mid-load: every in-flight stream completes, every process exits 0,
-    and no socket file is left in the run directory."""
+@pytest.mark.parametrize(("signum", "send"), [(signal.SIGTERM, signal_launcher), (signal.SIGHUP, signal_launcher),
+                                              (signal.SIGINT, signal_group_twice)],
+                         ids=["sigterm", "sighup", "sigint-to-the-group-then-sigterm"])
+def test_stop_signal_under_load_drains_and_exits_clean(model_dir: str, tmp_path, signum: int,
+                                                       send: Callable[[LaunchedServer, int], None]) -> None:
+    """A stop signal mid-load: SIGTERM or SIGHUP to the launcher, or SIGINT to its whole process
+    group and a second signal during the drain: every in-flight stream completes, every process
+    exits 0, and no socket file is left in the run directory. (Before: SIGHUP killed the launcher
+    at once, streams cut without an event; a group signal stopped the tokenizer and the worker by
+    signal while the scheduler drained.)"""
     run_dir = str(tmp_path / "run")
-    server = launch(run_dir, model_dir, "--drain-timeout-s", "20")
+    server = launch(run_dir, model_dir, "--drain-timeout-s", "20", own_process_group=True)
     try:
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             progress: list = []
             futures = [pool.submit(stream, server, PROMPT, 300, progress) for _ in range(8)]
             wait_for(lambda: len(progress) >= 8 * 3, 60, 0.02)
-            server.process.send_signal(signal.SIGTERM)
+            send(server, signum)
             outcomes = [future.result() for future in futures]
         assert server.process.wait(timeout=60) == 0, server.log
     finally:

@@ -55,6 +55,28 @@ def test_tokenize_answers_tgi_shape_from_a_tokenizer(server: LaunchedServer, tin
     assert empty.status_code == 422 and empty.json()["error_type"] == "validation"
 
 
+def test_vllm_tokenize_and_detokenize_forms(server: LaunchedServer, tiny_model_dir: str) -> None:
+    """vLLM's /tokenize ({"prompt"} and {"messages"}) and /detokenize ({"tokens"}) beside TGI's form."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    answer = server.post("/tokenize", {"model": "any", "prompt": TEXT, "return_token_strs": True}).json()
+    ids = tokenizer.encode(TEXT)
+    assert answer == {"count": len(ids), "max_model_len": 512, "tokens": ids,
+                      "token_strs": [t["text"] for t in server.post("/tokenize", {"inputs": TEXT}).json()]}
+    chat = [{"role": "user", "content": "Hi"}]
+    by_messages = server.post("/tokenize", {"model": "any", "messages": chat}).json()
+    chat_prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert by_messages["tokens"] == tokenizer.encode(chat_prompt, add_special_tokens=False)
+    assert by_messages["token_strs"] is None
+    detokenized = server.post("/detokenize", {"model": "any", "tokens": ids})
+    assert detokenized.status_code == 200 and detokenized.json() == {"prompt": TEXT}
+    for path, body in (("/detokenize", {"tokens": [49152]}), ("/detokenize", {"tokens": []}),
+                       ("/detokenize", {"tokens": "1"}), ("/tokenize", {"prompt": ""}),
+                       ("/tokenize", {"prompt": "a", "messages": chat}), ("/tokenize", {"messages": []})):
+        refused = server.post(path, body)
+        assert refused.status_code == 422, (path, body, refused.text)
+    assert server.get("/health").status_code == 200
+
+
 def test_direct_client_tokenizes_through_the_scheduler(server: LaunchedServer) -> None:
     """ZtgiClient.tokenize gets the same tokens as HTTP, over ZMQ."""
     with ZtgiClient(server.scheduler_url) as client:

@@ -103,6 +103,62 @@ def test_presence_penalty_steers_greedy_text_off_words_already_present(client: o
     assert continuation(presence_penalty=2.0)[0] != " mat"
 
 
+def test_logit_bias_removes_and_forces_a_token_on_both_routes(client: openai.OpenAI, server: LaunchedServer) -> None:
+    """{id: -100} keeps the greedy first token out; {id: 100} makes one token every token chosen."""
+    def token_id(text: str) -> int:
+        [token] = server.post("/tokenize", {"inputs": text, "add_special_tokens": False},
+                              headers={"Authorization": f"Bearer {API_KEY}"}).json()
+        return int(token["id"])
+
+    def first_tokens(logit_bias: dict[str, int] | None = None) -> tuple[str, str]:
+        completion = client.completions.create(model="any", prompt=PROMPT, temperature=0, max_tokens=1,
+                                               logprobs=0, logit_bias=logit_bias)
+        chat = client.chat.completions.create(model="any", messages=QUESTION, temperature=0, max_tokens=1,
+                                              logprobs=True, logit_bias=logit_bias)
+        return completion.choices[0].logprobs.tokens[0], chat.choices[0].logprobs.content[0].token
+
+    plain = first_tokens()
+    for route, token in enumerate(plain):
+        assert first_tokens({str(token_id(token)): -100})[route] != token
+    forced = {str(token_id("=")): 100}
+    assert client.completions.create(model="any", prompt=PROMPT, temperature=0, max_tokens=NUM_TOKENS,
+                                     logit_bias=forced).choices[0].text == "=" * NUM_TOKENS
+    assert client.chat.completions.create(model="any", messages=QUESTION, temperature=0, max_tokens=NUM_TOKENS,
+                                          logit_bias=forced).choices[0].message.content == "=" * NUM_TOKENS
+
+
+def test_models_retrieve_the_served_model_by_its_id(client: openai.OpenAI) -> None:
+    """models.retrieve sends the id percent-encoded (it has a slash); another id is a 404."""
+    [listed] = client.models.list().data
+    assert "/" in listed.id
+    model = client.models.retrieve(listed.id)
+    assert isinstance(model, openai.types.Model) and model.id == listed.id
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("no/such-model")
+    assert "no/such-model" in caught.value.body["message"]
+
+
+def test_x_request_id_is_echoed_names_the_answer_and_the_log(client: openai.OpenAI, server: LaunchedServer) -> None:
+    """A client's x-request-id comes back on answers, streams and errors, is the completion's id
+    (as vLLM), and names the request in the gateway's log; without one the server draws one."""
+    raw = client.completions.with_raw_response.create(model="any", prompt=PROMPT, max_tokens=1,
+                                                      extra_headers={"x-request-id": "eval-42"})
+    assert raw.headers["x-request-id"] == "eval-42" and raw.parse().id == "cmpl-eval-42"
+    with client.chat.completions.with_streaming_response.create(
+            model="any", messages=QUESTION, max_tokens=1, stream=True,
+            extra_headers={"x-request-id": "chat-7"}) as streamed:
+        assert streamed.headers["x-request-id"] == "chat-7"
+    assert client.models.with_raw_response.list().headers["x-request-id"]
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client.completions.create(model="any", prompt=[49152], max_tokens=1,
+                                  extra_headers={"x-request-id": "bad-ids-1"})
+    assert caught.value.response.headers["x-request-id"] == "bad-ids-1"
+    assert "[bad-ids-1] failed" in server.log
+    refused = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 1},
+                          headers={"x-request-id": "x" * 200, "Authorization": f"Bearer {API_KEY}"})
+    assert refused.status_code == 400 and "x-request-id" in refused.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("arguments,field", [
     ({"temperature": -1.0}, "temperature"),
     ({"top_p": 1.5}, "top_p"),
@@ -111,6 +167,12 @@ def test_presence_penalty_steers_greedy_text_off_words_already_present(client: o
     ({"max_tokens": 10_000}, "max_new_tokens"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"n": 9}, "n"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"logit_bias": {"49152": 1}}, "logit_bias"),  # outside SmolLM2's vocabulary
+    ({"logit_bias": {"5": "high"}}, "logit_bias"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"reasoning_effort": "low"}, "reasoning_effort"),
 ])
 def test_bad_arguments_raise_the_clients_error(client: openai.OpenAI, arguments: dict, field: str) -> None:
     """Out-of-range arguments raise openai's UnprocessableEntityError (422) carrying our message."""

@@ -79,6 +79,13 @@ def test_openai_routes_answer_as_documented(server: LaunchedServer, document: di
     check(document, "/v1/completions", "post",
           server.post("/v1/completions", {"prompt": ["a", "b"], "max_tokens": 3, "logprobs": 2}))
     check(document, "/v1/models", "get", server.get("/v1/models"))
+    model_id = server.get("/v1/models").json()["data"][0]["id"]
+    check(document, "/v1/models/{model_id}", "get", server.get("/v1/models/" + model_id.replace("/", "%2F")))
+    check(document, "/v1/models/{model_id}", "get", server.get("/v1/models/no-such-model"))
+    check(document, "/v1/completions", "post",  # an evaluation harness's request: the prompt's logprobs too
+          server.post("/v1/completions", {"prompt": [[1, 2, 3]], "max_tokens": 1, "logprobs": 1, "echo": True}))
+    check(document, "/detokenize", "post", server.post("/detokenize", {"tokens": [1, 2, 3]}))
+    check(document, "/detokenize", "post", server.post("/detokenize", {"tokens": [10**9]}))
     for path, body in (("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}}),
                        ("/v1/completions", {"prompt": "a", "max_tokens": 3, "logprobs": 1,
                                             "stream_options": {"include_usage": True}})):

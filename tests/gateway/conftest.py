@@ -30,14 +30,15 @@ def new_run_dir() -> str:
 class GatewayProcess:
     """`python -m ztgi.services.gateway` on a free port, for as long as a test needs it."""
 
-    def __init__(self, scheduler_url: str, *args: str) -> None:
+    def __init__(self, scheduler_url: str, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", "ztgi.services.gateway", "--port", str(self.port),
                    "--scheduler-url", scheduler_url, *FAST_LIVENESS, *args]
         self.log = tempfile.TemporaryFile()  # a pipe nobody reads could fill up and block it
         self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
-                                        stdout=self.log, stderr=subprocess.STDOUT)
+                                        stdout=self.log, stderr=subprocess.STDOUT,
+                                        env=None if env is None else {**os.environ, **env})
         self._wait_ready()
 
     def output(self) -> str:

@@ -130,3 +130,32 @@ def test_too_many_choices_is_422(client: openai.OpenAI, scheduler: ScriptedSched
         client.completions.create(model="any", prompt=["One", "Two"], n=3)
     assert caught.value.body["param"] == "n" and "<= 2" in caught.value.body["message"]
     assert not scheduler.messages(Generate)
+
+
+def test_completions_best_of_returns_the_n_likeliest_of_best_of_candidates(client: openai.OpenAI,
+                                                                           scheduler: ScriptedScheduler) -> None:
+    """best_of=3, n=2, seed 10: three candidates (seeds 10, 11, 12) are generated, and the two
+    likeliest (the even seeds' " good good") are returned (before: best_of was ignored, two
+    candidates ran and the " bad bad" one came back)."""
+    scheduler.script = likelier_with_even_seeds
+    completion = client.completions.create(model="any", prompt="Hi", n=2, best_of=3, seed=10, max_tokens=2)
+    assert sorted(g.parameters.seed for g in scheduler.messages(Generate)) == [10, 11, 12]
+    assert [(c.index, c.text) for c in completion.choices] == [(0, " good good"), (1, " good good")]
+
+
+@pytest.mark.parametrize("extra, problem", [
+    ({"n": 2, "best_of": 1}, ">= `n`"),
+    ({"best_of": 5}, "<= 4"),
+    ({"best_of": 2, "stream": True}, "streaming"),
+    ({"best_of": 2, "temperature": 0}, "sampling"),
+])
+def test_completions_best_of_that_cannot_be_served_is_422(client: openai.OpenAI, scheduler: ScriptedScheduler,
+                                                          extra: dict, problem: str) -> None:
+    """best_of below n, beyond --max-client-batch-size, with streaming or greedy: a 422 naming
+    `best_of`, nothing queued (never silently ignored)."""
+    response = requests.post(str(client.base_url) + "completions",
+                             json={"model": "any", "prompt": "Hi", **extra}, timeout=10)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["param"] == "best_of" and problem in error["message"], error
+    assert not scheduler.messages(Generate)

@@ -142,16 +142,27 @@ def test_completion_logprobs_have_openais_legacy_shape(client: openai.OpenAI, sc
     assert_offsets_match_text(choice.text, choice.logprobs)
 
 
-def test_completion_logprobs_0_has_no_alternatives_and_echo_shifts_offsets(client: openai.OpenAI,
-                                                                           scheduler: ScriptedScheduler) -> None:
-    """logprobs=0 asks for no top tokens (top_logprobs null); with echo the offsets start after the prompt."""
-    completion = client.completions.create(model="any", prompt="One", max_tokens=2, logprobs=0, echo=True)
+def test_completion_logprobs_0_has_no_alternatives_and_echo_adds_the_prompts_tokens(
+        client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """logprobs=0 asks for no top tokens (top_logprobs null); with echo the prompt's tokens come
+    first (asked for as `decoder_input_details`), the first without a logprob, as vLLM answers."""
+    completion = client.completions.create(model="any", prompt="Hi", max_tokens=2, logprobs=0, echo=True)
     choice = completion.choices[0]
-    assert scheduler.messages(Generate)[-1].parameters.top_n_tokens is None
-    assert choice.text == "One a b" and choice.logprobs.top_logprobs is None
-    assert (choice.logprobs.tokens, choice.logprobs.text_offset) == ([" a", " b"], [3, 5])
-    assert_offsets_match_text(choice.text, choice.logprobs)
+    sent = scheduler.messages(Generate)[-1].parameters
+    assert sent.top_n_tokens is None and sent.decoder_input_details
+    assert choice.text == "Hi a b" and choice.logprobs.top_logprobs is None
+    assert choice.logprobs.tokens == ["<s>", "Hi", " a", " b"]  # the scripted prompt's tokens: <s> is special
+    assert choice.logprobs.token_logprobs[:2] == [None, -2.5]
+    assert choice.logprobs.text_offset == [0, 0, 2, 4]
     assert client.completions.create(model="any", prompt="One", max_tokens=1).choices[0].logprobs is None
+
+
+def test_streamed_echo_shifts_offsets(client: openai.OpenAI) -> None:
+    """Streamed with echo, the prompt is the first chunk and the tokens' offsets start after it."""
+    chunks = list(client.completions.create(model="any", prompt="One", max_tokens=2, logprobs=0, echo=True,
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == "One a b"
+    assert [c.choices[0].logprobs.text_offset for c in chunks if c.choices[0].logprobs] == [[3], [5]]
 
 
 def test_streamed_completion_chunks_carry_their_tokens_logprobs(client: openai.OpenAI) -> None:
@@ -167,7 +178,8 @@ def test_streamed_completion_chunks_carry_their_tokens_logprobs(client: openai.O
 
 
 @pytest.mark.parametrize("extra,field,message", [
-    ({"max_tokens": 0}, "max_tokens", "`max_tokens` must be strictly positive. Given: 0"),
+    ({"max_tokens": 0}, "max_tokens", "`max_tokens` must be strictly positive (0 is accepted with `echo`: the "
+                                      "prompt scored, nothing generated). Given: 0"),
     ({"logprobs": 6}, "logprobs", "`logprobs` must be >= 0 and <= 5 (--max-top-n-tokens). Given: 6"),
     ({"logprobs": -1}, "logprobs", "`logprobs` must be >= 0 and <= 5 (--max-top-n-tokens). Given: -1"),
     ({"presence_penalty": 3}, "presence_penalty", "`presence_penalty` must be >= -2.0 and <= 2.0"),

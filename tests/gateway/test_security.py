@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Iterator
 
 import openai
@@ -11,7 +12,9 @@ import requests
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.scripted_scheduler import ScriptedScheduler
 from tests.gateway.sse_reader import read_events
+from ztgi.common.config import ConfigError, parse_config
 from ztgi.common.messages import Generate
+from ztgi.services.gateway.config import GatewayConfig
 
 API_KEY = "s3cret-key"
 ALLOWED = "https://app.example.com"
@@ -130,3 +133,41 @@ def test_payload_limit_on_openai_routes_is_413(gateway: GatewayProcess, schedule
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "payload_too_large" and "65536" in response.json()["error"]["message"]
     assert not scheduler.messages(Generate)
+
+
+@pytest.mark.parametrize("source", ["file", "environment"])
+def test_the_key_from_a_file_or_the_environment_never_shows_in_ps(shared_scheduler: ScriptedScheduler,
+                                                                   shared_run_dir: str, scheduler: ScriptedScheduler,
+                                                                   tmp_path: pathlib.Path, source: str) -> None:
+    """--api-key-file (the key on its first line) or ZTGI_API_KEY: the key is enforced, and it is
+    not on the gateway's command line (which `ps` shows to every user of the host)."""
+    if source == "file":
+        key_file = tmp_path / "api.key"
+        key_file.write_text(API_KEY + "\n")
+        gateway = GatewayProcess(f"ipc://{shared_run_dir}", "--api-key-file", str(key_file))
+    else:
+        gateway = GatewayProcess(f"ipc://{shared_run_dir}", env={"ZTGI_API_KEY": API_KEY})
+    try:
+        gateway.wait_healthy()
+        with open(f"/proc/{gateway.process.pid}/cmdline", "rb") as cmdline:
+            assert API_KEY.encode() not in cmdline.read()
+        assert requests.post(gateway.url + "/generate", json=GENERATE, timeout=5).status_code == 401
+        answer = requests.post(gateway.url + "/generate", json=GENERATE, headers=bearer(API_KEY), timeout=5)
+        assert answer.status_code == 200
+    finally:
+        returncode, output = gateway.stop()
+    assert returncode == 0 and API_KEY not in output
+
+
+def test_an_unreadable_or_empty_key_file_or_two_keys_are_refused(tmp_path: pathlib.Path) -> None:
+    """A key file that cannot be read, an empty first line, or both --api-key and --api-key-file:
+    a ConfigError naming the file or the flags, never the key."""
+    empty = tmp_path / "empty.key"
+    empty.write_text("\n" + API_KEY)
+    cases = [([f"--api-key-file={tmp_path / 'missing.key'}"], "cannot read it"),
+             ([f"--api-key-file={empty}"], "first line is empty"),
+             (["--api-key", API_KEY, f"--api-key-file={empty}"], "not both")]
+    for argv, problem in cases:
+        with pytest.raises(ConfigError, match=problem) as caught:
+            parse_config(GatewayConfig, argv)
+        assert API_KEY not in str(caught.value)

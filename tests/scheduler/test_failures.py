@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.scheduler.test_scheduler import CLIENT, WORKER_A, Harness
+from tests.scheduler.test_scheduler import CLIENT, INFO, WORKER_A, Harness
 from ztgi.common import messages as m
 from ztgi.common.codec import encode
 
@@ -90,3 +90,30 @@ def test_same_request_id_from_two_clients_are_two_requests() -> None:
     (client, reply), = h.messages_to("frontend")
     assert client == OTHER_CLIENT and reply.events[0].error == "too long"
     assert h.scheduler.table.by_key(m.RequestKey(CLIENT, "r1")) is not None
+
+
+def test_requests_sent_while_workers_start_wait_the_startup_grace() -> None:
+    """Before any worker is ready, and while one is registered and warming up, a queued request
+    waits startup_grace_s, not no_worker_timeout_s, and runs once the worker is ready (before: it
+    failed with 503 "No worker is available" at no_worker_timeout_s, a second before the worker
+    came up). After the grace it fails with the same reason."""
+    h = Harness(no_worker_timeout_s=2.0, startup_grace_s=60.0, heartbeat_interval_ms=60_000)
+    start = h.scheduler.started_at
+    h.submit("early")
+    h.scheduler.tick(start + 30.0)  # no worker yet: it loads its model
+    boot_nonce = "nonce-of-worker-a"
+    h.scheduler.on_worker_frame(WORKER_A, encode(m.Hello("worker", m.PROTOCOL_VERSION, boot_nonce, INFO)))
+    (_, warmup), = h.messages_to("workers")
+    h.scheduler.tick(start + 59.0)  # registered, warming up
+    assert h.messages_to("frontend") == [] and len(h.scheduler.queue) == 1
+    h.scheduler.on_worker_frame(WORKER_A, encode(m.WarmupResult(warmup.command_id, 10_000)))
+    (_, prefill), = h.step()
+    assert isinstance(prefill, m.Prefill) and len(prefill.batch.requests) == 1
+
+    late = Harness(no_worker_timeout_s=2.0, startup_grace_s=60.0, heartbeat_interval_ms=60_000)
+    late.submit("never")
+    late.scheduler.tick(late.scheduler.started_at + 30.0)
+    assert late.messages_to("frontend") == []
+    late.scheduler.tick(late.scheduler.started_at + 61.0)
+    (_, error), = late.messages_to("frontend")
+    assert error.events[0].error_type == "unhealthy" and "No worker" in error.events[0].error

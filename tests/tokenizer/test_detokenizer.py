@@ -228,6 +228,19 @@ def test_finished_request_state_is_dropped(detokenizer, tokenizer):
     assert detokenizer.num_requests == 0
 
 
+def test_a_request_the_worker_failed_ends_with_an_error_event_not_a_text(detokenizer, tokenizer):
+    """finish_reason "error" (a grammar failed in the worker): the last event is an error naming
+    the reason, with no generated text (never a 200 whose text breaks its grammar)."""
+    key = RequestKey(b"c", "r")
+    _start(detokenizer, key)
+    events, _ = _stream(detokenizer, key, tokenizer.encode("[1, 2"), None)
+    failure = Generation(0, 2, -0.1, "error", 9, error="the grammar failed at token 2: too many expressions")
+    events += _events(detokenizer.detokenize(DetokenizeJob([TokenStep(key, failure)])), key.client_id)
+    assert events[-1].error == failure.error and events[-1].error_type == "generation"
+    assert events[-1].generated_text is None and all(e.error is None for e in events[:-1])
+    assert detokenizer.num_requests == 0
+
+
 def test_adopted_request_continues_the_stream(detokenizer, tokenizer):
     """A request adopted from a lost tokenizer streams exactly the texts the original would have."""
     from ztgi.common.messages import Adopt

@@ -12,6 +12,7 @@ import pytest
 from ztgi.common.grammar import json_grammar
 from ztgi.common.messages import ChatMessage, Generate, GenerateParameters, Grammar, RequestKey, Tool, ToolCall
 from ztgi.common.parameters import ParameterLimits, ValidationError
+from ztgi.common.regex_size import MAX_REGEX_SIZE
 from ztgi.common.tool_calls import tool_call_grammar
 from ztgi.services.tokenizer.encoder import Encoder
 
@@ -54,6 +55,21 @@ def test_a_grammar_the_library_cannot_compile_is_refused_naming_the_problem(enco
         encode(encoder, grammar)
     assert info.value.field == "grammar" and problem in str(info.value)
     assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize("grammar", [Grammar("regex", "(x{1000}){1000}"), Grammar("regex", "x{20000}"),
+                                     Grammar("lark", 'start: "ok" /(x{1000}){1000}/')],
+                         ids=["nested counts", "one count", "in a lark grammar"])
+def test_a_regex_too_large_written_out_is_refused_in_milliseconds(encoder, grammar):
+    """A regex whose counted repetitions write out to more than MAX_REGEX_SIZE positions is refused
+    before llguidance compiles it (before: `(x{1000}){1000}` passed the check after 3 s, and
+    failed at its second token in the worker)."""
+    started = time.perf_counter()
+    with pytest.raises(ValidationError, match="too large") as info:
+        encode(encoder, grammar)
+    assert info.value.field == "grammar" and str(MAX_REGEX_SIZE) in str(info.value)
+    assert time.perf_counter() - started < 0.1
+    assert encode(encoder, Grammar("regex", "[a-z]{1,4000}")).sampling.grammar is not None  # a class is one position
 
 
 def test_a_valid_grammar_travels_to_the_worker_in_the_sampling_parameters(encoder):

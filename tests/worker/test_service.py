@@ -236,3 +236,28 @@ def test_unknown_model_exits_with_a_clear_error(tmp_path):
          "--model-id", str(tmp_path / "missing.gguf")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "does not exist" in result.stderr
+
+
+def test_a_kv_cache_too_small_for_one_request_is_answered_then_the_worker_exits_1(tiny_model_dir, tmp_path):
+    """A Warmup whose max_total_tokens the KV cache cannot hold is answered with both numbers and
+    the flags that fix it, then the worker exits with code 1 (before: it stayed, the scheduler
+    dropped it, it registered again and the same warmup failed, for ever)."""
+    scheduler_url = f"ipc://{tmp_path}"
+    side = SchedulerSide(scheduler_url)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ztgi.services.worker", "--scheduler-url", scheduler_url, "--model-id", tiny_model_dir,
+         "--dtype", "float32", "--heartbeat-interval-ms", str(HEARTBEAT_MS), "--cpu-warmup-prefill-tokens", "none"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        side.receive(Hello, START_TIMEOUT_S)
+        side.send(Warmup(1, max_input_tokens=100, max_total_tokens=200, max_batch_prefill_tokens=400,
+                         max_batch_total_tokens=100))
+        failed = side.receive(CommandFailed)
+        assert process.wait(timeout=30) == 1
+    finally:
+        stop_process(process, 10)
+        side.close()
+    assert "the KV cache holds 112 tokens" in failed.error and "max_total_tokens (200)" in failed.error
+    assert "--max-total-tokens" in failed.error and "--memory-budget-mb" in failed.error
+    assert "exiting" in process.stdout.read()

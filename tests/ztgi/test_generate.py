@@ -170,6 +170,21 @@ def test_logprobs_on_request(llm, reference, prompts) -> None:
     assert all(math.isfinite(s[t].logprob) for s, t in zip(completion.logprobs, completion.token_ids))
 
 
+def test_logit_bias_forces_and_removes_tokens(llm) -> None:
+    """vLLM's `logit_bias` offline: +100 on one token makes it every token; -100 on the greedy
+    first token makes the first token another."""
+    [equals] = llm.get_tokenizer().encode("=", add_special_tokens=False)
+    prompt = "The capital of France is"
+    [plain] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    first = plain.outputs[0].token_ids[0]
+    [removed] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3, logit_bias={first: -100}),
+                             use_tqdm=False)
+    assert removed.outputs[0].token_ids[0] != first
+    [forced] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3, logit_bias={equals: 100}),
+                            use_tqdm=False)
+    assert forced.outputs[0].token_ids == [equals] * 3
+
+
 def test_progress_bar(llm, prompts, capsys) -> None:
     """The bar counts prompts and shows tokens/s on stderr; use_tqdm=False prints nothing."""
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=True)

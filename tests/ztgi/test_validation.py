@@ -27,6 +27,8 @@ BAD_PARAMS = [
     ({"stop": 3}, "stop", "3"),
     ({"ignore_eos": "yes"}, "ignore_eos", "'yes'"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "0"),
+    ({"logit_bias": {5: 101}}, "logit_bias", "101"),
+    ({"logit_bias": {-1: 1.0}}, "logit_bias", "-1"),
 ]
 
 

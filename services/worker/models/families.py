@@ -24,7 +24,7 @@ from ztgi.services.worker.models.decoder import Decoder, DecoderLayer, PagedDeco
 from ztgi.services.worker.models.llama import PagedLlamaForward
 
 if TYPE_CHECKING:
-    from ztgi.services.worker.layers.quantization.quantized_linear import LayerFactory
+    from ztgi.services.worker.layers.quantization.factory import LayerFactory
 
 
 @dataclasses.dataclass(frozen=True)

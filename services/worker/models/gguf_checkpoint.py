@@ -95,6 +95,11 @@ class GgufCheckpoint:
         rows = math.prod(shape[:-1])
         return StoredTensor(tensor.name, tensor.type_id, shape, raw.reshape(rows, -1))
 
+    def release_pages(self) -> None:
+        """Drops the mapped file's pages from this process (the layers hold their own packed copies):
+        the embedding's rows are read back from the page cache as lookups touch them."""
+        self._mapped.madvise(mmap.MADV_DONTNEED)
+
     def type_name(self, name: str) -> str:
         return self.tensors[self.gguf_name(name)].type_name
 

@@ -26,7 +26,17 @@ class BatchModel(ModelLimits, Protocol):
     eos_token_ids: frozenset[int]
 
 
-def chooser_for(requests: Sequence[WorkerRequest], device: torch.device) -> NextTokenChooser:
+def chooser_for(requests: Sequence[WorkerRequest], device: torch.device, vocab_size: int) -> NextTokenChooser:
+    """The requests' chooser, each resumed request's row replayed over the tokens it generated
+    before (`WorkerRequest.num_generated`)."""
+    chooser = _new_chooser(requests, device)
+    for row, request in enumerate(requests):
+        if request.num_generated:
+            chooser.replay(row, request.input_ids[-request.num_generated:], vocab_size)
+    return chooser
+
+
+def _new_chooser(requests: Sequence[WorkerRequest], device: torch.device) -> NextTokenChooser:
     try:
         return NextTokenChooser.from_params([r.sampling for r in requests], device)
     except ValueError:
@@ -52,8 +62,13 @@ def validate_request(request: WorkerRequest, model: ModelLimits) -> None:
         raise ValueError(f"{where}: `input_ids` is empty")
     if min(request.input_ids) < 0 or max(request.input_ids) >= model.vocab_size:
         raise ValueError(f"{where}: `input_ids` has a token id outside the vocabulary [0, {model.vocab_size})")
+    if any(not 0 <= entry.token_id < model.vocab_size for entry in request.sampling.logit_bias or ()):
+        raise ValueError(f"{where}: `logit_bias` has a token id outside the vocabulary [0, {model.vocab_size})")
     if request.max_new_tokens < 1:
         raise ValueError(f"{where}: `max_new_tokens` must be >= 1, got {request.max_new_tokens}")
+    if not 0 <= request.num_generated < len(request.input_ids):
+        raise ValueError(f"{where}: `num_generated` must be >= 0 and below the {len(request.input_ids)} input "
+                         f"tokens, got {request.num_generated}")
     if request.top_n_tokens < 0:
         raise ValueError(f"{where}: `top_n_tokens` must be >= 0, got {request.top_n_tokens}")
     total = len(request.input_ids) + request.max_new_tokens

@@ -23,3 +23,13 @@ def validate_warmup(model: ModelLimits, command: Warmup) -> None:
     if command.max_total_tokens > model.max_position_embeddings:
         raise ValueError(f"`max_total_tokens` ({command.max_total_tokens}) exceeds the model's "
                          f"{model.max_position_embeddings} positions")
+
+
+def require_room_for_one_request(kv_tokens: int, command: Warmup) -> None:
+    """ValueError when the KV cache cannot hold one request of `max_total_tokens`: naming both
+    numbers and the flags that change them (the worker then exits: no later warmup can pass)."""
+    if kv_tokens < command.max_total_tokens:
+        raise ValueError(f"the KV cache holds {kv_tokens} tokens, less than one request's max_total_tokens "
+                         f"({command.max_total_tokens}): lower --max-total-tokens (with --max-input-tokens "
+                         "below it), or give the cache more room: --memory-budget-mb on CPU, "
+                         "--max-batch-total-tokens when it is set")

@@ -69,7 +69,7 @@ class CausalLMBatch:
                       model: BatchModel) -> CausalLMBatch:
         """A batch ready for prefill; raises ValueError naming a bad request and field."""
         validate_requests(requests, batch_id, model)
-        chooser = chooser_for(requests, model.device)
+        chooser = chooser_for(requests, model.device, model.vocab_size)
         lengths = [len(r.input_ids) for r in requests]
         max_input_length = max(lengths)
         padding_right_offset = max(r.max_new_tokens for r in requests)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import ClassVar
@@ -9,7 +10,7 @@ from typing import ClassVar
 import torch
 
 from ztgi.common.messages import Generation, Timings, Warmup, WarmupResult, WorkerInfo
-from ztgi.services.worker.layers.quantization import quantized_linear
+from ztgi.services.worker.layers.quantization import factory
 from ztgi.services.worker.models import llama_weights
 from ztgi.services.worker.models.loading import LoadedModel
 from ztgi.services.worker.padded import kv_cache
@@ -19,9 +20,18 @@ from ztgi.services.worker.padded.llama_forward import LlamaForward
 from ztgi.services.worker.padded.options import BACKENDS
 from ztgi.services.worker.padded.transformers_forward import TransformersForward
 from ztgi.services.worker.padded.warmup import run_warmup
-from ztgi.services.worker.sampling.generations import step_rows, top_of_row
+from ztgi.services.worker.sampling.generations import failed, step_rows, top_of_row
+from ztgi.services.worker.sampling.top_tokens import row_top_tokens
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLogprobs:
+    """One request's prompt logprobs (first NaN) and, when asked for, each position's top ids and logprobs."""
+
+    logprobs: list[float]
+    top: tuple[list[list[int]], list[list[float]]] | None
 
 def resolve_backend(backend: str, config: object) -> str:
     """`auto`: ztgi's own forward where it has one for the architecture, else `transformers`."""
@@ -60,7 +70,7 @@ class PaddedModel:
         self.backend = resolve_backend(backend, loaded.module.config)
         with torch.inference_mode():
             module = loaded.module
-            linear = quantized_linear.factory(loaded.quantize, module, loaded.gguf_file, self.backend, self.device,
+            linear = factory.factory(loaded.quantize, module, loaded.gguf_file, self.backend, self.device,
                                               self.dtype, loaded.quantized_max_rows, stored=loaded.checkpoint)
             self.forward_pass = (LlamaForward(module, linear) if self.backend == "native"
                                  else TransformersForward(module))
@@ -123,26 +133,25 @@ class PaddedModel:
         return batch.token_history() if batch.chooser.needs_history else ()
 
     @staticmethod
-    def _prefill_logprobs(batch: CausalLMBatch, logits: torch.Tensor) -> dict[int, list[float]]:
-        """Row -> logprob of each prompt token given the ones before it (first: NaN), raw logits."""
+    def _prefill_logprobs(batch: CausalLMBatch, logits: torch.Tensor) -> dict[int, PromptLogprobs]:
+        """Row -> logprob of each prompt token given the ones before it (first: NaN), raw logits,
+        and with the request's `top_n_tokens` each position's likeliest tokens (first: none)."""
         width = batch.input_ids.shape[1]
-        wanted = [i for i, r in enumerate(batch.requests) if r.prefill_logprobs]
-        parts = []
-        for i in wanted:
+        result = {}
+        for i, request in enumerate(batch.requests):
+            if not request.prefill_logprobs:
+                continue
             start = width - batch.input_lengths[i]
             row_logprobs = torch.log_softmax(logits[i, start:width - 1].float(), dim=-1)
-            parts.append(row_logprobs.gather(1, batch.input_ids[i, start + 1:, None]).squeeze(1))
-        flat = torch.cat(parts).tolist()
-        result, offset = {}, 0
-        for i in wanted:
-            count = batch.input_lengths[i] - 1
-            result[i] = [float("nan")] + flat[offset:offset + count]
-            offset += count
+            chosen = row_logprobs.gather(1, batch.input_ids[i, start + 1:, None]).squeeze(1)
+            top = row_top_tokens(row_logprobs, request.top_n_tokens) if request.top_n_tokens else None
+            result[i] = PromptLogprobs([float("nan")] + chosen.tolist(),
+                                       None if top is None else ([[], *top[0]], [[], *top[1]]))
         return result
 
     @staticmethod
     def _generations(batch: CausalLMBatch, rows: list[list[float]],
-                     prefill_logprobs: dict[int, list[float]]) -> list[Generation]:
+                     prefill_logprobs: dict[int, PromptLogprobs]) -> list[Generation]:
         """Checks stopping for every running request and builds its Generation; stopped ones are skipped."""
         generations = []
         for i, (request, stopping, row) in enumerate(zip(batch.requests, batch.stopping_criteria, rows)):
@@ -151,11 +160,15 @@ class PaddedModel:
             token_id = int(row[0])
             finish_reason = stopping(token_id)
             top_ids, top_logprobs = top_of_row(row)
-            generations.append(Generation(
+            prompt = prefill_logprobs.get(i)
+            generation = Generation(
                 seq_id=request.seq_id, token_id=token_id, logprob=row[1],
                 finish_reason=finish_reason, generated_tokens=stopping.num_generated,
                 seed=request.sampling.seed if request.sampling.do_sample else None,
                 top_ids=top_ids, top_logprobs=top_logprobs,
-                prefill_ids=list(request.input_ids) if i in prefill_logprobs else None,
-                prefill_logprobs=prefill_logprobs.get(i)))
+                prefill_ids=list(request.input_ids) if prompt is not None else None,
+                prefill_logprobs=prompt.logprobs if prompt is not None else None,
+                prefill_top_ids=prompt.top[0] if prompt is not None and prompt.top is not None else None,
+                prefill_top_logprobs=prompt.top[1] if prompt is not None and prompt.top is not None else None)
+            generations.append(failed(generation, stopping, batch.chooser.grammar_failure(i)))
         return generations

@@ -20,7 +20,12 @@ import torch
 
 from ztgi.common.messages import Generation, SamplingParameters, Timings, Warmup, WorkerRequest
 from ztgi.services.worker.models.request_checks import BatchModel
-from ztgi.services.worker.models.warmup_limits import CUDA_MEMORY_FRACTION, TOKEN_STRIDE, validate_warmup
+from ztgi.services.worker.models.warmup_limits import (
+    CUDA_MEMORY_FRACTION,
+    TOKEN_STRIDE,
+    require_room_for_one_request,
+    validate_warmup,
+)
 from ztgi.services.worker.padded.batch import CausalLMBatch
 
 logger = logging.getLogger(__name__)
@@ -52,10 +57,7 @@ def run_warmup(model: WarmupModel, command: Warmup, memory_budget_mb: int,
             _, batch, _ = model.generate_token(batch)
     del batch
     max_batch_total_tokens = command.max_batch_total_tokens or _kv_capacity(model, memory_budget_mb)
-    if max_batch_total_tokens < command.max_total_tokens:
-        raise ValueError(f"the KV cache holds {max_batch_total_tokens} tokens, less than one request's "
-                         f"max_total_tokens ({command.max_total_tokens}): lower --max-total-tokens or "
-                         "give the worker more memory (--memory-budget-mb on CPU)")
+    require_room_for_one_request(max_batch_total_tokens, command)
     logger.info("warmup: %d x %d prompt tokens in %.1f s; max_batch_total_tokens=%d", num_requests,
                 num_input_tokens, time.monotonic() - started, max_batch_total_tokens)
     return max_batch_total_tokens

@@ -44,6 +44,7 @@ class Sequence:
     stopping: StoppingCriteria
     chunk_len: int | None  # prompt tokens the next step computes (None: all the rest; 0: none)
     prefill_logprobs: list[float] | None = None  # gathered chunk by chunk when asked for
+    prefill_top: tuple[list[list[int]], list[list[float]]] | None = None  # with top_n_tokens: ids, logprobs
     draft: list[int] = dataclasses.field(default_factory=list)  # this step's proposed tokens (speculation)
     lookup: PromptLookup = dataclasses.field(default_factory=PromptLookup)
     acceptance: float = 1.0  # recent share of its proposed tokens that were accepted
@@ -109,9 +110,10 @@ class PagedBatch:
         sequences = [Sequence(
             request=r, tokens=list(r.input_ids), prompt_len=len(r.input_ids), block_ids=list(r.block_ids),
             num_computed=r.cache_len, stopping=StoppingCriteria(model.eos_token_ids, r.max_new_tokens, r.ignore_eos),
-            chunk_len=r.chunk_len, prefill_logprobs=[math.nan] if r.prefill_logprobs else None)
+            chunk_len=r.chunk_len, prefill_logprobs=[math.nan] if r.prefill_logprobs else None,
+            prefill_top=([[]], [[]]) if r.prefill_logprobs and r.top_n_tokens else None)
             for r in requests]
-        return cls(batch_id, sequences, chooser_for(requests, model.device), max_tokens)
+        return cls(batch_id, sequences, chooser_for(requests, model.device, model.vocab_size), max_tokens)
 
     def apply(self, updates: Seq[SeqUpdate]) -> None:
         """Grows block tables and sets prefill chunks; ValueError (nothing changed) for an unknown

@@ -36,7 +36,7 @@ from ztgi.services.worker.models.loading import LoadedModel
 from ztgi.services.worker.paged.batch import PagedBatch, Sequence
 
 if TYPE_CHECKING:
-    from ztgi.services.worker.layers.quantization.quantized_linear import LayerFactory
+    from ztgi.services.worker.layers.quantization.factory import LayerFactory
 
 MAX_CATCH_UP_TOKENS = 2048  # draft tokens of one step's catch-up forward, in all
 

@@ -14,7 +14,7 @@ from ztgi.common.messages import Generation, Timings, Warmup, WarmupResult, Work
 from ztgi.services.worker.kernels.native_attention import NativeAttention
 from ztgi.services.worker.layers.kv_pool import KVPool, KVShape
 from ztgi.services.worker.layers.layer_ops import NativeLayerOps
-from ztgi.services.worker.layers.quantization import quantized_linear
+from ztgi.services.worker.layers.quantization import factory
 from ztgi.services.worker.models import families
 from ztgi.services.worker.models.decoder import PagedDecoderForward
 from ztgi.services.worker.models.families import layer_windows, paged_forward
@@ -26,7 +26,8 @@ from ztgi.services.worker.paged.draft_proposer import DraftProposer
 from ztgi.services.worker.paged.speculator import Speculator
 from ztgi.services.worker.paged.step_inputs import StepInputs, build_step_inputs
 from ztgi.services.worker.paged.warmup import warm_up
-from ztgi.services.worker.sampling.generations import step_rows, top_of_row
+from ztgi.services.worker.sampling.generations import failed, step_rows, top_of_row
+from ztgi.services.worker.sampling.top_tokens import row_top_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class PagedModel:
         self.block_size = block_size
         self.kv_shape = KVShape(loaded.num_layers, block_size, loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
         with torch.inference_mode():
-            linear = quantized_linear.factory(loaded.quantize, loaded.module, loaded.gguf_file, "native",
+            linear = factory.factory(loaded.quantize, loaded.module, loaded.gguf_file, "native",
                                               self.device, self.dtype, loaded.quantized_max_rows, native_kernels,
                                               loaded.checkpoint)
             self.forward_pass = paged_forward(loaded.module, linear)
@@ -84,7 +85,7 @@ class PagedModel:
         if not families.supports(draft.module.config):
             raise ValueError(f"the draft model {draft.name}: {families.unsupported_reason(draft.module.config)}")
         with torch.inference_mode():
-            linear = quantized_linear.factory(draft.quantize, draft.module, draft.gguf_file, "native",
+            linear = factory.factory(draft.quantize, draft.module, draft.gguf_file, "native",
                                               draft.device, draft.dtype, draft.quantized_max_rows,
                                               stored=draft.checkpoint)
         logger.info("draft model %s (%d layers) proposes up to %d tokens a step", draft.name, draft.num_layers,
@@ -205,7 +206,8 @@ class PagedModel:
         token that stops the request)."""
         sequence = batch.sequences[index]
         if not sequence.draft:
-            return [self._generation(sequence, rows[0])]
+            generation = self._generation(sequence, rows[0])
+            return [failed(generation, sequence.stopping, batch.chooser.grammar_failure(index))]
         num_emitted = Speculator.accepted(sequence.draft, [int(row[0]) for row in rows])
         generations = []
         for row in rows[:num_emitted]:
@@ -228,6 +230,10 @@ class PagedModel:
             chunk = torch.log_softmax(logits[first:first + len(targets)].float(), dim=-1)
             ids = torch.tensor(targets, device=logits.device)[:, None]
             sequence.prefill_logprobs.extend(chunk.gather(1, ids).squeeze(1).tolist())
+            if sequence.prefill_top is not None:
+                top_ids, top_logprobs = row_top_tokens(chunk, sequence.request.top_n_tokens)
+                sequence.prefill_top[0].extend(top_ids)
+                sequence.prefill_top[1].extend(top_logprobs)
 
     @staticmethod
     def _generation(sequence: Sequence, row: list[float]) -> Generation:
@@ -237,13 +243,16 @@ class PagedModel:
         top_ids, top_logprobs = top_of_row(row)
         request = sequence.request
         prefill_logprobs = sequence.prefill_logprobs if sequence.stopping.num_generated == 1 else None
+        prefill_top = sequence.prefill_top if prefill_logprobs is not None else None
         return Generation(
             seq_id=request.seq_id, token_id=token_id, logprob=row[1], finish_reason=finish_reason,
             generated_tokens=sequence.stopping.num_generated,
             seed=request.sampling.seed if request.sampling.do_sample else None,
             top_ids=top_ids, top_logprobs=top_logprobs,
             prefill_ids=list(sequence.tokens[:sequence.prompt_len]) if prefill_logprobs is not None else None,
-            prefill_logprobs=list(prefill_logprobs) if prefill_logprobs is not None else None)
+            prefill_logprobs=list(prefill_logprobs) if prefill_logprobs is not None else None,
+            prefill_top_ids=prefill_top[0] if prefill_top is not None else None,
+            prefill_top_logprobs=prefill_top[1] if prefill_top is not None else None)
 
     def _synchronize(self) -> int:
         if self.device.type == "cuda":

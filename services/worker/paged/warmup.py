@@ -18,7 +18,12 @@ from typing import Protocol
 import torch
 
 from ztgi.common.messages import Generation, SamplingParameters, Timings, Warmup, WarmupResult, WorkerRequest
-from ztgi.services.worker.models.warmup_limits import CUDA_MEMORY_FRACTION, TOKEN_STRIDE, validate_warmup
+from ztgi.services.worker.models.warmup_limits import (
+    CUDA_MEMORY_FRACTION,
+    TOKEN_STRIDE,
+    require_room_for_one_request,
+    validate_warmup,
+)
 from ztgi.services.worker.paged.batch import PagedBatch, PagedBatchModel
 
 logger = logging.getLogger(__name__)
@@ -61,10 +66,7 @@ def warm_up(model: WarmupModel, command: Warmup, memory_budget_mb: int, cpu_pref
     seconds = _timed_chunk(model, min(TIMED_CHUNK_TOKENS, input_len), blocks_each)
     max_step_tokens = _max_step_tokens(min(TIMED_CHUNK_TOKENS, input_len) / seconds, step_target_ms)
     num_blocks = _pool_blocks(model, command, memory_budget_mb)
-    if num_blocks * model.block_size < command.max_total_tokens:
-        raise ValueError(f"the KV pool holds {num_blocks * model.block_size} tokens, less than one request's "
-                         f"max_total_tokens ({command.max_total_tokens}): lower --max-total-tokens or give "
-                         "the worker more memory (--memory-budget-mb on CPU)")
+    require_room_for_one_request(num_blocks * model.block_size, command)
     model.allocate_pool(num_blocks)
     model.max_step_tokens = max_step_tokens
     logger.info("warmup: %d x %d prompt tokens in %.1f s; KV pool %d blocks of %d tokens; %d tokens a step",

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from ztgi.common.messages import Generation
+from ztgi.services.worker.sampling.stopping_criteria import StoppingCriteria
 from ztgi.services.worker.sampling.top_tokens import top_tokens
 
 
@@ -23,3 +27,12 @@ def top_of_row(row: list[float]) -> tuple[list[int], list[float]]:
         return [], []
     count, k = int(row[2]), (len(row) - 3) // 2
     return [int(t) for t in row[3:3 + count]], row[3 + k:3 + k + count]
+
+
+def failed(generation: Generation, stopping: StoppingCriteria, error: str | None) -> Generation:
+    """The generation as it is, or, when the request's grammar failed (`error`), its last: the
+    request stops with finish_reason "error" and the reason, which its client gets as an error."""
+    if error is None:
+        return generation
+    stopping.finish_reason = "error"
+    return dataclasses.replace(generation, finish_reason="error", error=error)

@@ -9,7 +9,9 @@ Unconstrained rows have no state and cost nothing; a chooser with no constrained
 grammar work at all.
 
 A row whose matcher ends (EOS accepted) or fails keeps a mask that allows only EOS: the request
-finishes instead of writing past its grammar.
+finishes instead of writing past its grammar. A failure (a token refused, or a mask that
+exceeded llguidance's per-step budget) is kept in `failure`: the request then ends with an error
+event, never a 200 whose text breaks its grammar (`sampling/generations.py`).
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ class GrammarState:
         self.eos_token_id = eos_token_id
         self.mask = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
         self.ended = False
+        self.failure: str | None = None
         self.mask_ready = False
 
     @classmethod
@@ -110,10 +113,15 @@ class GrammarState:
         if self.ended:
             return
         if not self.matcher.consume_token(token_id) or self.matcher.is_error():
-            logger.warning("grammar refused token %d: %s; ending the row", token_id, self.matcher.get_error())
-            self.ended = True
+            self._fail(f"the grammar failed at token {token_id}")
         elif self.matcher.is_stopped():
             self.ended = True
+
+    def _fail(self, what: str) -> None:
+        error = " ".join(line.strip() for line in self.matcher.get_error().splitlines() if line.strip())
+        self.failure = f"{what}: {error[:300]}" if error else what
+        logger.warning("%s; ending the row", self.failure)
+        self.ended = True
 
     def next_mask(self) -> torch.Tensor:
         """The mask of the row's next token (computed once per step)."""
@@ -127,8 +135,7 @@ class GrammarState:
             self.matcher.unsafe_compute_mask_ptr(self.mask.data_ptr(), self.mask.numel() * 4)
             if not self.matcher.is_error():
                 return
-            logger.warning("grammar failed: %s; ending the row", self.matcher.get_error())
-            self.ended = True
+            self._fail("the grammar failed computing its next token")
         self.mask.zero_()
         self.mask[self.eos_token_id // 32] = 1 << (self.eos_token_id % 32)
 

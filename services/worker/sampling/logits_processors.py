@@ -40,6 +40,12 @@ def presence_penalty(scores: torch.Tensor, counts: torch.Tensor, penalty: torch.
     return scores - penalty * (counts > 0).to(scores.dtype)
 
 
+def logit_bias(scores: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor, biases: torch.Tensor) -> torch.Tensor:
+    """OpenAI's `logit_bias`: `biases[i]` added to row `rows[i]`'s score of `token_ids[i]` (a copy:
+    the step's logits stay as the model gave them)."""
+    return scores.index_put((rows, token_ids), biases, accumulate=True)
+
+
 def temperature(scores: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return scores / value
 

@@ -1,7 +1,7 @@
 """Per-request next-token choice for a whole batch (TGI's HeterogeneousNextTokenChooser).
 
-Order, as TGI: watermark, repetition penalty, frequency penalty (then OpenAI's presence penalty,
-which TGI lacks), the grammar's mask, then temperature, top_k, top_p, typical_p. A processor runs
+Order, as TGI: watermark, repetition penalty, frequency penalty (then OpenAI's presence penalty
+and logit bias, which TGI lacks), the grammar's mask, then temperature, top_k, top_p, typical_p. A processor runs
 only when some row needs it, and then on every row at once with that row's own parameter (neutral
 for the others).
 Rows choose by argmax unless they sample; a sampling row draws from its own `torch.Generator`,
@@ -44,6 +44,9 @@ def validate_sampling(params: SamplingParameters) -> None:
     _require(-2 <= params.presence_penalty <= 2, "presence_penalty", "must be >= -2 and <= 2",
              params.presence_penalty)
     _require(0 <= params.seed <= MAX_SEED, "seed", f"must be >= 0 and <= {MAX_SEED}", params.seed)
+    for entry in params.logit_bias or ():
+        _require(entry.token_id >= 0 and math.isfinite(entry.bias) and abs(entry.bias) <= 100, "logit_bias",
+                 "must map token ids >= 0 to values >= -100 and <= 100", entry)
 
 
 def _require(condition: bool, field: str, rule: str, value: object) -> None:
@@ -77,6 +80,7 @@ class NextTokenChooser:
         self.max_top_k = max(p.top_k for p in self.params)
         self.top_p = self._column("top_p", 1.0)
         self.typical_p = self._column("typical_p", 1.0)
+        self.logit_bias = self._logit_bias()
 
     @classmethod
     def from_params(cls, params: Sequence[SamplingParameters], device: torch.device) -> NextTokenChooser:
@@ -93,6 +97,16 @@ class NextTokenChooser:
         if all(v == neutral for v in values):
             return None
         return torch.tensor(values, dtype=dtype, device=self.device).unsqueeze(1)
+
+    def _logit_bias(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(rows, token ids, biases) of every row's `logit_bias`, or None when no row has one."""
+        entries = [(row, entry.token_id, entry.bias) for row, p in enumerate(self.params)
+                   for entry in p.logit_bias or ()]
+        if not entries:
+            return None
+        rows, token_ids, biases = zip(*entries)
+        return (torch.tensor(rows, device=self.device), torch.tensor(token_ids, device=self.device),
+                torch.tensor(biases, dtype=torch.float32, device=self.device))
 
     @property
     def needs_token_counts(self) -> bool:
@@ -133,6 +147,8 @@ class NextTokenChooser:
                 scores = processors.frequency_penalty(scores, counts, self.frequency_penalty)
             if self.presence_penalty is not None:
                 scores = processors.presence_penalty(scores, counts, self.presence_penalty)
+        if self.logit_bias is not None:
+            scores = processors.logit_bias(scores, *self.logit_bias)
         if self.grammar_rows:
             scores = grammars.apply_masks(scores, self.grammar_rows, self._constrained_states())
         if self.temperature is not None:
@@ -167,6 +183,26 @@ class NextTokenChooser:
         """The constrained rows take their tokens (one host transfer, of those rows only)."""
         rows = torch.tensor(self.grammar_rows, device=next_ids.device)
         grammars.advance(self._constrained_states(), next_ids.index_select(0, rows).tolist())
+
+    def grammar_failure(self, row: int) -> str | None:
+        """Why row `row`'s grammar failed, if it did (the request must end with an error)."""
+        state = self.grammar_states[row]
+        return None if state is None else state.failure
+
+    def replay(self, row: int, generated: Sequence[int], vocab_size: int) -> None:
+        """Row `row` continues after `generated`, its own tokens from before a resume: its grammar
+        takes them, and its generator makes the draws that choosing them made (one exponential
+        per vocabulary entry and token, as `choose`), so a resumed request goes on exactly as if it
+        had never stopped. Penalties need nothing: they count the row's tokens, which hold these."""
+        state = self.grammar_states[row]
+        if state is not None:
+            for token_id in generated:
+                state.consume(token_id)
+        generator = self.generators[row]
+        if generator is not None:
+            noise = torch.empty(vocab_size, dtype=torch.float32, device=generator.device)
+            for _ in generated:
+                noise.exponential_(generator=generator)
 
     def select(self, indices: Sequence[int]) -> NextTokenChooser:
         """The chooser of the rows `indices` (in that order), generators and grammar states carried over."""

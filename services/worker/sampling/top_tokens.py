@@ -25,3 +25,12 @@ def top_tokens(logprobs: torch.Tensor, top_n: Sequence[int]) -> tuple[torch.Tens
     k = max(1, min(max_n + MAX_EXTRA_TIES, logprobs.shape[-1]))
     top = torch.topk(logprobs, k, dim=-1, sorted=True)
     return top.indices, top.values, counts
+
+
+def row_top_tokens(logprobs: torch.Tensor, top_n: int) -> tuple[list[list[int]], list[list[float]]]:
+    """Each row's `top_n` best ids and logprobs (ties as `top_tokens`), as lists: a prompt's
+    positions, which all ask for the same number."""
+    ids, values, counts = top_tokens(logprobs, [top_n] * logprobs.shape[0])
+    num_kept = counts.tolist()
+    return ([row[:count] for row, count in zip(ids.tolist(), num_kept)],
+            [row[:count] for row, count in zip(values.tolist(), num_kept)])

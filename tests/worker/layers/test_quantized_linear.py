@@ -287,7 +287,7 @@ def test_quantized_max_rows_reaches_the_layers_and_the_log_line(tiny_model_dir):
     """The default keeps a float copy above 16 rows for ztgi's 4-bit block products and above 8 for
     torch's int8 kernel and the Q8_0 lm_head, and the log line says so; `None` keeps the quantized
     weights alone; the loaded model carries the choice to the forward's layers."""
-    from ztgi.services.worker.layers.quantization.quantized_linear import factory
+    from ztgi.services.worker.layers.quantization.factory import factory
 
     default = load_model(tiny_model_dir, dtype="bfloat16", device="cpu", kv_cache="paged", quantize="int8")
     qkv = default.forward_pass.weights.layers[0].qkv

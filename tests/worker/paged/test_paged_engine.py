@@ -122,5 +122,6 @@ def test_warmup_sizes_the_pool_and_the_step(tiny_paged_model):
     assert result.max_batch_total_tokens == blocks * tiny_paged_model.block_size
     assert 256 <= result.max_step_tokens <= 8192
     too_big = engine.warmup(Warmup(2, 100, 200, 400, max_batch_total_tokens=100))
-    assert isinstance(too_big, CommandFailed) and "the KV pool holds" in too_big.error
+    assert isinstance(too_big, CommandFailed) and "the KV cache holds" in too_big.error
+    assert "max_total_tokens (200)" in too_big.error and "--max-total-tokens" in too_big.error
     tiny_paged_model.allocate_pool(2048)  # the other tests' pool

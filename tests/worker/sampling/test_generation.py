@@ -90,3 +90,21 @@ def test_prefill_logprobs_equal_log_softmax_of_a_plain_forward(tiny_each_layout,
         assert first.prefill_logprobs[1:] == pytest.approx(want.tolist(), abs=1e-4)
         assert got[rid][1].prefill_logprobs is None and got[rid][1].prefill_ids is None
     assert got[3][0].prefill_logprobs is None
+
+
+def test_prefill_top_tokens_are_each_prompt_positions_best(tiny_each_layout, tiny_reference):
+    """With prefill logprobs and top_n_tokens, each prompt position after the first reports its
+    n likeliest tokens (best first, from the plain forward's log_softmax), with the first token only."""
+    ids = [1, 504, 3458, 282, 4649]
+    got = run_to_end(tiny_each_layout, batch_of(tiny_each_layout, [
+        request(1, ids, 2, prefill_logprobs=True, top_n_tokens=2), request(2, [9690, 30], 2, prefill_logprobs=True)]))
+    with torch.inference_mode():
+        logprobs = torch.log_softmax(tiny_reference(torch.tensor([ids])).logits[0], -1)[:-1]
+    best = torch.topk(logprobs, 2, dim=-1)
+    first = got[1][0]
+    assert first.prefill_top_ids[0] == [] and first.prefill_top_logprobs[0] == []
+    assert [row[:2] for row in first.prefill_top_ids[1:]] == best.indices.tolist()
+    for row, want in zip(first.prefill_top_logprobs[1:], best.values.tolist()):
+        assert row[:2] == pytest.approx(want, abs=1e-4)
+    assert got[1][1].prefill_top_ids is None
+    assert got[2][0].prefill_top_ids is None  # prefill logprobs without top_n_tokens

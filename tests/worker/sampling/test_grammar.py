@@ -109,3 +109,18 @@ def test_a_grammar_that_cannot_compile_fails_its_prefill_not_the_worker(tiny_mod
     assert "request 1" in answer.error and "regex" in answer.error
     good = engine.prefill(Prefill(2, Batch(2, [request(2, PROMPT, 2)], 100)))
     assert isinstance(good, StepResult)
+
+
+def test_a_grammar_whose_mask_exceeds_its_budget_ends_its_request_with_an_error(tiny_each_layout: Model) -> None:
+    """A grammar that compiles but whose lexer runs out of its budget at a later token (one that
+    escapes the written-out size check: Python's parser does not read `(?<name>...)`) ends its
+    request with finish_reason "error" and the reason; the row beside it runs to its end. Before,
+    the row ended with EOS: a 200 whose text broke its grammar."""
+    failing = Grammar("lark", 'start: "ok" /((?<a>x{1000})){1000}/')
+    generations = run_to_end(tiny_each_layout, batch_of(tiny_each_layout, [constrained(1, failing),
+                                                                           request(2, PROMPT, 8)]))
+    last = generations[1][-1]
+    assert last.finish_reason == "error" and last.error is not None, last
+    assert "the grammar failed" in last.error and "too many expressions" in last.error
+    assert all(g.finish_reason is None for g in generations[1][:-1])
+    assert [g.finish_reason for g in generations[2]] == [None] * 7 + ["length"]

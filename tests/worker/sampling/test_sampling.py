@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.worker.engine_helpers import alone, batch_of, request, run_to_end, step, token_ids
-from ztgi.common.messages import SamplingParameters
+from ztgi.common.messages import SamplingParameters, TokenBias
 from ztgi.services.worker.sampling import logits_processors as processors
 from ztgi.services.worker.sampling.next_token_chooser import NextTokenChooser, validate_sampling
 
@@ -30,6 +30,25 @@ def test_greedy_is_argmax_and_logprob_is_log_softmax():
     next_ids, logprobs = chooser()(LOGITS.clone())
     assert next_ids.tolist() == [0]
     assert torch.allclose(logprobs, torch.log_softmax(LOGITS, -1))
+
+
+def test_logit_bias_removes_and_forces_tokens_per_row():
+    """OpenAI's logit_bias: -100 takes the argmax out of the running, +100 makes token 5 the choice,
+    and a row without a bias in the same batch chooses as before; the logits are not changed in place."""
+    logits = LOGITS.repeat(3, 1)
+    rows = NextTokenChooser.from_params([
+        SamplingParameters(logit_bias=[TokenBias(0, -100.0)]), SamplingParameters(logit_bias=[TokenBias(5, 100.0)]),
+        SamplingParameters()], CPU)
+    next_ids, logprobs = rows(logits)
+    assert next_ids.tolist() == [1, 5, 0]
+    assert torch.equal(logits, LOGITS.repeat(3, 1))
+    assert logprobs[1, 5] > -0.01 and torch.allclose(logprobs[2], torch.log_softmax(LOGITS[0], -1))
+
+
+@pytest.mark.parametrize("bias", [TokenBias(0, 101.0), TokenBias(0, math.nan), TokenBias(-1, 1.0)])
+def test_logit_bias_out_of_range_is_refused(bias):
+    with pytest.raises(ValueError, match="logit_bias"):
+        validate_sampling(SamplingParameters(logit_bias=[bias]))
 
 
 def test_top_k_one_equals_greedy():

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import torch
@@ -43,14 +42,10 @@ import torch
 from ztgi.services.worker.layers.packed_linear import PackedLinear
 from ztgi.services.worker.layers.quantization.block_linear import Int4BlockLinear, Int8BlockLinear, quantize_blocks
 from ztgi.services.worker.layers.quantization.options import (
-    DEFAULT_QUANTIZED_MAX_ROWS,
     FALLBACK_QUANTIZED_MAX_ROWS,
     QUANTIZE,
 )
 from ztgi.services.worker.layers.transformers_module import TransformersModule
-
-if TYPE_CHECKING:
-    from ztgi.services.worker.layers.quantization.stored_linear import StoredLinearFactory, StoredWeights
 
 logger = logging.getLogger(__name__)
 
@@ -264,27 +259,6 @@ def _unpermute_order(num_rows: int, num_heads: int) -> torch.Tensor:
 
 # -- the forward's layer factory ---------------------------------------------------------------------
 
-def factory(quantize: str, model: TransformersModule, gguf_file: str | None, backend: str, device: torch.device,
-            dtype: torch.dtype, max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS,
-            native: bool = True, stored: StoredWeights | None = None) -> LayerFactory:
-    """The native forward's layer factory for `--quantize` (resolved: not `auto`): `gguf`, the file's
-    blocks as stored (`stored`, the checkpoint); int8/int4, quantized weights for calls of up to
-    `max_rows` rows, a float copy above (None: quantized only); `native` False: torch's layers
-    only, as `--no-native-kernels`. ValueError where it cannot run."""
-    check_supported(quantize, device, dtype)
-    if quantize != "none" and backend != "native":
-        raise ValueError(f"--quantize {quantize} needs the native forward (--backend native), not {backend}")
-    if quantize == "gguf":
-        if stored is None:
-            raise ValueError("--quantize gguf needs a GGUF file's tensors as stored")
-        from ztgi.services.worker.layers.quantization.stored_linear import StoredLinearFactory  # it builds on this
-
-        return StoredLinearFactory(stored, model, dtype, native)
-    if max_rows is not None and max_rows < 1:
-        raise ValueError(f"--quantized-max-rows must be at least 1, or none, not {max_rows}")
-    return LinearFactory(quantize, model, gguf_file, dtype, max_rows, native)
-
-
 class LinearFactory:
     """Builds the native forward's linear layers from transformers' weights: `factory(w1, w2, ...)`
     is one layer over the weights stacked by rows (fused q/k/v, gate/up).
@@ -363,7 +337,3 @@ class LinearFactory:
             return kinds
         fewer = "".join(f"; {kind} above {limit}" for kind, limit in self.limits.items() if limit != self.max_rows)
         return f"{kinds} (float above {self.max_rows} rows{fewer})"
-
-
-if TYPE_CHECKING:
-    LayerFactory: TypeAlias = LinearFactory | StoredLinearFactory  # what `factory` returns: the native forwards' layers

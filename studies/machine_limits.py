@@ -1,0 +1,88 @@
+"""The machine's limits on paper for a model served as stored: what a decode step and a prefill cost
+at the measured memory bandwidth and matrix peak, beside which the served figures are judged.
+
+    python -m studies.machine_limits --model-id /work/models/llama-1b-Q4_K_M.gguf --prompt-tokens 190
+
+Measured here, on all the cores torch uses: the bandwidth of reading a 1 GiB tensor (a sum over it,
+best of 5) and the bfloat16 matrix product's rate on a prefill-shaped product (512 rows through a
+2048 x 8192 weight, best of 5). The model's bytes per decode step are its packed layers as the
+worker holds them (`--quantize gguf`), read once per step whatever the batch; its FLOPs per token
+are two per weight. The limits: decode steps per second <= bandwidth / bytes per step (times the
+rows of a step for tokens per second, while the step stays memory-bound), prefill tokens per second
+<= matrix rate / FLOPs per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ztgi.services.worker.layers.quantization.block_linear import BlockLinear
+from ztgi.services.worker.model_loader import load_paged_model
+from ztgi.services.worker.models.llama import PagedLlamaForward
+
+
+def best_seconds(work: Callable[[], object], repeats: int = 5) -> float:
+    work()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def read_bandwidth(num_bytes: int = 1 << 30) -> float:
+    """Bytes per second of reading a float32 tensor once (a sum over it)."""
+    values = torch.ones(num_bytes // 4)
+    return num_bytes / best_seconds(lambda: values.sum())
+
+
+def bfloat16_matrix_rate(rows: int = 512, inputs: int = 2048, outputs: int = 8192) -> float:
+    """FLOPs per second of a bfloat16 `[rows, inputs] @ [inputs, outputs]`."""
+    x, weight = torch.randn(rows, inputs).bfloat16(), torch.randn(inputs, outputs).bfloat16()
+    return 2 * rows * inputs * outputs / best_seconds(lambda: x @ weight)
+
+
+def packed_bytes(model_id: str) -> tuple[int, int]:
+    """The bytes of the model's packed block layers as the worker holds them, and its weights."""
+    model = load_paged_model(model_id, dtype="bfloat16", device="cpu", quantize="gguf")
+    forward = model.forward_pass
+    assert isinstance(forward, PagedLlamaForward), "served as stored: a Llama"
+    weights = forward.weights
+    layers = [getattr(layer, name) for layer in weights.layers for name in ("qkv", "output", "gate_up", "down")]
+    layers.append(weights.lm_head)
+    total_bytes = total_weights = 0
+    for layer in layers:
+        total_weights += layer.in_features * layer.out_features
+        if isinstance(layer, BlockLinear):
+            total_bytes += sum(t.numel() * t.element_size() for t in (layer.layout.codes, layer.layout.planes,
+                                                                        layer.layout.scales, layer.layout.offsets))
+        else:
+            total_bytes += layer.in_features * layer.out_features * 2
+    return total_bytes, total_weights
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model-id", default="smollm2")
+    parser.add_argument("--prompt-tokens", type=int, default=190, help="mean prompt of the workload")
+    args = parser.parse_args(argv)
+    bandwidth, rate = read_bandwidth(), bfloat16_matrix_rate()
+    step_bytes, num_weights = packed_bytes(args.model_id)
+    limits = {
+        "threads": torch.get_num_threads(), "read_bandwidth_gb_s": bandwidth / 1e9,
+        "bfloat16_matrix_gflop_s": rate / 1e9, "packed_layer_bytes": step_bytes, "layer_weights": num_weights,
+        "decode_steps_per_s_at_most": bandwidth / step_bytes,
+        "prefill_tokens_per_s_at_most": rate / (2 * num_weights),
+        "prompt_prefill_s_at_least": args.prompt_tokens * 2 * num_weights / rate}
+    print(json.dumps(limits, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,17 @@
+"""The machine-limits study's pieces: the measured rates are positive, the packed bytes are the layers'."""
+
+from __future__ import annotations
+
+from studies import machine_limits
+
+
+def test_rates_are_measured():
+    assert machine_limits.read_bandwidth(1 << 24) > 1e8
+    assert machine_limits.bfloat16_matrix_rate(32, 256, 256) > 1e8
+
+
+def test_packed_bytes_of_the_embedded_model():
+    """SmolLM2 as stored: Q4_1 layers of 4-bit codes with a float32 scale and offset per 32 weights
+    (6 bits a weight, padded to tiles of 16 outputs), and the Q8_0 head (8 bits and a scale per 32)."""
+    num_bytes, num_weights = machine_limits.packed_bytes("smollm2")
+    assert 0.74 * num_weights < num_bytes < 0.85 * num_weights
