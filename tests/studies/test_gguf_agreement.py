@@ -157,10 +157,11 @@ def test_llama_quantize_makes_each_type_file_once(tiny_gguf, tmp_path):
 
 @needs_llama_cpp
 @pytest.mark.slow
-def test_a_run_measures_both_servers_against_their_anchors(tiny_gguf, tmp_path):
+def test_a_run_measures_both_servers_against_their_anchors(tiny_gguf, tmp_path, monkeypatch):
     """A whole run on the tiny model, one type: the JSON holds every request's ids on both servers,
     the figures agree with them, ztgi served the type's blocks as stored, and the table has the type's row."""
     output, markdown = tmp_path / "result.json", tmp_path / "table.md"
+    monkeypatch.setenv("ZTGI_CACHE_DIR", str(tmp_path / "cache"))  # each temporary GGUF's tokenizer files go here
     assert gguf_agreement.main([
         "--gguf", tiny_gguf, "--types", "Q8_0", "--max-requests", "3", "--output-tokens", "6", "--num-threads", "1",
         "--work-dir", str(tmp_path / "files"), "--llama-cpp-build", LLAMA_CPP_BUILD,
