@@ -20,7 +20,7 @@ TOLERANCE = 1e-3  # lm-eval's float32 comparison; the figures agree far closer
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
-    launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--dtype", "float32")
+    launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--dtype", "float32", "--quantize", "none")
     yield launched
     assert launched.stop() == 0, launched.log
 
@@ -119,7 +119,8 @@ def test_one_token_id_prompt_is_answered_as_its_text(server: LaunchedServer, tok
     ({"prompt": [1, [2]]}, "prompt"),
     ({"prompt": [1.5]}, "prompt"),
     ({"prompt": "Hi", "echo": True, "n": 2}, "echo"),
-    ({"prompt": "Hi", "best_of": 2}, "best_of"),
+    ({"prompt": "Hi", "echo": True, "best_of": 2}, "best_of"),
+    ({"prompt": "Hi", "best_of": 2, "temperature": 0}, "best_of"),
     ({"prompt": "Hi", "max_tokens": 0}, "max_tokens"),
     ({"prompt": [1, 2], "echo": True, "stream": True}, "echo"),
 ])

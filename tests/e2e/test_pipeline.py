@@ -25,7 +25,7 @@ NUM_NEW_TOKENS = 32
 # batch. That holds in float32; in bfloat16 (`--dtype auto` on CPUs with bf16 units) a row's
 # rounding depends on the batch's shape. The default dtype's parity with transformers is tested in
 # the worker's own tests (tests/worker/test_generate_parity.py), on both KV layouts.
-FLOAT32 = ("--dtype", "float32")
+FLOAT32 = ("--dtype", "float32", "--quantize", "none")  # float weights: the embedded GGUF dequantized, as transformers
 
 
 @pytest.fixture(scope="module", params=[(), ("--pipeline-decode",), ("--speculate", "4")],
