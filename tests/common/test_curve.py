@@ -21,7 +21,7 @@ from ztgi.services.scheduler.config import SchedulerConfig
 from ztgi.services.tokenizer.config import TokenizerConfig
 from ztgi.services.worker.config import WorkerConfig
 
-REPLY_WAIT_MS = 5000  # an answer that should come
+REPLY_WAIT_MS = 20000  # an answer that should come (a loaded 2-core CI box has taken over 5 s)
 SILENCE_WAIT_MS = 500  # how long a refused socket is watched (loopback handshakes take ~1 ms)
 
 
