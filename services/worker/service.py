@@ -136,8 +136,9 @@ class EngineLoop:
         answer = self.engine.warmup(command)
         if isinstance(answer, WarmupResult):
             freeze_startup_objects()  # the model and everything alive now stay out of later collections
-        elif isinstance(answer, CommandFailed):
-            # the scheduler would send the same limits again, and fail again, for ever
+        elif isinstance(answer, CommandFailed) and _consistent(command):
+            # the scheduler would send the same limits again, and fail again, for ever (limits that
+            # contradict themselves come from no scheduler's config: that command alone is refused)
             logger.error("cannot serve with the scheduler's limits: %s; exiting", answer.error)
             self.exit_code = 1
             self.stop_requested.set()  # after this answer is sent
@@ -315,3 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve(service, freeze_startup=False)  # it freezes after warmup instead, with the model loaded
     logger.info("stopped")
     return service.exit_code or service.engine_loop.exit_code
+
+
+def _consistent(command: Warmup) -> bool:
+    """Limits a scheduler's validated config could send: positive, and total above input."""
+    return 1 <= command.max_input_tokens < command.max_total_tokens and command.max_batch_prefill_tokens >= 1
