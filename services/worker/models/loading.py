@@ -99,6 +99,8 @@ def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str
     if source.gguf_file is not None and gguf_module.reads_natively(config):
         checkpoint = GgufCheckpoint(source.gguf_file, config)
         module = gguf_module.build(checkpoint, config, resolved_dtype, keep_blocks=quantize == "gguf")
+        if quantize != "gguf":  # every weight dequantized, on the CPU: to the device (gguf runs on CPU only)
+            module.to(resolved_device)
     else:
         module = _from_pretrained(source, resolved_dtype, resolved_device)
     module.eval()
