@@ -103,7 +103,7 @@ def write_llama(path: str, shape: LlamaShape, tensor: Callable[[str, tuple[int, 
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(shape.vocab_size)
-    _copy_tokenizer(writer, embedded_gguf_path())
+    copy_tokenizer(writer, embedded_gguf_path())
     for tensor_name, tensor_shape in shape.tensors():
         kind, data = tensor(tensor_name, tensor_shape)
         writer.add_tensor(tensor_name, data, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType(kind))
@@ -113,7 +113,7 @@ def write_llama(path: str, shape: LlamaShape, tensor: Callable[[str, tuple[int, 
     writer.close()
 
 
-def _copy_tokenizer(writer: object, source: str) -> None:
+def copy_tokenizer(writer: object, source: str) -> None:
     """Every `tokenizer.*` field of `source` (vocabulary, merges, special ids, chat template)."""
     import gguf
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gguf
 import torch
 
+from ztgi.bench.random_gguf import copy_tokenizer
 from ztgi.common.model_source import embedded_gguf_path
 
 TENSOR_NAMES = {
@@ -35,7 +36,7 @@ def write_qwen2_gguf(model: torch.nn.Module, path: str) -> None:
     writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    _copy_tokenizer(writer)
+    copy_tokenizer(writer, embedded_gguf_path())
     for name, tensor in model.state_dict().items():
         writer.add_tensor(_gguf_name(name), tensor.detach().float().numpy())
     writer.write_header_to_file()
@@ -50,14 +51,3 @@ def _gguf_name(name: str) -> str:
     _, _, index, rest = name.split(".", 3)
     return f"blk.{index}.{LAYER_NAMES[rest]}"
 
-
-def _copy_tokenizer(writer: gguf.GGUFWriter) -> None:
-    reader = gguf.GGUFReader(embedded_gguf_path())
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        value_type = field.types[0]
-        if value_type == gguf.GGUFValueType.ARRAY:
-            writer.add_array(key, field.contents())
-        else:
-            writer.add_key_value(key, field.contents(), value_type)
