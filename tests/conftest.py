@@ -14,6 +14,7 @@ import torch
 # doing at that moment. tests/worker/test_thread_governor.py tests the adaptive policy itself.
 os.environ.setdefault("ZTGI_CPU_ADAPTIVE_THREADS", "false")
 
+from tests.session_guard import pytest_configure, pytest_sessionfinish, pytest_unconfigure  # noqa: F401
 from ztgi.common.model_source import ModelSource, cache_root, resolve_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
