@@ -71,6 +71,15 @@ def test_probe_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert exit_info.value.code == 2
 
 
+def test_the_probe_loads_no_model_code(tmp_path: Path) -> None:
+    """A probe runs every few seconds in every pod: `ztgi probe` imports neither torch nor transformers."""
+    code = ("import sys; from ztgi.cli import main; code = main(['probe', '--ready-file', sys.argv[1]]); "
+            "print(code, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    completed = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ready")], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=60)
+    assert completed.stdout.split() == ["1", "False", "False"], completed.stderr
+
+
 def probe(path: str, max_age_s: float) -> int:
     """`ztgi probe` in its own process, as the kubelet runs an exec probe."""
     return subprocess.run([sys.executable, "-m", "ztgi.cli", "probe", "--ready-file", path,
