@@ -14,16 +14,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
-import math
 import pathlib
-import shutil
-import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
+from tests.deploy.manifests import (
+    RELEASE,
+    RENDERS,
+    Manifest,
+    containers,
+    cores,
+    environment,
+    literal,
+    matches,
+    mounted_secret_files,
+    one,
+    render,
+    service_of,
+)
 from ztgi.common import curve, model_source
 from ztgi.common.config import config_from_namespace, env_name
 from ztgi.common.endpoints import ENDPOINT_NAMES, Endpoints
@@ -34,26 +43,11 @@ from ztgi.services.gateway.config import GatewayConfig
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is not installed (pip install -e '.[dev]')")
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-KUBERNETES = ROOT / "deploy" / "kubernetes"
-RENDERS = {"shipped": KUBERNETES, "example overlay": KUBERNETES / "overlays" / "example"}
-RELEASE = {"app.kubernetes.io/name": "ztgi", "app.kubernetes.io/instance": "ztgi"}
 # Variables the manifests set that are no flag: who reads each
 NON_FLAG_VARIABLES = {
     "ZTGI_CACHE_DIR": inspect.getsource(model_source.cache_root),
     "HF_HOME": "huggingface_hub: the Hub cache (a Hub model id's download)",
 }
-
-Manifest = dict[str, Any]
-
-
-def render(directory: pathlib.Path) -> list[Manifest]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed: the kustomizations cannot be rendered")
-    result = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return list(yaml.safe_load_all(result.stdout))
 
 
 @pytest.fixture(scope="module", params=list(RENDERS))
@@ -64,45 +58,6 @@ def manifests(request: pytest.FixtureRequest) -> list[Manifest]:
 @pytest.fixture(scope="module")
 def shipped() -> list[Manifest]:
     return render(RENDERS["shipped"])
-
-
-def find(manifests: list[Manifest], kind: str, name: str | None = None) -> list[Manifest]:
-    return [m for m in manifests if m["kind"] == kind and (name is None or m["metadata"]["name"] == name)]
-
-
-def one(manifests: list[Manifest], kind: str, name: str) -> Manifest:
-    [found] = find(manifests, kind, name)
-    return found
-
-
-def containers(manifests: list[Manifest]) -> Iterator[tuple[Manifest, Manifest]]:
-    """(Deployment, container) for every container of every Deployment."""
-    for deployment in find(manifests, "Deployment"):
-        for container in deployment["spec"]["template"]["spec"]["containers"]:
-            yield deployment, container
-
-
-def service_of(container: Manifest) -> str:
-    """The ztgi command the container runs: scheduler, tokenizer, worker or gateway."""
-    command = container["command"]
-    assert command[0] == "ztgi" and len(command) == 2, command
-    return str(command[1])
-
-
-def environment(manifests: list[Manifest], container: Manifest) -> dict[str, Any]:
-    """Each variable the container gets: its value, or the `valueFrom` that gives it; ConfigMaps
-    named in `envFrom` resolved to their data."""
-    env: dict[str, Any] = {}
-    for source in container.get("envFrom", []):
-        env.update(one(manifests, "ConfigMap", source["configMapRef"]["name"])["data"])
-    for variable in container.get("env", []):
-        assert variable["name"] not in env, f"{variable['name']} is set twice"
-        env[variable["name"]] = variable.get("value", variable.get("valueFrom"))
-    return env
-
-
-def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
-    return all(labels.get(key) == value for key, value in selector.items())
 
 
 # -- the schemas ---------------------------------------------------------------------------------
@@ -166,8 +121,8 @@ def test_the_variables_make_a_valid_config_with_keys_from_ztgi_keygen(
     curve.write_keypair(str(tmp_path / "keys"), "peer")
     config_paths = dict(COMMANDS)
     for deployment, container in containers(manifests):
-        files = _mounted_secret_files(deployment, container, tmp_path / "keys")
-        env = {name: _literal(value, container) for name, value in environment(manifests, container).items()}
+        files = mounted_secret_files(deployment, container, tmp_path / "keys")
+        env = {name: literal(value, container) for name, value in environment(manifests, container).items()}
         env = {name: files.get(value, value) for name, value in env.items()}
         cls = config_class(config_paths[f"ztgi {service_of(container)}"])
         config_from_namespace(cls, argparse.Namespace(), environ=env)
@@ -178,45 +133,13 @@ def _fields(cls: type) -> list[Any]:
     return list(dataclasses.fields(cls))
 
 
-def _literal(value: Any, container: Manifest) -> str:
-    """A variable's value as the kubelet gives it: a resourceFieldRef is the resource in `divisor`s, rounded up."""
-    if isinstance(value, str):
-        return value
-    field = value["resourceFieldRef"]
-    assert field["containerName"] == container["name"] and field["divisor"] == "1"
-    return str(math.ceil(_cores(container["resources"]["limits"]["cpu"])))
-
-
-def _cores(quantity: str) -> float:
-    return int(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
-
-
-def _mounted_secret_files(deployment: Manifest, container: Manifest, keys: pathlib.Path) -> dict[str, str]:
-    """Each path where the container sees a file of the ztgi-curve Secret, to that file here; a
-    directory of them (the scheduler's client keys) to a directory holding them."""
-    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
-    files: dict[str, str] = {}
-    for mount in container.get("volumeMounts", []):
-        secret = volumes[mount["name"]].get("secret")
-        if secret is None:
-            continue
-        assert secret["secretName"] == "ztgi-curve"
-        directory = keys.parent / mount["name"]
-        directory.mkdir(exist_ok=True)
-        for item in secret["items"]:
-            shutil.copy(keys / item["key"], directory / item["path"])
-            files[f"{mount['mountPath']}/{item['path']}"] = str(directory / item["path"])
-        files[mount["mountPath"]] = str(directory)
-    return files
-
-
 def test_worker_threads_follow_the_cpu_limit(manifests: list[Manifest]) -> None:
     """A worker's torch threads are its own CPU limit in whole cores (a fraction would round up
     to a thread more than the quota pays for)."""
     worker = one(manifests, "Deployment", "ztgi-worker")["spec"]["template"]["spec"]["containers"][0]
     reference = environment(manifests, worker)["ZTGI_NUM_THREADS"]["resourceFieldRef"]
     assert reference == {"containerName": "worker", "resource": "limits.cpu", "divisor": "1"}
-    assert _cores(worker["resources"]["limits"]["cpu"]).is_integer()
+    assert cores(worker["resources"]["limits"]["cpu"]).is_integer()
 
 
 # -- ports and the network policy ----------------------------------------------------------------
