@@ -238,6 +238,26 @@ def test_peer_probes_read_the_ready_file_the_peer_writes(manifests: list[Manifes
         assert "livenessProbe" not in container
 
 
+def test_the_grace_period_outlasts_each_drain(manifests: list[Manifest]) -> None:
+    """The kubelet's SIGKILL comes after the scheduler's drain and after the gateway's wait for the
+    endpoints to drop it plus its streams' shutdown timeout, as the configs read them."""
+    config_paths = dict(COMMANDS)
+    drains = {"scheduler": "drain_timeout_s", "gateway": "shutdown_timeout_s"}
+    for deployment, container in containers(manifests):
+        service = service_of(container)
+        if service not in drains:
+            continue
+        env = {name: literal(value, container) for name, value in environment(manifests, container).items()}
+        env = {name: value for name, value in env.items() if "CURVE" not in name}
+        config = config_from_namespace(config_class(config_paths[f"ztgi {service}"]), argparse.Namespace(), environ=env)
+        pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", ["sleep", "0"])
+        assert pre_stop[0] == "sleep"
+        grace_s = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace_s > float(pre_stop[1]) + getattr(config, drains[service]), service
+    gateway = one(manifests, "Deployment", "ztgi-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert gateway["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+
+
 def test_disruption_budgets_cover_workers_and_gateways(manifests: list[Manifest]) -> None:
     """One budget each for workers and gateways, each selecting its Deployment's pods."""
     for name in ("ztgi-worker", "ztgi-gateway"):
