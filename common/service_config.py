@@ -4,6 +4,7 @@
 `ServiceConfig`: a service's link to the scheduler: its URL (the scheduler binds it).
 `PeerConfig`: a service that connects to the scheduler (tokenizer, worker, gateway): its
 heartbeats, its CURVE keys and how long a failing handshake is retried.
+`ReadyFileConfig`: a worker's or tokenizer's ready file, for an orchestrator's probe.
 `RequestLimits`: TGI's per-request limits, checked by the gateway, the tokenizer and the
 scheduler alike (the launcher passes the same values to all three); each field is the one
 declaration in `request_limit`.
@@ -79,6 +80,17 @@ class PeerConfig(ServiceConfig):
     @property
     def endpoints(self) -> Endpoints:
         return Endpoints(self.scheduler_url)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadyFileConfig:
+    """A peer without a port of its own (worker, tokenizer) says it is ready through a file
+    (`common/ready_file.py`)."""
+
+    ready_file: str | None = dataclasses.field(default=None, metadata={
+        "help": "write this file each time the scheduler confirms this process is ready (a worker: registered "
+                "and warmed up), remove it at start and stop; `ztgi probe --ready-file PATH` reads its age "
+                "(a Kubernetes exec probe)"})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@
     ztgi bench      benchmarks: serve (the load generator, the default), latency, throughput, compare,
                     llama-cpp, static, engine (`ztgi bench --help`)
     ztgi keygen     a CURVE keypair for encrypted links (ztgi keygen DIR NAME)
+    ztgi probe      whether a worker or tokenizer is ready, from its --ready-file (a Kubernetes exec probe)
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ def _keygen(argv: Sequence[str]) -> int:
     return main(argv)
 
 
+def _probe(argv: Sequence[str]) -> int:
+    from ztgi.common.ready_file import main
+    return main(argv)
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "launch": _launch,
     "scheduler": _scheduler,
@@ -61,6 +67,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "gateway": _gateway,
     "bench": _bench,
     "keygen": _keygen,
+    "probe": _probe,
 }
 
 

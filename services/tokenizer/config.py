@@ -6,11 +6,11 @@ import dataclasses
 
 from ztgi.common.config import require
 from ztgi.common.model_source import DEFAULT_MODEL_ID
-from ztgi.common.service_config import PeerConfig, RequestLimits
+from ztgi.common.service_config import PeerConfig, ReadyFileConfig, RequestLimits
 
 
 @dataclasses.dataclass(frozen=True)
-class TokenizerConfig(PeerConfig, RequestLimits):
+class TokenizerConfig(PeerConfig, RequestLimits, ReadyFileConfig):
     """One tokenizer replica: text to ids and back, with TGI's limits (launcher defaults)."""
 
     model_id: str = DEFAULT_MODEL_ID

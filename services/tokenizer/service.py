@@ -33,6 +33,7 @@ from ztgi.common.messages import (
 )
 from ztgi.common.model_source import ModelNotFoundError
 from ztgi.common.parameters import ValidationError
+from ztgi.common.ready_file import ReadyFile
 from ztgi.services.tokenizer.config import TokenizerConfig
 from ztgi.services.tokenizer.detokenizer import Detokenizer
 from ztgi.services.tokenizer.encoder import Encoder
@@ -70,6 +71,8 @@ class TokenizerService:
         self.poller.register(self.tokenize, zmq.POLLIN)
         self.poller.register(self.link_monitor, zmq.POLLIN)
         self.exit_code = 0
+        self.ready_file = ReadyFile(config.ready_file)
+        self.ready_file.clear()  # one left by an earlier process in the same pod says nothing of this one
 
     def _connect(self, kind: int, address: str, identity: bytes | None = None, watched: bool = False) -> zmq.Socket:
         socket = self.context.socket(kind)
@@ -178,6 +181,7 @@ class TokenizerService:
                         num_dropped)
             self._send(self.detokenize, self._hello())
         self.scheduler_nonce = scheduler_nonce
+        self.ready_file.mark_ready()  # the scheduler answers only what it counts (any message registers)
 
     def _hello(self) -> Hello:
         return Hello(role="tokenizer", protocol_version=PROTOCOL_VERSION, boot_nonce=self.boot_nonce)
@@ -209,6 +213,7 @@ class TokenizerService:
             logger.warning("send queue full: a %s was dropped", type(msg).__name__)
 
     def close(self) -> None:
+        self.ready_file.clear()
         self.context.destroy(linger=0)
 
 

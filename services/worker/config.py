@@ -6,7 +6,7 @@ import dataclasses
 
 from ztgi.common.config import require
 from ztgi.common.model_source import DEFAULT_MODEL_ID
-from ztgi.common.service_config import PeerConfig
+from ztgi.common.service_config import PeerConfig, ReadyFileConfig
 from ztgi.services.worker.layers.quantization.options import DEFAULT_QUANTIZED_MAX_ROWS, QUANTIZE
 from ztgi.services.worker.padded.options import BACKENDS
 
@@ -16,7 +16,7 @@ KV_CACHES = ("auto", "paged", "padded")
 
 
 @dataclasses.dataclass(frozen=True)
-class WorkerConfig(PeerConfig):
+class WorkerConfig(PeerConfig, ReadyFileConfig):
     """One model worker: the model, its cached batches, sampling and token-level stopping.
 
     `memory_budget_mb` is the KV cache budget on CPU (CUDA measures free memory instead);

@@ -47,6 +47,7 @@ from ztgi.common.messages import (
     WarmupResult,
 )
 from ztgi.common.model_source import ModelNotFoundError
+from ztgi.common.ready_file import ReadyFile
 from ztgi.services.worker import thread_governor
 from ztgi.services.worker.config import WorkerConfig
 from ztgi.services.worker.engine import Engine
@@ -79,6 +80,7 @@ class EngineLoop:
         self.hello = hello
         self.stop_requested = stop_requested
         self.exit_code = 0  # 1 after a failed warmup
+        self.warmed_up = threading.Event()  # the scheduler's Warmup answered with a result; cleared on a reset
         self.poller = zmq.Poller()
         self.poller.register(control, zmq.POLLIN)
         self.poller.register(commands, zmq.POLLIN)
@@ -135,6 +137,7 @@ class EngineLoop:
             self.threads.settle()
         answer = self.engine.warmup(command)
         if isinstance(answer, WarmupResult):
+            self.warmed_up.set()
             freeze_startup_objects()  # the model and everything alive now stay out of later collections
         elif isinstance(answer, CommandFailed) and _consistent(command):
             # the scheduler would send the same limits again, and fail again, for ever (limits that
@@ -155,6 +158,7 @@ class EngineLoop:
                     socket.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
+        self.warmed_up.clear()  # the scheduler warms a worker up again when it registers
         self.engine.cache.clear()
         self._send(self.hello)
 
@@ -176,6 +180,8 @@ class WorkerService:
         self.registration = Registration()
         self.handshake = handshake.HandshakeWatch(config.curve_keys is not None, config.handshake_timeout_s)
         self.exit_code = 0
+        self.ready_file = ReadyFile(config.ready_file)
+        self.ready_file.clear()  # one left by an earlier process in the same pod says nothing of this one
         self.context = zmq.Context()
         self.liveness = self._dealer(self.identity + b"/liveness", watched=True)
         control_address = f"inproc://control-{self.boot_nonce}"
@@ -244,8 +250,9 @@ class WorkerService:
             self.stop_requested.set()
 
     def on_liveness_frames(self, frames: list[bytes]) -> None:
-        """The scheduler's heartbeat: whether it restarted, or dropped this worker (`Registration`).
-        Nothing else comes here."""
+        """The scheduler's heartbeat: whether it restarted, or dropped this worker (`Registration`);
+        while it counts this worker and the worker is warmed up, the ready file is written. Nothing
+        else comes here."""
         try:
             heartbeat = decode_frames(frames, Heartbeat)
         except MessageError as exc:
@@ -256,6 +263,8 @@ class WorkerService:
             logger.log(logging.INFO if rejoin is Rejoin.SCHEDULER_RESTARTED else logging.WARNING,
                        "%s: dropping cached batches and registering again", rejoin.value)
             self.control.send(RESET)
+        elif heartbeat.registered and self.engine_loop.warmed_up.is_set():
+            self.ready_file.mark_ready()
 
     def _send_heartbeat(self) -> None:
         try:
@@ -268,6 +277,7 @@ class WorkerService:
         self.stop_requested.set()
         if self.io_thread.is_alive():
             self.io_thread.join(STOP_TIMEOUT_S)
+        self.ready_file.clear()
         if not self.io_thread.is_alive():
             self.context.destroy(linger=0)
 
