@@ -1,0 +1,39 @@
+"""The bounded memory of stored responses (`ResponseStore`): what it keeps and what it forgets."""
+
+from __future__ import annotations
+
+import pytest
+
+from ztgi.common.parameters import ValidationError
+from ztgi.services.gateway.responses_store import ResponseStore
+
+TURN = [{"role": "user", "content": "Hi"}]
+
+
+def test_least_recently_used_response_goes_first() -> None:
+    """Over `max_responses`, the response followed up least recently is forgotten."""
+    store = ResponseStore(max_responses=2)
+    store.put("resp_a", TURN)
+    store.put("resp_b", TURN)
+    assert store.history({"previous_response_id": "resp_a"}) == TURN  # a is now the most recent
+    store.put("resp_c", TURN)
+    assert list(store.id_to_turns) == ["resp_a", "resp_c"]
+    with pytest.raises(ValidationError, match="resp_b"):
+        store.history({"previous_response_id": "resp_b"})
+
+
+def test_character_budget_bounds_the_store() -> None:
+    """The conversations kept add up to at most `max_characters`; one larger than that is not kept."""
+    store = ResponseStore(max_characters=60)
+    store.put("resp_a", TURN)
+    store.put("resp_b", TURN)
+    assert list(store.id_to_turns) == ["resp_b"] and store.num_characters <= 60
+    store.put("resp_big", [{"role": "user", "content": "x" * 100}])
+    assert list(store.id_to_turns) == ["resp_b"]
+
+
+def test_no_previous_response_is_no_history() -> None:
+    """Without `previous_response_id` there is nothing to continue; a wrong type is refused."""
+    assert ResponseStore().history({"input": "Hi"}) is None
+    with pytest.raises(ValidationError, match="must be a string"):
+        ResponseStore().history({"previous_response_id": 5})
