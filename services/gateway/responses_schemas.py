@@ -58,26 +58,32 @@ def parse_responses_request(body: Any, limits: ParameterLimits,
     if max_output_tokens is not None and max_output_tokens <= 0:
         raise ValidationError("max_output_tokens", f"`max_output_tokens` must be strictly positive. "
                                                    f"Given: {max_output_tokens}")
-    text_format = _text_format(body.get("text"))
-    tools = _tools(body.get("tools"))
+    optional_value(body, "parallel_tool_calls", bool, "a boolean")
+    text_format, tools = _text_format(body.get("text")), _tools(body.get("tools"))
     turns = [*(history or []), *chat_messages(body.get("input"), None)]
     system = [{"role": "system", "content": instructions}] if instructions else []
     chat_body = {"messages": [*system, *turns], "max_completion_tokens": max_output_tokens,
-                 "temperature": body.get("temperature"), "top_p": body.get("top_p"), "seed": body.get("seed"),
-                 "stream": body.get("stream"), "response_format": _response_format(text_format),
+                 "response_format": _response_format(text_format),
                  "tools": [_chat_tool(tool) for tool in tools] if tools else None,
                  "tool_choice": _chat_tool_choice(body.get("tool_choice")),
-                 "parallel_tool_calls": body.get("parallel_tool_calls")}
+                 **{name: body.get(name) for name in ("temperature", "top_p", "seed", "stream", "parallel_tool_calls")}}
     chat = parse_chat_request({k: v for k, v in chat_body.items() if v is not None}, limits)
     store = optional_value(body, "store", bool, "a boolean") or False
-    previous = optional_value(body, "previous_response_id", str, "a string")
-    echoed = {"instructions": instructions, "max_output_tokens": max_output_tokens,
-              "metadata": _metadata(body.get("metadata")), "parallel_tool_calls": body.get("parallel_tool_calls", True),
-              "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
-              "text": {"format": text_format}, "tool_choice": body.get("tool_choice", "auto"), "tools": tools,
-              "user": optional_value(body, "user", str, "a string"), "store": store,
-              "previous_response_id": previous, "truncation": "disabled", "background": False}
-    return ResponsesRequest(chat, echoed, turns, store)
+    return ResponsesRequest(chat, _echoed(body, text_format, tools, store), turns, store)
+
+
+def _echoed(body: dict[str, Any], text_format: dict[str, Any], tools: list[dict[str, Any]],
+            store: bool) -> dict[str, Any]:
+    """The request's parameters, checked, as the Response object repeats them (OpenAI's defaults
+    where not given)."""
+    return {"instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
+            "metadata": _metadata(body.get("metadata")),
+            "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+            "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
+            "text": {"format": text_format}, "tool_choice": body.get("tool_choice", "auto"), "tools": tools,
+            "user": optional_value(body, "user", str, "a string"), "store": store,
+            "previous_response_id": optional_value(body, "previous_response_id", str, "a string"),
+            "truncation": "disabled", "background": False}
 
 
 def _refuse_unserved_fields(body: dict[str, Any]) -> None:

@@ -7,14 +7,18 @@ from __future__ import annotations
 import json
 
 import openai
+import pydantic
 import pytest
 import requests
-from openai.types.responses import Response
+from openai.types.responses import Response, ResponseStreamEvent
 
 from tests.gateway.conftest import GatewayProcess
+from tests.gateway.openapi import validate_response
 from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps, token_steps
+from tests.gateway.sse_reader import read_events
 from tests.gateway.test_tool_calls import ANSWER, pieces
 from ztgi.common.messages import ChatMessage, Generate, ToolCall
+from ztgi.services.gateway.api_docs import openapi_document
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -22,6 +26,7 @@ ADD = {"type": "function", "name": "add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
           "additionalProperties": False}
+STREAM_EVENT: pydantic.TypeAdapter = pydantic.TypeAdapter(ResponseStreamEvent)
 TEXT_EVENTS = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
                "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
                "response.content_part.done", "response.output_item.done", "response.completed"]
@@ -220,6 +225,8 @@ def test_stored_responses_continue_with_previous_response_id(client: openai.Open
     ({"temperature": -1}, "temperature"),
     ({"instructions": 3}, "instructions"),
     ({"metadata": {"k": 1}}, "metadata"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"model": 7}, "model"),
 ])
 def test_bad_input_is_422_naming_the_field(client: openai.OpenAI, scheduler: ScriptedScheduler, extra: dict,
@@ -230,3 +237,20 @@ def test_bad_input_is_422_naming_the_field(client: openai.OpenAI, scheduler: Scr
         client.responses.create(model="any", input="Hi", extra_body=extra)  # fields the SDK would not send too
     assert caught.value.body["param"] == field and f"`{field}" in caught.value.body["message"]
     assert len(scheduler.messages(Generate)) == before
+
+
+def test_answers_match_the_document(gateway: GatewayProcess, two_calls: ScriptedScheduler) -> None:
+    """Responses, their stream events and a 422 validate against our OpenAPI document."""
+    document = openapi_document()
+    body = {"input": "Weather?", "tools": [WEATHER, ADD], "max_output_tokens": 64}
+    for extra in ({}, {"tools": None}):
+        answer = requests.post(gateway.url + "/v1/responses", json={**body, **extra}, timeout=5)
+        validate_response(document, "/v1/responses", "post", 200, answer.json())
+        Response.model_validate(answer.json())
+        stream = requests.post(gateway.url + "/v1/responses", json={**body, **extra, "stream": True}, timeout=5)
+        for event in read_events(stream):
+            validate_response(document, "/v1/responses", "post", 200, event, "text/event-stream")
+            assert STREAM_EVENT.validate_python(event).type == event["type"]  # the SDK's own types, strictly
+    bad = requests.post(gateway.url + "/v1/responses", json={"input": ""}, timeout=5)
+    assert bad.status_code == 422
+    validate_response(document, "/v1/responses", "post", 422, bad.json())
