@@ -16,6 +16,7 @@ from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate_response
 from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps, token_steps
 from tests.gateway.sse_reader import read_events
+from tests.gateway.test_metrics import moved, scrape
 from tests.gateway.test_tool_calls import ANSWER, pieces
 from ztgi.common.messages import ChatMessage, Generate, ToolCall
 from ztgi.services.gateway.api_docs import openapi_document
@@ -254,3 +255,13 @@ def test_answers_match_the_document(gateway: GatewayProcess, two_calls: Scripted
     bad = requests.post(gateway.url + "/v1/responses", json={"input": ""}, timeout=5)
     assert bad.status_code == 422
     validate_response(document, "/v1/responses", "post", 422, bad.json())
+
+
+def test_refused_and_served_responses_are_counted(gateway: GatewayProcess, ends_itself: ScriptedScheduler) -> None:
+    """A Responses request the gateway refuses counts as a validation failure, a served one as a success."""
+    before = scrape(gateway)
+    assert requests.post(gateway.url + "/v1/responses", json={"input": ""}, timeout=5).status_code == 422
+    assert requests.post(gateway.url + "/v1/responses", json={"input": "Hi"}, timeout=5).status_code == 200
+    after = scrape(gateway)
+    assert moved(before, after, "tgi_request_failure_total", err="validation") == 1
+    assert moved(before, after, "tgi_request_success_total") == 1
