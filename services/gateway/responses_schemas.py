@@ -88,7 +88,7 @@ def _echoed(body: dict[str, Any], text_format: dict[str, Any], tools: list[dict[
 
 def _refuse_unserved_fields(body: dict[str, Any]) -> None:
     for name, value in body.items():
-        if name in _FIELDS or value is None or value in _NO_OP_VALUES.get(name, ()):
+        if name in _FIELDS or value is None or _is_no_op(name, value):
             continue
         if name in _NO_OP_VALUES:
             allowed = ", ".join(json.dumps(v) for v in _NO_OP_VALUES[name])
@@ -101,6 +101,11 @@ def _refuse_unserved_fields(body: dict[str, Any]) -> None:
         raise ValidationError("model", f"`model` must be a string, got {json_type(model)}")
     for name in ("safety_identifier", "prompt_cache_key"):
         optional_value(body, name, str, "a string")
+
+
+def _is_no_op(name: str, value: Any) -> bool:
+    """Whether `value` of `name` asks for what this server does anyway (a JSON 0 is not false)."""
+    return any(type(value) is type(no_op) and value == no_op for no_op in _NO_OP_VALUES.get(name, ()))
 
 
 def _text_format(raw: Any) -> dict[str, Any]:

@@ -73,6 +73,15 @@ def test_text_response(client: openai.OpenAI, ends_itself: ScriptedScheduler, ga
     assert Response.model_validate(raw).output_text == " a b"
 
 
+def test_fields_that_ask_for_what_the_server_does_are_accepted(client: openai.OpenAI,
+                                                              ends_itself: ScriptedScheduler) -> None:
+    """Labels and settings that state this server's own behaviour pass (and are echoed)."""
+    response = client.responses.create(model="any", input="Hi", truncation="disabled", background=False,
+                                       service_tier="auto", include=[], user="u-1", safety_identifier="s-1",
+                                       prompt_cache_key="k-1", store=False)
+    assert response.output_text == " a b" and (response.user, response.truncation) == ("u-1", "disabled")
+
+
 def test_token_limit_makes_an_incomplete_response(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
     """An answer cut by max_output_tokens is incomplete, with the reason, its message too."""
     response = client.responses.create(model="any", input="Hi", max_output_tokens=3)
@@ -213,6 +222,7 @@ def test_stored_responses_continue_with_previous_response_id(client: openai.Open
     ({"frobnicate": 1}, "frobnicate"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"truncation": "auto"}, "truncation"),
+    ({"background": 0}, "background"),
     ({"store": "yes"}, "store"),
     ({"previous_response_id": "resp_unknown"}, "previous_response_id"),
     ({"tools": [{"type": "web_search"}]}, "tools"),
