@@ -58,6 +58,8 @@ def make_app(config: GatewayConfig) -> web.Application:
         web.post("/v1/chat/completions", openai_handlers.chat_completions),
         web.post("/v1/completions", openai_handlers.completions),
         web.post("/v1/responses", responses_handlers.create_response),
+        web.get("/v1/responses/{response_id}", responses_handlers.retrieve_response),
+        web.delete("/v1/responses/{response_id}", responses_handlers.delete_response),
         web.get("/v1/models", openai_handlers.models),
         web.get("/v1/models/{model_id:.+}", openai_handlers.model),
         web.get("/docs", api_docs.docs),

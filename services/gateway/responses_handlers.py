@@ -1,17 +1,21 @@
-"""OpenAI's Responses API route: POST /v1/responses, run as a chat completion."""
+"""OpenAI's Responses API routes: POST /v1/responses, run as a chat completion; GET and DELETE
+/v1/responses/{response_id} for the responses this gateway stores."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from aiohttp import web
 
 from ztgi.common.client.errors import ZtgiError
 from ztgi.common.messages import StreamEvent
+from ztgi.common.parameters import ValidationError
+from ztgi.services.gateway.errors import HttpError
 from ztgi.services.gateway.request_id import pipeline_request_id
 from ztgi.services.gateway.responses_input import chat_messages
-from ztgi.services.gateway.responses_render import Item, ResponseFrame, new_item_id, output_items
+from ztgi.services.gateway.responses_render import ResponseFrame, new_item_id, output_items
 from ztgi.services.gateway.responses_schemas import ResponsesRequest, parse_responses_request
 from ztgi.services.gateway.responses_stream import ResponseEvents
 from ztgi.services.gateway.schemas import read_json
@@ -32,8 +36,38 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     result = await request.app[CLIENT].generate(messages=chat.messages, parameters=chat.parameters, tools=chat.tools,
                                                 request_id=pipeline_request_id(request))
     output = output_items(result.text, result.details, tools=chat.tools is not None)
-    _store(request, responses, frame, output)
-    return web.json_response(frame.response_json(output, result.details))
+    response = frame.response_json(output, result.details)
+    _store(request, responses, response)
+    return web.json_response(response)
+
+
+async def retrieve_response(request: web.Request) -> web.Response:
+    """GET /v1/responses/{response_id}: a response this gateway stores (`store: true`), else 404."""
+    _refuse_query(request)
+    stored = request.app[RESPONSE_STORE].get(request.match_info["response_id"])
+    if stored is None:
+        raise _not_stored(request.match_info["response_id"])
+    return web.json_response(stored.response)
+
+
+async def delete_response(request: web.Request) -> web.Response:
+    """DELETE /v1/responses/{response_id}: forgets a stored response, else 404."""
+    _refuse_query(request)
+    response_id = request.match_info["response_id"]
+    if not request.app[RESPONSE_STORE].delete(response_id):
+        raise _not_stored(response_id)
+    return web.json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+def _refuse_query(request: web.Request) -> None:
+    """`stream` and `include` of a stored response are not served: refused, not ignored."""
+    for name in request.query:
+        raise ValidationError(name, f"`{name}` is not supported by this server on a stored response")
+
+
+def _not_stored(response_id: str) -> HttpError:
+    return HttpError(404, f"No response `{response_id}` is stored by this gateway (responses created with "
+                          f"`store: true` are kept in its memory, the latest first)", "not_found")
 
 
 async def _frame(request: web.Request, responses: ResponsesRequest) -> ResponseFrame:
@@ -41,10 +75,10 @@ async def _frame(request: web.Request, responses: ResponsesRequest) -> ResponseF
     return ResponseFrame(new_item_id("resp"), int(time.time()), info.model_id, responses.echoed)
 
 
-def _store(request: web.Request, responses: ResponsesRequest, frame: ResponseFrame, output: list[Item]) -> None:
-    """With `store: true`, the conversation up to this answer, for a `previous_response_id`."""
+def _store(request: web.Request, responses: ResponsesRequest, response: dict[str, Any]) -> None:
+    """With `store: true`, the response and the conversation up to it."""
     if responses.store:
-        request.app[RESPONSE_STORE].put(frame.response_id, [*responses.turns, *chat_messages(output, None)])
+        request.app[RESPONSE_STORE].put(response, [*responses.turns, *chat_messages(response["output"], None)])
 
 
 async def _stream_response(request: web.Request, responses: ResponsesRequest,
@@ -58,8 +92,8 @@ async def _stream_response(request: web.Request, responses: ResponsesRequest,
         first = [] if started else writer.start()
         started.append(True)
         events = [*first, *writer.feed(event)]
-        if event.is_final:
-            _store(request, responses, frame, writer.output)
+        if writer.final is not None:
+            _store(request, responses, writer.final)
         return events
 
     def failure(error: ZtgiError) -> Iterable[NamedEvent]:

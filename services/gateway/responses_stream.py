@@ -41,6 +41,7 @@ class ResponseEvents:
         self.item: Item | None = None  # the item being written
         self.text = ""  # the open message's text, or the open call's arguments
         self.sequence_number = 0
+        self.final: dict[str, Any] | None = None  # the finished response object, once written
 
     def start(self) -> list[NamedEvent]:
         in_progress = self.frame.response_json([], None, status="in_progress")
@@ -107,7 +108,7 @@ class ResponseEvents:
         """Closes the last item (an empty message when there was none), then the response."""
         events = [] if self.output or self.item else self._open(message_item(new_item_id("msg"), "", "in_progress"))
         events += self._close("incomplete" if truncated(details) else "completed")
-        response = self.frame.response_json(self.output, details)
+        response = self.final = self.frame.response_json(self.output, details)
         name = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         return [*events, self._event(name, response=response)]
 

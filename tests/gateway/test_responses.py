@@ -211,6 +211,27 @@ def test_stored_responses_continue_with_previous_response_id(client: openai.Open
     assert caught.value.body["param"] == "previous_response_id"
 
 
+def test_stored_responses_are_retrieved_and_deleted(client: openai.OpenAI, ends_itself: ScriptedScheduler,
+                                                    gateway: GatewayProcess) -> None:
+    """responses.retrieve answers a stored response as it was created (streamed or not);
+    responses.delete forgets it; a response not stored is a 404."""
+    whole = client.responses.create(model="any", input="Hi", store=True, metadata={"k": "v"})
+    with client.responses.stream(model="any", input="Hi", store=True) as stream:
+        streamed = stream.get_final_response()
+    assert client.responses.retrieve(whole.id) == whole
+    retrieved = client.responses.retrieve(streamed.id)
+    assert [item.id for item in retrieved.output] == [item.id for item in streamed.output]
+    assert (retrieved.output_text, retrieved.usage, retrieved.status) == (" a b", streamed.usage, "completed")
+    client.responses.delete(whole.id)
+    for gone in (whole.id, client.responses.create(model="any", input="Hi").id):
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(gone)
+        with pytest.raises(openai.NotFoundError):
+            client.responses.delete(gone)
+    refused = requests.get(f"{gateway.url}/v1/responses/{streamed.id}?stream=true", timeout=5)
+    assert refused.status_code == 422 and refused.json()["error"]["param"] == "stream"
+
+
 @pytest.mark.parametrize("extra,field", [
     ({"input": ""}, "input"),
     ({"input": []}, "input"),
@@ -265,6 +286,12 @@ def test_answers_match_the_document(gateway: GatewayProcess, two_calls: Scripted
     bad = requests.post(gateway.url + "/v1/responses", json={"input": ""}, timeout=5)
     assert bad.status_code == 422
     validate_response(document, "/v1/responses", "post", 422, bad.json())
+    stored = requests.post(gateway.url + "/v1/responses", json={**body, "store": True}, timeout=5).json()
+    where = f"{gateway.url}/v1/responses/{stored['id']}"
+    validate_response(document, "/v1/responses/{response_id}", "get", 200, requests.get(where, timeout=5).json())
+    for method in ("delete", "get"):
+        answer = requests.request(method, where, timeout=5)
+        validate_response(document, "/v1/responses/{response_id}", method, answer.status_code, answer.json())
 
 
 def test_refused_and_served_responses_are_counted(gateway: GatewayProcess, ends_itself: ScriptedScheduler) -> None:

@@ -10,26 +10,33 @@ from ztgi.services.gateway.responses_store import ResponseStore
 TURN = [{"role": "user", "content": "Hi"}]
 
 
+def response(response_id: str) -> dict:
+    return {"id": response_id, "object": "response"}
+
+
 def test_least_recently_used_response_goes_first() -> None:
-    """Over `max_responses`, the response followed up least recently is forgotten."""
+    """Over `max_responses`, the response used least recently is forgotten."""
     store = ResponseStore(max_responses=2)
-    store.put("resp_a", TURN)
-    store.put("resp_b", TURN)
+    store.put(response("resp_a"), TURN)
+    store.put(response("resp_b"), TURN)
     assert store.history({"previous_response_id": "resp_a"}) == TURN  # a is now the most recent
-    store.put("resp_c", TURN)
-    assert list(store.id_to_turns) == ["resp_a", "resp_c"]
+    store.put(response("resp_c"), TURN)
+    assert list(store.id_to_response) == ["resp_a", "resp_c"]
     with pytest.raises(ValidationError, match="resp_b"):
         store.history({"previous_response_id": "resp_b"})
 
 
 def test_character_budget_bounds_the_store() -> None:
-    """The conversations kept add up to at most `max_characters`; one larger than that is not kept."""
-    store = ResponseStore(max_characters=60)
-    store.put("resp_a", TURN)
-    store.put("resp_b", TURN)
-    assert list(store.id_to_turns) == ["resp_b"] and store.num_characters <= 60
-    store.put("resp_big", [{"role": "user", "content": "x" * 100}])
-    assert list(store.id_to_turns) == ["resp_b"]
+    """The responses kept add up to at most `max_characters`; one larger than that is not kept;
+    a deleted one gives its room back."""
+    size = len('[{"id": "resp_a", "object": "response"}, [{"role": "user", "content": "Hi"}]]')
+    store = ResponseStore(max_characters=size * 2 - 1)
+    store.put(response("resp_a"), TURN)
+    store.put(response("resp_b"), TURN)
+    assert list(store.id_to_response) == ["resp_b"] and store.num_characters == size
+    store.put(response("resp_big"), [{"role": "user", "content": "x" * size * 2}])
+    assert list(store.id_to_response) == ["resp_b"]
+    assert store.delete("resp_b") and not store.delete("resp_b") and store.num_characters == 0
 
 
 def test_no_previous_response_is_no_history() -> None:
