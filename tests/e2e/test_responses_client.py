@@ -128,3 +128,17 @@ def test_unknown_field_and_hosted_tool_are_refused(client: openai.OpenAI) -> Non
     with pytest.raises(openai.UnprocessableEntityError) as caught:
         client.responses.create(model="any", input=QUESTION, tools=[{"type": "web_search"}])
     assert "web_search" in caught.value.body["message"]
+
+
+def test_a_stored_conversation_goes_on(client: openai.OpenAI) -> None:
+    """store + previous_response_id: the follow-up answers what chat answers to the whole
+    conversation (greedy); the stored response is retrieved as created."""
+    first = create(client, input=QUESTION, store=True, temperature=0, max_output_tokens=NUM_TOKENS)
+    follow_up = create(client, input="And of Italy?", previous_response_id=first.id, temperature=0,
+                       max_output_tokens=NUM_TOKENS)
+    chat = client.chat.completions.create(model="any", temperature=0, max_tokens=NUM_TOKENS, messages=[
+        {"role": "user", "content": QUESTION}, {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And of Italy?"}])
+    assert follow_up.output_text == chat.choices[0].message.content
+    assert follow_up.usage.input_tokens == chat.usage.prompt_tokens
+    assert client.responses.retrieve(first.id) == first
