@@ -61,7 +61,7 @@ def _append(messages: list[dict[str, Any]], item: Any, where: str) -> None:
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
     role = item.get("role")
-    if role not in _ROLE_TO_CHAT_ROLE:
+    if not isinstance(role, str) or role not in _ROLE_TO_CHAT_ROLE:
         raise ValidationError("input", f"`{where}.role` must be one of user, system, developer, assistant. "
                                        f"Given: {json.dumps(role)}")
     return {"role": _ROLE_TO_CHAT_ROLE[role], "content": _content(item.get("content"), _TEXT_PARTS[role], where)}

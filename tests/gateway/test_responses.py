@@ -237,6 +237,7 @@ def test_stored_responses_are_retrieved_and_deleted(client: openai.OpenAI, ends_
     ({"input": []}, "input"),
     ({"input": 5}, "input"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input"),
+    ({"input": [{"role": ["user"], "content": "x"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input"),
