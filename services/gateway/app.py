@@ -12,16 +12,17 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from ztgi.common.client.async_client import AsyncZtgiClient
-from ztgi.services.gateway import api_docs, handlers, openai_handlers
+from ztgi.services.gateway import api_docs, handlers, openai_handlers, responses_handlers
 from ztgi.services.gateway.auth import auth_middleware
 from ztgi.services.gateway.config import GatewayConfig
 from ztgi.services.gateway.cors import install_cors
 from ztgi.services.gateway.errors import error_middleware
 from ztgi.services.gateway.metrics import METRICS, GatewayMetrics, handle_metrics, rejection_middleware
 from ztgi.services.gateway.request_id import echo_request_id, request_id_middleware
+from ztgi.services.gateway.responses_store import ResponseStore
 from ztgi.services.gateway.served_model import ServedModel
 from ztgi.services.gateway.sse import EventStream
-from ztgi.services.gateway.state import CLIENT, CONFIG, EXIT_STATUS, SERVED_MODEL, STREAMS, ExitStatus
+from ztgi.services.gateway.state import CLIENT, CONFIG, EXIT_STATUS, RESPONSE_STORE, SERVED_MODEL, STREAMS, ExitStatus
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ def make_app(config: GatewayConfig) -> web.Application:
     app[STREAMS] = weakref.WeakSet()
     app[METRICS] = GatewayMetrics()
     app[EXIT_STATUS] = ExitStatus()
+    app[RESPONSE_STORE] = ResponseStore()
     app.cleanup_ctx.append(_client_context)
     app.on_shutdown.append(_drain_streams)
     app.add_routes([
@@ -55,6 +57,9 @@ def make_app(config: GatewayConfig) -> web.Application:
         web.get("/metrics", handle_metrics),
         web.post("/v1/chat/completions", openai_handlers.chat_completions),
         web.post("/v1/completions", openai_handlers.completions),
+        web.post("/v1/responses", responses_handlers.create_response),
+        web.get("/v1/responses/{response_id}", responses_handlers.retrieve_response),
+        web.delete("/v1/responses/{response_id}", responses_handlers.delete_response),
         web.get("/v1/models", openai_handlers.models),
         web.get("/v1/models/{model_id:.+}", openai_handlers.model),
         web.get("/docs", api_docs.docs),

@@ -38,6 +38,7 @@ _ERROR_TYPE_TO_OPENAI_TYPE = {
     "authentication": "authentication_error",
     "overloaded": "rate_limit_error",
     "model_not_found": "invalid_request_error",
+    "not_found": "invalid_request_error",
 }
 
 

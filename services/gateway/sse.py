@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -14,6 +15,14 @@ SSE_HEADERS = {
     "Connection": "keep-alive",
     "X-Accel-Buffering": "no",  # proxies must not hold tokens back
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedEvent:
+    """An event sent with its name on an `event:` line before its data (the Responses API's)."""
+
+    name: str
+    data: dict[str, Any]
 
 
 class _HeadersWithFirstEvent(web.StreamResponse):
@@ -45,9 +54,13 @@ class EventStream:
         return self
 
     async def send(self, data: Any) -> None:
-        """Writes one event; raises ConnectionResetError once the HTTP client has gone."""
+        """Writes one event (a `NamedEvent` with its name); raises ConnectionResetError once the
+        HTTP client has gone."""
+        name = ""
+        if isinstance(data, NamedEvent):
+            name, data = f"event: {data.name}\n", data.data
         payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-        await self.response.write(f"data: {payload}\n\n".encode())
+        await self.response.write(f"{name}data: {payload}\n\n".encode())
 
     async def close(self) -> None:
         await self.response.write_eof()

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from ztgi.common.client.async_client import AsyncZtgiClient
 from ztgi.services.gateway.config import GatewayConfig
+from ztgi.services.gateway.responses_store import ResponseStore
 from ztgi.services.gateway.served_model import ServedModel
 
 
@@ -25,5 +26,7 @@ SERVED_MODEL = web.AppKey("served_model", ServedModel)
 STREAMS = web.AppKey("streams", weakref.WeakSet)
 """Open SSE streams (`EventStream`), ended with a reason when the gateway shuts down."""
 EXIT_STATUS = web.AppKey("exit_status", ExitStatus)
+RESPONSE_STORE = web.AppKey("response_store", ResponseStore)
+"""Responses created with `store: true`, for `previous_response_id` (this gateway's memory only)."""
 REQUEST_ID = "request_id"
 """Where a `web.Request` keeps its id (`request_id.request_id_middleware`)."""

@@ -31,14 +31,17 @@ Render = Callable[[T], Iterable[Any]]
 
 async def serve_sse(request: web.Request, items: AsyncGenerator[T, None], render: Render[T],
                     trailer: Callable[[], Iterable[Any]] = lambda: (),
-                    headers: dict[str, str] | None = None) -> web.StreamResponse:
-    """Writes `render(item)` for every item, then `trailer()` when the items ended well."""
+                    headers: dict[str, str] | None = None,
+                    failure: Callable[[ZtgiError], Iterable[Any]] = lambda exc: [tgi_error_event(exc)],
+                    ) -> web.StreamResponse:
+    """Writes `render(item)` for every item, then `trailer()` when the items ended well, or
+    `failure(error)` when an error ended them."""
     async with contextlib.aclosing(items):
         first = await anext(items)  # an error before the first event raises: an HTTP error
         stream = await EventStream(request, headers).open()
         request.app[STREAMS].add(stream)
         try:
-            await _pump(stream, first, items, render, trailer)
+            await _pump(stream, first, items, render, trailer, failure)
         except ConnectionError:
             logger.info("HTTP client left a stream; cancelling its requests")
         finally:
@@ -46,8 +49,13 @@ async def serve_sse(request: web.Request, items: AsyncGenerator[T, None], render
     return stream.response
 
 
+def tgi_error_event(exc: ZtgiError) -> dict[str, str]:
+    """TGI's last event of a failed stream."""
+    return {"error": exc.message, "error_type": exc.error_type}
+
+
 async def _pump(stream: EventStream, first: T, items: AsyncIterator[T], render: Render[T],
-                trailer: Callable[[], Iterable[Any]]) -> None:
+                trailer: Callable[[], Iterable[Any]], failure: Callable[[ZtgiError], Iterable[Any]]) -> None:
     try:
         for payload in render(first):
             await stream.send(payload)
@@ -57,7 +65,8 @@ async def _pump(stream: EventStream, first: T, items: AsyncIterator[T], render: 
         for payload in trailer():
             await stream.send(payload)
     except ZtgiError as exc:
-        await stream.send({"error": exc.message, "error_type": exc.error_type})
+        for payload in failure(exc):
+            await stream.send(payload)
     except asyncio.CancelledError:
         if stream.abort_reason is None:
             raise  # the HTTP client left (or a second cancel): nobody to tell

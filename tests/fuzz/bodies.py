@@ -14,8 +14,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 TGI_POST_ROUTES = ("/", "/generate", "/generate_stream", "/invocations", "/tokenize")
-OPENAI_POST_ROUTES = ("/v1/chat/completions", "/v1/completions")
-GET_ROUTES = ("/health", "/info", "/ping", "/metrics", "/v1/models")
+OPENAI_POST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+GET_ROUTES = ("/health", "/info", "/ping", "/metrics", "/v1/models", "/v1/responses/resp_0")
 ODD_ROUTES = ("/nope", "/v1/nope", "/generate/", "//generate", "/%ff%fe", "/v1/chat/completions/x", "/v1")
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 CONTENT_TYPES = (None, "application/json", "application/json; charset=latin-1", "text/plain",
@@ -29,6 +29,9 @@ TGI_PARAMETERS = ("max_new_tokens", "temperature", "top_k", "top_p", "typical_p"
 OPENAI_FIELDS = ("model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop", "seed",
                  "stream", "stream_options", "logprobs", "top_logprobs", "frequency_penalty",
                  "presence_penalty", "echo", "suffix", "tools", "response_format", "user")
+RESPONSES_FIELDS = ("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "text", "tools",
+                    "tool_choice", "parallel_tool_calls", "metadata", "store", "previous_response_id", "stream",
+                    "truncation", "include", "reasoning")
 
 EDGE_TEXT = st.sampled_from(["", " ", "\x00", "\ud800", "\udfff", "\u202e\u202d", "\ufeff", "\U0001f600" * 50,
                              "a" * 5000, "\u0301" * 100, "\r\n\r\n", "data: x\n\n", "</s><|im_end|>", "{{ x }}",
@@ -73,6 +76,17 @@ def completion_body() -> st.SearchStrategy[Any]:
     return _with_hostile_field({"prompt": "Hi", "max_tokens": 3}, ("prompt", *OPENAI_FIELDS))
 
 
+def responses_body() -> st.SearchStrategy[Any]:
+    item = st.fixed_dictionaries({"type": st.sampled_from(["message", "function_call", "function_call_output"]),
+                                  "role": st.one_of(st.just("user"), JSON), "content": st.one_of(TEXT, JSON),
+                                  "call_id": JSON, "name": JSON, "arguments": JSON, "output": JSON})
+    return st.one_of(
+        _with_hostile_field({"input": "Hi", "max_output_tokens": 3}, RESPONSES_FIELDS),
+        _with_hostile_field({"input": "Hi", "max_output_tokens": 3, "text": {"format": {"type": "json_schema"}}},
+                            ("name", "schema", "strict", "type"), "text"),
+        st.builds(lambda items: {"input": items, "max_output_tokens": 3}, st.lists(item, max_size=3)))
+
+
 def _encode(value: Any, ensure_ascii: bool) -> bytes:
     text = json.dumps(value, allow_nan=True, ensure_ascii=ensure_ascii)
     return text.encode("utf-8", "surrogatepass")  # a lone surrogate becomes invalid UTF-8
@@ -82,7 +96,8 @@ def _encode(value: Any, ensure_ascii: bool) -> bytes:
 def body(draw: st.DrawFn, route: str) -> bytes:
     """A hostile body for `route`."""
     near_valid = chat_body() if route.endswith("chat/completions") else (
-        completion_body() if route.endswith("/completions") else tgi_body())
+        completion_body() if route.endswith("/completions") else
+        responses_body() if route.endswith("/responses") else tgi_body())
     kind = draw(st.sampled_from(["near_valid", "near_valid", "json", "raw", "broken", "deep", "big"]))
     if kind == "near_valid":
         return _encode(draw(near_valid), draw(st.booleans()))
