@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from ztgi.common.client.async_client import AsyncZtgiClient
-from ztgi.services.gateway import api_docs, handlers, openai_handlers
+from ztgi.services.gateway import api_docs, embeddings, handlers, openai_handlers
 from ztgi.services.gateway.auth import auth_middleware
 from ztgi.services.gateway.config import GatewayConfig
 from ztgi.services.gateway.cors import install_cors
@@ -55,6 +55,7 @@ def make_app(config: GatewayConfig) -> web.Application:
         web.get("/metrics", handle_metrics),
         web.post("/v1/chat/completions", openai_handlers.chat_completions),
         web.post("/v1/completions", openai_handlers.completions),
+        web.post("/v1/embeddings", embeddings.embeddings),
         web.get("/v1/models", openai_handlers.models),
         web.get("/v1/models/{model_id:.+}", openai_handlers.model),
         web.get("/docs", api_docs.docs),

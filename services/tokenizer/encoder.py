@@ -55,7 +55,7 @@ class Encoder:
         self._check_logit_bias(params)
         if params.truncate is not None:
             input_ids = input_ids[-params.truncate:]  # TGI truncates from the left
-        max_new_tokens = params.max_new_tokens
+        max_new_tokens = 1 if params.embed else params.max_new_tokens  # an embedding is one prefill
         if max_new_tokens is None:
             max_new_tokens = max(self.limits.max_total_tokens - len(input_ids), 0)
         validate_lengths(len(input_ids), max_new_tokens, self.limits)
@@ -68,6 +68,7 @@ class Encoder:
             top_n_tokens=params.top_n_tokens or 0,
             prefill_logprobs=params.decoder_input_details,
             tokenizer_id=self.tokenizer_id,
+            embed=params.embed,
         )
 
     def input_ids(self, generate: Generate) -> list[int]:

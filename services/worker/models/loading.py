@@ -83,7 +83,8 @@ class LoadedModel:
         return WorkerInfo(
             model_id=self.name, dtype=str(self.dtype).removeprefix("torch."), device=self.device.type,
             eos_token_ids=sorted(self.eos_token_ids), vocab_size=self.vocab_size,
-            max_position_embeddings=self.max_position_embeddings, quantize=self.quantize)
+            max_position_embeddings=self.max_position_embeddings, quantize=self.quantize,
+            hidden_size=int(self.config.hidden_size))
 
 
 def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str = "none",
