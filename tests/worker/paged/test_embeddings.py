@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.worker.engine_helpers import batch_of, request, run_to_end, step
 from tests.worker.models.family_models import save_family_model
@@ -36,8 +36,9 @@ def prompts(smollm2) -> list[list[int]]:
 
 
 def _reference(directory: str, prompts: list[list[int]], mode: str) -> list[np.ndarray]:
-    """transformers' final hidden states (after the final norm), pooled and normalised."""
-    model = AutoModel.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager").eval()
+    """transformers' final hidden states (after the final norm), pooled and normalised (the causal LM
+    class: SmolLM2's tied embedding is stored under lm_head, which AutoModel would leave random)."""
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager").eval()
     vectors = []
     with torch.no_grad():
         for ids in prompts:
@@ -117,3 +118,19 @@ def test_pooling_config(tmp_path):
         matryoshka_dimensions = [32, 64]
 
     assert read_pooling(str(tmp_path), Matryoshka()) == Pooling("mean", None, True)
+
+
+def test_llama_forward_pools_as_transformers(smollm2, prompts):
+    """SmolLM2 (the Llama forward, its fused residual-and-norm steps) in float32: last-token embeddings
+    equal transformers' within 1e-5; served as the GGUF stores it (the default dtype and 4-bit blocks)
+    they stay close to them (cosine > 0.99)."""
+    expected = _reference(smollm2.path, prompts, "last")
+    exact = load_model(smollm2.path, dtype="float32", device="cpu", kv_cache="paged", block_size=16)
+    exact.allocate_pool(64)
+    requests = [request(i, ids, 1, embed=True) for i, ids in enumerate(prompts)]
+    for i, vector in _embeddings(exact, requests).items():
+        np.testing.assert_allclose(vector, expected[i], atol=1e-5)
+    stored = load_model(smollm2.gguf_file, device="cpu", kv_cache="paged", block_size=16)
+    stored.allocate_pool(64)
+    for i, vector in _embeddings(stored, requests).items():
+        assert float(np.dot(vector, expected[i])) > 0.99, (stored.dtype, float(np.dot(vector, expected[i])))
