@@ -55,6 +55,8 @@ class Encoder:
         self._check_logit_bias(params)
         if params.truncate is not None:
             input_ids = input_ids[-params.truncate:]  # TGI truncates from the left
+        if params.embed:
+            _check_embedding_length(len(input_ids), self.limits)
         max_new_tokens = 1 if params.embed else params.max_new_tokens  # an embedding is one prefill
         if max_new_tokens is None:
             max_new_tokens = max(self.limits.max_total_tokens - len(input_ids), 0)
@@ -144,3 +146,12 @@ class Encoder:
             return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         except Exception as exc:
             raise ValidationError("inputs", f"tokenizer error {exc}") from None
+
+
+def _check_embedding_length(num_input_tokens: int, limits: ParameterLimits) -> None:
+    """An embedding input longer than the server takes, named in the embeddings API's words."""
+    most = min(limits.max_input_tokens, limits.max_total_tokens - 1)
+    if num_input_tokens > most:
+        raise ValidationError("input", f"an input of {num_input_tokens} tokens is longer than the {most} tokens "
+                                       f"this server embeds (--max-input-tokens); send `truncate_prompt_tokens` "
+                                       f"to keep its last tokens")

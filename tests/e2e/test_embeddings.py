@@ -140,7 +140,7 @@ def _stream_tokens(server: LaunchedServer, body: dict, after_first: Any) -> list
     ({"input": ["a", [1, 2]]}, 422, "not a mix"),
     ({"input": [[1, "a"]]}, 422, "token ids"),
     ({"input": [[1, 2], [49152]]}, 422, "outside the vocabulary"),
-    ({"input": "word " * 100}, 422, "64"),
+    ({"input": "word " * 100}, 422, "longer than the 64 tokens this server embeds"),
     ({"input": ["a"] * 9}, 422, "max-client-batch-size"),
     ({"input": "hi", "encoding_format": "int8"}, 422, "float or base64"),
     ({"input": "hi", "dimensions": 0}, 422, "positive"),
