@@ -21,6 +21,9 @@ from transformers import AutoModel, AutoTokenizer
 
 from tests.e2e.server import LaunchedServer
 from tests.worker.models.family_models import save_family_model
+from ztgi.common.client.errors import ZtgiError
+from ztgi.common.client.sync_client import ZtgiClient
+from ztgi.common.messages import GenerateParameters
 
 TEXTS = ["The capital of France is", "Hello",
          "Once upon a time, in a small village at the edge of a great forest, there lived an old clockmaker"]
@@ -172,8 +175,8 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(server: LaunchedServer, qw
 
 @pytest.mark.slow
 def test_padded_engine_cannot_pool(qwen3_dir: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """On the padded engine (no hidden states) an embeddings request is a 422 naming why, and the
-    server keeps generating."""
+    """On the padded engine (no hidden states) an embeddings request is a 422 naming why, a direct
+    client's embed request is refused by the scheduler the same way, and the server keeps generating."""
     server = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--model-id", qwen3_dir, "--dtype", "float32",
                             "--kv-cache", "padded", "--max-input-tokens", str(MAX_INPUT_TOKENS), "--max-total-tokens",
                             "128", startup_timeout_s=300)
@@ -181,6 +184,8 @@ def test_padded_engine_cannot_pool(qwen3_dir: str, tmp_path_factory: pytest.Temp
         model = server.get("/v1/models").json()["data"][0]["id"]
         response = server.post("/v1/embeddings", {"model": model, "input": "hi"})
         assert response.status_code == 422 and "paged engine" in response.json()["error"]["message"], response.text
+        with ZtgiClient(server.scheduler_url) as direct, pytest.raises(ZtgiError, match="paged engine"):
+            direct.generate("hi", parameters=GenerateParameters(max_new_tokens=1, embed=True))
         assert server.post("/generate", {"inputs": "hi", "parameters": {"max_new_tokens": 2}}).status_code == 200
     finally:
         assert server.stop() == 0, server.log

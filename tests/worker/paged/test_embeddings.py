@@ -134,3 +134,25 @@ def test_llama_forward_pools_as_transformers(smollm2, prompts):
     stored.allocate_pool(64)
     for i, vector in _embeddings(stored, requests).items():
         assert float(np.dot(vector, expected[i])) > 0.99, (stored.dtype, float(np.dot(vector, expected[i])))
+
+
+def test_a_pooling_config_in_the_model_dir_selects_the_pooling(qwen3_dir, prompts, tmp_path):
+    """The same weights with sentence-transformers' 1_Pooling/config.json (mean) and a Matryoshka
+    declaration: the worker says so in its info and its embeddings are mean-pooled."""
+    import shutil
+
+    directory = str(tmp_path / "qwen3-mean")
+    shutil.copytree(qwen3_dir, directory)
+    os.makedirs(os.path.join(directory, "1_Pooling"))
+    with open(os.path.join(directory, POOLING_CONFIG), "w") as file:
+        json.dump({"word_embedding_dimension": 64, "pooling_mode_mean_tokens": True}, file)
+    with open(os.path.join(directory, "config.json")) as file:
+        config = json.load(file)
+    with open(os.path.join(directory, "config.json"), "w") as file:
+        json.dump({**config, "matryoshka_dimensions": [32, 64]}, file)
+    model = load_model(directory, dtype="float32", device="cpu", kv_cache="paged", block_size=4)
+    info = model.info()
+    assert (info.pooling, info.matryoshka, info.hidden_size) == ("mean", True, 64)
+    model.allocate_pool(128)
+    got = _embeddings(model, [request(0, prompts[1], 1, embed=True)])[0]
+    np.testing.assert_allclose(got, _reference(qwen3_dir, [prompts[1]], "mean")[0], atol=1e-5)
