@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 TGI_POST_ROUTES = ("/", "/generate", "/generate_stream", "/invocations", "/tokenize")
-OPENAI_POST_ROUTES = ("/v1/chat/completions", "/v1/completions")
+OPENAI_POST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 GET_ROUTES = ("/health", "/info", "/ping", "/metrics", "/v1/models")
 ODD_ROUTES = ("/nope", "/v1/nope", "/generate/", "//generate", "/%ff%fe", "/v1/chat/completions/x", "/v1")
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
@@ -73,6 +73,11 @@ def completion_body() -> st.SearchStrategy[Any]:
     return _with_hostile_field({"prompt": "Hi", "max_tokens": 3}, ("prompt", *OPENAI_FIELDS))
 
 
+def embedding_body() -> st.SearchStrategy[Any]:
+    return _with_hostile_field({"input": "Hi", "model": "any"},
+                               ("input", "model", "encoding_format", "dimensions", "user", "truncate_prompt_tokens"))
+
+
 def _encode(value: Any, ensure_ascii: bool) -> bytes:
     text = json.dumps(value, allow_nan=True, ensure_ascii=ensure_ascii)
     return text.encode("utf-8", "surrogatepass")  # a lone surrogate becomes invalid UTF-8
@@ -82,7 +87,8 @@ def _encode(value: Any, ensure_ascii: bool) -> bytes:
 def body(draw: st.DrawFn, route: str) -> bytes:
     """A hostile body for `route`."""
     near_valid = chat_body() if route.endswith("chat/completions") else (
-        completion_body() if route.endswith("/completions") else tgi_body())
+        completion_body() if route.endswith("/completions") else
+        embedding_body() if route.endswith("/embeddings") else tgi_body())
     kind = draw(st.sampled_from(["near_valid", "near_valid", "json", "raw", "broken", "deep", "big"]))
     if kind == "near_valid":
         return _encode(draw(near_valid), draw(st.booleans()))
