@@ -20,12 +20,14 @@ import functools
 import gc
 import itertools
 import logging
+import struct
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from ztgi.common.gc_freeze import freeze_startup_objects
 from ztgi.common.messages import (
+    Encoded,
     Generate,
     GenerateParameters,
     Generation,
@@ -36,7 +38,7 @@ from ztgi.common.model_source import DEFAULT_MODEL_ID
 from ztgi.common.parameters import ParameterLimits, ValidationError
 from ztgi.engine_options import EngineOptions
 from ztgi.local_engine import LocalEngine
-from ztgi.outputs import RequestMetrics, RequestOutput
+from ztgi.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestMetrics, RequestOutput
 from ztgi.progress import Progress
 from ztgi.prompts import Prompt, as_conversations, as_prompts, per_prompt
 from ztgi.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -123,6 +125,43 @@ class LLM:
         """`generate` for conversations: one ([{"role": ..., "content": ...}, ...]) or a list of them,
         each rendered by the model's chat template with the assistant's turn to come."""
         return self._run(as_conversations(messages), sampling_params, use_tqdm)
+
+    def embed(self, prompts: Any, truncate_prompt_tokens: int | None = None) -> list[EmbeddingRequestOutput]:
+        """Each prompt's embedding, in order (what /v1/embeddings answers): the final hidden state
+        pooled (last token, or as the model's `1_Pooling/config.json` says) and L2-normalised, each
+        prompt one prefill batched with the others. `prompts` as `generate` takes them;
+        `truncate_prompt_tokens` keeps each prompt's last N tokens. ValueError for a bad prompt, or
+        a model this engine cannot pool (the padded engine returns no hidden states)."""
+        info = self.model.info()
+        if info.pooling is None:
+            raise ValueError(f"{info.model_id} cannot be pooled into embeddings: {info.pooling_error}")
+        parameters = GenerateParameters(max_new_tokens=1, embed=True, truncate=truncate_prompt_tokens)
+        requests = [self._embed_request(index, prompt, parameters) for index, prompt in enumerate(as_prompts(prompts))]
+        seq_to_index = {self.engine.add(encoded): index for index, encoded in enumerate(requests)}  # all checked first
+        embeddings = self._run_embeddings(seq_to_index)
+        return [EmbeddingRequestOutput(encoded.key.request_id, EmbeddingOutput(embeddings[index]), encoded.input_ids)
+                for index, encoded in enumerate(requests)]
+
+    def _embed_request(self, index: int, prompt: Prompt, parameters: GenerateParameters) -> Encoded:
+        try:
+            key = RequestKey(CLIENT_ID, str(next(self._request_counter)))
+            return self.encoder.encode_ids(key, self._input_ids(prompt, parameters), parameters)
+        except ValidationError as exc:
+            raise ValueError(f"prompt {index}: {exc}") from None
+
+    def _run_embeddings(self, seq_to_index: dict[int, int]) -> dict[int, list[float]]:
+        embeddings: dict[int, list[float]] = {}
+        try:
+            while self.engine.has_unfinished():
+                for generation in self.engine.step():
+                    if generation.error is not None:
+                        raise ValueError(f"prompt {seq_to_index[generation.seq_id]}: {generation.error}")
+                    if generation.embedding is not None:
+                        embeddings[seq_to_index[generation.seq_id]] = _floats(generation.embedding)
+        except BaseException:
+            self.engine.reset()  # an interrupted run leaves nothing behind for the next one
+            raise
+        return embeddings
 
     # -- one run -------------------------------------------------------------------------------
 
@@ -214,6 +253,11 @@ def _checked(name: str, value: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ValueError(f"{name} {value!r} must be one of {', '.join(allowed)}")
     return value
+
+
+def _floats(embedding: bytes) -> list[float]:
+    """The worker's little-endian float32 bytes as Python floats."""
+    return list(struct.unpack(f"<{len(embedding) // 4}f", embedding))
 
 
 def _vllm_names(message: str) -> str:

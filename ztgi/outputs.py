@@ -81,3 +81,20 @@ class RequestOutput:
     @property
     def num_generated_tokens(self) -> int:
         return sum(len(output.token_ids) for output in self.outputs)
+
+
+@dataclasses.dataclass
+class EmbeddingOutput:
+    """One prompt's embedding: the pooled final hidden state, L2-normalised (vLLM's)."""
+
+    embedding: list[float]
+
+
+@dataclasses.dataclass
+class EmbeddingRequestOutput:
+    """One prompt's result of `LLM.embed` (vLLM's shape)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

@@ -35,6 +35,7 @@ class WorkerRequest:
     cache_len: int = 0
     chunk_len: int | None = None
     num_generated: int = 0
+    embed: bool = False  # pool the prompt's final hidden states into `Generation.embedding`
 
     def __post_init__(self) -> None:
         if isinstance(self.block_ids, tuple):
@@ -98,6 +99,7 @@ class Generation:
     prefill_top_ids: list[list[int]] | None = None
     prefill_top_logprobs: list[list[float]] | None = None
     error: str | None = None
+    embedding: bytes | None = None  # an `embed` request's pooled, normalised vector: float32, little-endian
 
     def __post_init__(self) -> None:
         for name in ("top_ids", "top_logprobs"):
@@ -130,3 +132,7 @@ class WorkerInfo:
     max_position_embeddings: int
     quantize: str = "none"  # --quantize, resolved: gguf (blocks as stored), int8/int4, or none (float)
     draft_model_id: str | None = None  # --draft-model-id: the model proposing tokens, if any
+    pooling: str | None = None  # embeddings: last, mean or cls; None: this engine cannot return hidden states
+    pooling_error: str | None = None  # why `pooling` is None
+    hidden_size: int = 0  # an embedding's length
+    matryoshka: bool = False  # the config declares Matryoshka training: a truncated embedding is meaningful

@@ -57,6 +57,10 @@ class InfoReply:
     placement: str = "cache-aware"  # how several paged workers share the queue (--placement)
     quantize: str = "none"  # the workers' linear weights (--quantize)
     draft_model_id: str | None = None  # the model proposing tokens (--draft-model-id), if any
+    pooling: str | None = None  # embeddings: last, mean or cls; None: the workers cannot pool (see pooling_error)
+    pooling_error: str | None = None
+    hidden_size: int = 0  # an embedding's length
+    matryoshka: bool = False  # a truncated embedding (`dimensions`) is meaningful for this model
 
 
 @record

@@ -47,6 +47,7 @@ class FinalDetails:
     prefill: list[Token] = ()  # type: ignore[assignment]
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     prefill_top_tokens: list[TopTokens] = ()  # type: ignore[assignment]  # with top_n_tokens: per prompt token
+    embedding: bytes | None = None  # an `embed` request's pooled vector: float32, little-endian
 
     def __post_init__(self) -> None:
         for name in ("prefill", "prefill_top_tokens"):

@@ -44,6 +44,7 @@ class GenerateParameters:
     presence_penalty: float | None = None  # OpenAI's; last so the older fields keep their places
     grammar: Grammar | None = None
     logit_bias: list[TokenBias] | None = None  # OpenAI's
+    embed: bool = False  # /v1/embeddings: one prefill whose pooled hidden state is the answer (max_new_tokens 1)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, tuple):

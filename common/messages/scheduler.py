@@ -84,6 +84,7 @@ class Encoded:
     top_n_tokens: int
     prefill_logprobs: bool
     tokenizer_id: bytes
+    embed: bool = False  # the answer is the prompt's pooled hidden state (the one token is not the point)
 
 
 @message("rejected")

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from ztgi.common.client.async_client import AsyncZtgiClient
-from ztgi.services.gateway import api_docs, handlers, openai_handlers, responses_handlers
+from ztgi.services.gateway import api_docs, embeddings, handlers, openai_handlers, responses_handlers
 from ztgi.services.gateway.auth import auth_middleware
 from ztgi.services.gateway.config import GatewayConfig
 from ztgi.services.gateway.cors import install_cors
@@ -60,6 +60,7 @@ def make_app(config: GatewayConfig) -> web.Application:
         web.post("/v1/responses", responses_handlers.create_response),
         web.get("/v1/responses/{response_id}", responses_handlers.retrieve_response),
         web.delete("/v1/responses/{response_id}", responses_handlers.delete_response),
+        web.post("/v1/embeddings", embeddings.embeddings),
         web.get("/v1/models", openai_handlers.models),
         web.get("/v1/models/{model_id:.+}", openai_handlers.model),
         web.get("/docs", api_docs.docs),

@@ -152,9 +152,10 @@ class PagedBatcher:
 
     @staticmethod
     def _may_reuse(request: Request) -> bool:
-        """Prefill logprobs need every prompt token's logits: such a request computes them all."""
+        """Prefill logprobs need every prompt token's logits, and an embedding (mean or CLS pooled)
+        every prompt token's hidden state: such a request computes them all."""
         assert request.encoded is not None
-        return not (request.encoded.prefill_logprobs and not request.generated_ids)
+        return not ((request.encoded.prefill_logprobs or request.encoded.embed) and not request.generated_ids)
 
 
 def _computing_its_prefix(tokens: list[int], num_hit: int, prefilling: list[Request], block_size: int) -> bool:

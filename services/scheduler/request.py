@@ -108,4 +108,5 @@ class Request:
             cache_len=self.num_computed,
             chunk_len=chunk_len,
             num_generated=len(self.generated_ids),
+            embed=encoded.embed,
         )

@@ -180,7 +180,7 @@ class Scheduler:
             return
         request.encoded = msg
         request.encode_job = b""
-        shortfall = self.batcher.kv_cache_shortfall(request)
+        shortfall = self.batcher.kv_cache_shortfall(request) or self._embedding_refusal(msg)
         if shortfall is not None:
             self._fail_requests([request], shortfall, "validation")
             return
@@ -188,6 +188,16 @@ class Scheduler:
         request.queued_at = time.monotonic()
         self.metrics.record_encoded(request, request.queued_at)
         self.queue.append(request)
+
+    def _embedding_refusal(self, encoded: Encoded) -> str | None:
+        """Why the workers cannot answer an embedding request (their engine returns no hidden
+        states); None when they can, or when none has registered yet."""
+        if not encoded.embed:
+            return None
+        for worker in self.batcher.workers.ready():
+            if worker.info.pooling is None:
+                return f"{worker.info.model_id} cannot be pooled into embeddings: {worker.info.pooling_error}"
+        return None
 
     def on_tokenizer_frame(self, tokenizer_id: bytes, frame: bytes) -> None:
         try:
@@ -334,6 +344,10 @@ class Scheduler:
             placement=config.placement,
             quantize=info.quantize if info else "none",
             draft_model_id=info.draft_model_id if info else None,
+            pooling=info.pooling if info else None,
+            pooling_error=info.pooling_error if info else None,
+            hidden_size=info.hidden_size if info else 0,
+            matryoshka=info.matryoshka if info else False,
         )
 
     def _prefill_token_budget(self, workers: list[WorkerSlot]) -> int:

@@ -37,6 +37,7 @@ class DecodeState:
     prefill: list[Token] = dataclasses.field(default_factory=list)
     prefill_top_tokens: list[TopTokens] = dataclasses.field(default_factory=list)
     cached_tokens: int = 0
+    embedding: bytes | None = None  # an embedding request's vector, for its final event
     scheduler_nonce: str = ""  # the scheduler this request belongs to
 
     @classmethod

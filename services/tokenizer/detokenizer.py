@@ -125,6 +125,8 @@ class Detokenizer:
         if generation.prefill_ids is not None and state.decoder_input_details:
             state.prefill = self._prefill_tokens(generation.prefill_ids, generation.prefill_logprobs)
             state.prefill_top_tokens = self._prefill_top_tokens(generation)
+        if generation.embedding is not None:
+            state.embedding = generation.embedding
         text, finish_reason = self._next_text(state, generation)
         special = generation.token_id in self.special_ids
         if not special:
@@ -157,6 +159,7 @@ class Detokenizer:
             prefill=state.prefill,
             cached_tokens=state.cached_tokens,
             prefill_top_tokens=state.prefill_top_tokens,
+            embedding=state.embedding,
         )
 
     # -- token texts ---------------------------------------------------------------------------

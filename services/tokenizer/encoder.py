@@ -55,7 +55,9 @@ class Encoder:
         self._check_logit_bias(params)
         if params.truncate is not None:
             input_ids = input_ids[-params.truncate:]  # TGI truncates from the left
-        max_new_tokens = params.max_new_tokens
+        if params.embed:
+            _check_embedding_length(len(input_ids), self.limits)
+        max_new_tokens = 1 if params.embed else params.max_new_tokens  # an embedding is one prefill
         if max_new_tokens is None:
             max_new_tokens = max(self.limits.max_total_tokens - len(input_ids), 0)
         validate_lengths(len(input_ids), max_new_tokens, self.limits)
@@ -68,6 +70,7 @@ class Encoder:
             top_n_tokens=params.top_n_tokens or 0,
             prefill_logprobs=params.decoder_input_details,
             tokenizer_id=self.tokenizer_id,
+            embed=params.embed,
         )
 
     def input_ids(self, generate: Generate) -> list[int]:
@@ -143,3 +146,12 @@ class Encoder:
             return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         except Exception as exc:
             raise ValidationError("inputs", f"tokenizer error {exc}") from None
+
+
+def _check_embedding_length(num_input_tokens: int, limits: ParameterLimits) -> None:
+    """An embedding input longer than the server takes, named in the embeddings API's words."""
+    most = min(limits.max_input_tokens, limits.max_total_tokens - 1)
+    if num_input_tokens > most:
+        raise ValidationError("input", f"an input of {num_input_tokens} tokens is longer than the {most} tokens "
+                                       f"this server embeds (--max-input-tokens); send `truncate_prompt_tokens` "
+                                       f"to keep its last tokens")

@@ -93,6 +93,17 @@ def test_openai_routes_answer_as_documented(server: LaunchedServer, document: di
             validate_response(document, path, "post", 200, chunk, "text/event-stream")
 
 
+def test_embeddings_answer_as_documented(server: LaunchedServer, document: dict[str, Any]) -> None:
+    """/v1/embeddings in floats and base64, and its refusals: a bad field, another model, too long."""
+    model_id = server.get("/v1/models").json()["data"][0]["id"]
+    for body in ({"input": ["a", "b c"]}, {"input": [[1, 2, 3]], "encoding_format": "base64"},
+                 {"input": "a", "encoding_format": "int8"}, {"input": LONG_TEXT}):
+        check(document, "/v1/embeddings", "post", server.post("/v1/embeddings", {"model": model_id, **body}))
+    check(document, "/v1/embeddings", "post", server.post("/v1/embeddings", {"model": "gpt2", "input": "a"}))
+    too_long = server.post("/v1/embeddings", {"model": model_id, "input": LONG_TEXT}).json()["error"]["message"]
+    assert f"longer than the {MAX_INPUT_TOKENS} tokens" in too_long and "truncate_prompt_tokens" in too_long
+
+
 @pytest.mark.parametrize("path,body,field", [
     ("/generate", {"inputs": LONG_TEXT, "parameters": {"max_new_tokens": 1}}, "max_new_tokens"),
     ("/generate", {"inputs": LONG_TEXT, "parameters": {"max_new_tokens": 1, "truncate": 100}}, "truncate"),

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 TGI_POST_ROUTES = ("/", "/generate", "/generate_stream", "/invocations", "/tokenize")
-OPENAI_POST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+OPENAI_POST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
 GET_ROUTES = ("/health", "/info", "/ping", "/metrics", "/v1/models", "/v1/responses/resp_0")
 ODD_ROUTES = ("/nope", "/v1/nope", "/generate/", "//generate", "/%ff%fe", "/v1/chat/completions/x", "/v1")
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
@@ -87,6 +87,11 @@ def responses_body() -> st.SearchStrategy[Any]:
         st.builds(lambda items: {"input": items, "max_output_tokens": 3}, st.lists(item, max_size=3)))
 
 
+def embedding_body() -> st.SearchStrategy[Any]:
+    return _with_hostile_field({"input": "Hi", "model": "any"},
+                               ("input", "model", "encoding_format", "dimensions", "user", "truncate_prompt_tokens"))
+
+
 def _encode(value: Any, ensure_ascii: bool) -> bytes:
     text = json.dumps(value, allow_nan=True, ensure_ascii=ensure_ascii)
     return text.encode("utf-8", "surrogatepass")  # a lone surrogate becomes invalid UTF-8
@@ -97,7 +102,8 @@ def body(draw: st.DrawFn, route: str) -> bytes:
     """A hostile body for `route`."""
     near_valid = chat_body() if route.endswith("chat/completions") else (
         completion_body() if route.endswith("/completions") else
-        responses_body() if route.endswith("/responses") else tgi_body())
+        responses_body() if route.endswith("/responses") else
+        embedding_body() if route.endswith("/embeddings") else tgi_body())
     kind = draw(st.sampled_from(["near_valid", "near_valid", "json", "raw", "broken", "deep", "big"]))
     if kind == "near_valid":
         return _encode(draw(near_valid), draw(st.booleans()))

@@ -12,9 +12,10 @@ from ztgi.services.worker.padded.model import PaddedModel as Model
 
 def request(seq_id: int, input_ids: list[int], max_new_tokens: int = 8, *, ignore_eos: bool = False,
             top_n_tokens: int = 0, prefill_logprobs: bool = False, block_ids: Iterable[int] = (),
-            chunk_len: int | None = None, **sampling: object) -> WorkerRequest:
+            chunk_len: int | None = None, embed: bool = False, **sampling: object) -> WorkerRequest:
     return WorkerRequest(seq_id, list(input_ids), SamplingParameters(**sampling), max_new_tokens,
-                         ignore_eos, top_n_tokens, prefill_logprobs, list(block_ids), chunk_len=chunk_len)
+                         ignore_eos, top_n_tokens, prefill_logprobs, list(block_ids), chunk_len=chunk_len,
+                         embed=embed)
 
 
 def batch_of(model: Model, requests: Iterable[WorkerRequest], batch_id: int = 1) -> CausalLMBatch:

@@ -61,6 +61,13 @@ class PagedDecoderForward:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
                  pool: KVPool, logit_rows: torch.Tensor) -> torch.Tensor:
         """Logits `[len(logit_rows), vocab]`; `input_ids`/`positions` are `[tokens]`."""
+        return self.logits_and_hidden(input_ids, positions, inputs, pool, logit_rows, None)[0]
+
+    def logits_and_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
+                          pool: KVPool, logit_rows: torch.Tensor,
+                          hidden_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The logits, and the final norm's output at `hidden_rows` (`[len(hidden_rows), hidden]`,
+        what embeddings pool), None without rows."""
         d = self.decoder
         x = d.embedding(input_ids)
         rotations = {kind: d.rotary.cos_sin(x, positions, kind) for kind in {layer.rotary_type for layer in d.layers}}
@@ -70,8 +77,8 @@ class PagedDecoderForward:
             x = x + (layer.post_attention_norm(attended) if layer.post_attention_norm else attended)
             hidden = layer.mlp(layer.mlp_norm(x))
             x = x + (layer.post_mlp_norm(hidden) if layer.post_mlp_norm else hidden)
-        x = x.index_select(0, logit_rows)
-        return soft_cap(d.lm_head(d.norm(x)), d.final_softcap)
+        pooled = d.norm(x.index_select(0, hidden_rows)) if hidden_rows is not None else None
+        return soft_cap(d.lm_head(d.norm(x.index_select(0, logit_rows))), d.final_softcap), pooled
 
     def _attention(self, layer: DecoderLayer, index: int, x: torch.Tensor,
                    rotation: tuple[torch.Tensor, torch.Tensor], inputs: AttentionInputs,

@@ -38,6 +38,13 @@ class PagedLlamaForward:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
                  pool: KVPool, logit_rows: torch.Tensor) -> torch.Tensor:
         """Logits `[len(logit_rows), vocab]`; `input_ids`/`positions` are `[tokens]`."""
+        return self.logits_and_hidden(input_ids, positions, inputs, pool, logit_rows, None)[0]
+
+    def logits_and_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
+                          pool: KVPool, logit_rows: torch.Tensor,
+                          hidden_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The logits, and the final norm's output at `hidden_rows` (`[len(hidden_rows), hidden]`,
+        what embeddings pool), None without rows."""
         w, ops = self.weights, self.ops
         x = w.embed(input_ids)
         cos, sin = (t[0].unsqueeze(1) for t in w.rotary(x[None], positions[None]))  # [tokens, 1, head_dim]
@@ -47,7 +54,11 @@ class PagedLlamaForward:
             x, residual = self._layers(x, cos, sin, inputs, pool)
         hidden, _ = ops.add_rms_norm(x.index_select(0, logit_rows), residual.index_select(0, logit_rows),
                                      w.norm, w.eps)
-        return w.lm_head(hidden)
+        pooled = None
+        if hidden_rows is not None:
+            pooled, _ = ops.add_rms_norm(x.index_select(0, hidden_rows), residual.index_select(0, hidden_rows),
+                                         w.norm, w.eps)
+        return w.lm_head(hidden), pooled
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inputs: AttentionInputs,
                 pool: KVPool) -> tuple[torch.Tensor, torch.Tensor]:

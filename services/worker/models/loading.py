@@ -15,6 +15,7 @@ from ztgi.services.worker.layers.quantization.options import DEFAULT_QUANTIZED_M
 from ztgi.services.worker.layers.transformers_module import TransformersConfig, TransformersModule
 from ztgi.services.worker.models import dtype_choice, gguf_module
 from ztgi.services.worker.models.gguf_checkpoint import GgufCheckpoint
+from ztgi.services.worker.models.pooling import Pooling, read_pooling
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class LoadedModel:
     gguf_file: str | None = None  # the GGUF file the weights came from, if any (its 4-bit blocks, as stored)
     quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS  # --quantized-max-rows (quantized_linear)
     checkpoint: GgufCheckpoint | None = None  # `quantize` gguf: the file's tensors, as stored
+    pooling: Pooling = Pooling()  # how an embedding request pools the final hidden states (models/pooling.py)
 
     @property
     def vocab_size(self) -> int:
@@ -81,7 +83,8 @@ class LoadedModel:
         return WorkerInfo(
             model_id=self.name, dtype=str(self.dtype).removeprefix("torch."), device=self.device.type,
             eos_token_ids=sorted(self.eos_token_ids), vocab_size=self.vocab_size,
-            max_position_embeddings=self.max_position_embeddings, quantize=self.quantize)
+            max_position_embeddings=self.max_position_embeddings, quantize=self.quantize,
+            hidden_size=int(self.config.hidden_size))
 
 
 def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str = "none",
@@ -106,7 +109,8 @@ def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str
     module.eval()
     loaded = LoadedModel(source.name, resolved_device, resolved_dtype, module,
                          module.config.get_text_config(decoder=True), frozenset(_eos_token_ids(module)),
-                         quantize, source.gguf_file, quantized_max_rows, checkpoint if quantize == "gguf" else None)
+                         quantize, source.gguf_file, quantized_max_rows, checkpoint if quantize == "gguf" else None,
+                         read_pooling(source.path, config))
     logger.info("loaded %s on %s (%s%s) in %.1f s; eos %s", loaded.name, resolved_device, str(resolved_dtype)[6:],
                 ", GGUF blocks as stored" if quantize == "gguf" else "", time.monotonic() - started,
                 sorted(loaded.eos_token_ids))

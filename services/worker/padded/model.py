@@ -25,6 +25,9 @@ from ztgi.services.worker.sampling.top_tokens import row_top_tokens
 
 logger = logging.getLogger(__name__)
 
+NO_HIDDEN_STATES = ("embeddings need the paged engine: the padded engine (--kv-cache padded, --backend transformers, "
+                    "or an architecture without a native paged forward) does not return hidden states")
+
 
 @dataclasses.dataclass(frozen=True)
 class PromptLogprobs:
@@ -77,7 +80,7 @@ class PaddedModel:
         logger.info("padded KV cache, %s forward, %s weights", self.backend, linear.describe())
 
     def info(self) -> WorkerInfo:
-        return self.loaded.info()
+        return dataclasses.replace(self.loaded.info(), pooling_error=NO_HIDDEN_STATES)
 
     def warmup(self, command: Warmup, memory_budget_mb: int, cpu_prefill_tokens: int | None,
                step_target_ms: int) -> WarmupResult:
@@ -170,5 +173,6 @@ class PaddedModel:
                 prefill_logprobs=prompt.logprobs if prompt is not None else None,
                 prefill_top_ids=prompt.top[0] if prompt is not None and prompt.top is not None else None,
                 prefill_top_logprobs=prompt.top[1] if prompt is not None and prompt.top is not None else None)
-            generations.append(failed(generation, stopping, batch.chooser.grammar_failure(i)))
+            error = NO_HIDDEN_STATES if request.embed else batch.chooser.grammar_failure(i)
+            generations.append(failed(generation, stopping, error))
         return generations

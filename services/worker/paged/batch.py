@@ -49,6 +49,8 @@ class Sequence:
     lookup: PromptLookup = dataclasses.field(default_factory=PromptLookup)
     acceptance: float = 1.0  # recent share of its proposed tokens that were accepted
     num_draft_computed: int = 0  # tokens whose keys are in the draft model's pool (--draft-model-id)
+    pooled: torch.Tensor | None = None  # an embedding request's hidden states pooled so far (paged/pooler.py)
+    embedding: bytes | None = None  # its vector once the prompt is computed, sent with its one token
 
     @property
     def seq_id(self) -> int:
@@ -179,6 +181,9 @@ def _validate_paged(request: WorkerRequest, block_size: int) -> None:
                          f"tokens, got {request.cache_len}")
     if request.chunk_len is not None and request.chunk_len < 1:
         raise ValueError(f"{where}: `chunk_len` must be >= 1, got {request.chunk_len}")
+    if request.embed and (request.cache_len or request.num_generated):
+        raise ValueError(f"{where}: an embedding request computes its whole prompt: `cache_len` and "
+                         f"`num_generated` must be 0, got {request.cache_len} and {request.num_generated}")
     if request.cache_len > len(request.block_ids) * block_size:
         raise ValueError(f"{where}: `cache_len` {request.cache_len} is beyond its {len(request.block_ids)} blocks")
 

@@ -23,6 +23,7 @@ from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack
 from ztgi.services.worker.models.loading import LoadedModel
 from ztgi.services.worker.paged.batch import PagedBatch, Sequence
 from ztgi.services.worker.paged.draft_proposer import DraftProposer
+from ztgi.services.worker.paged.pooler import Pooler
 from ztgi.services.worker.paged.speculator import Speculator
 from ztgi.services.worker.paged.step_inputs import StepInputs, build_step_inputs
 from ztgi.services.worker.paged.warmup import warm_up
@@ -66,6 +67,7 @@ class PagedModel:
         self.max_step_tokens = 0
         self.draft_model = self._draft_proposer(draft, speculate) if draft is not None else None
         self.speculator = Speculator(speculate, block_size, self.draft_model) if speculate else None
+        self.pooler = Pooler(loaded.pooling.mode, loaded.pooling.error)
 
     def _attention(self) -> str:
         attention = self.forward_pass.attention
@@ -98,7 +100,9 @@ class PagedModel:
         return proposer
 
     def info(self) -> WorkerInfo:
-        info = self.loaded.info()
+        pooling = self.loaded.pooling
+        info = dataclasses.replace(self.loaded.info(), pooling=pooling.mode, pooling_error=pooling.error,
+                                   matryoshka=pooling.matryoshka)
         if self.draft_model is None:
             return info
         return dataclasses.replace(info, draft_model_id=self.draft_model.loaded.name)
@@ -159,10 +163,10 @@ class PagedModel:
         """`generate_token` once the drafts are set (none without speculation); `started` (ns) is
         when the step began."""
         assert self.pool is not None
-        inputs = build_step_inputs(batch, self.pool)
+        inputs = build_step_inputs(batch, self.pool, self.pooler)
         if inputs is None:
             return [], batch, Timings()
-        logits = self.forward_pass(inputs.input_ids, inputs.positions, inputs.attention, self.pool, inputs.logit_rows)
+        logits = self._forward(batch, inputs)
         forward_done = self._synchronize()
         generations = self._advance(batch, inputs, logits)
         next_batch = None if batch.all_stopped else batch
@@ -174,6 +178,19 @@ class PagedModel:
             forward_ns=forward_done - started, decode_ns=done - forward_done, total_ns=done - started,
             num_proposed=counts.num_proposed if counts else 0, num_accepted=counts.num_accepted if counts else 0)
 
+    def _forward(self, batch: PagedBatch, inputs: StepInputs) -> torch.Tensor:
+        """The step's logits; the hidden states embedding requests pool go to their sequences."""
+        assert self.pool is not None
+        if inputs.hidden_rows is None:
+            return self.forward_pass(inputs.input_ids, inputs.positions, inputs.attention, self.pool,
+                                     inputs.logit_rows)
+        logits, hidden = self.forward_pass.logits_and_hidden(inputs.input_ids, inputs.positions, inputs.attention,
+                                                             self.pool, inputs.logit_rows, inputs.hidden_rows)
+        assert hidden is not None, "rows asked, rows given"
+        for index, first, count in inputs.pooled:
+            self.pooler.add(batch.sequences[index], hidden[first:first + count])
+        return logits
+
     def _advance(self, batch: PagedBatch, inputs: StepInputs, logits: torch.Tensor) -> list[Generation]:
         """Chooses the sampled sequences' tokens and moves every planned sequence on."""
         rows: list[list[list[float]]] = []
@@ -181,9 +198,12 @@ class PagedModel:
             rows = self._choose(batch, inputs, logits)
         self._gather_prefill_logprobs(batch, inputs, logits)
         for entry in inputs.entries:
-            batch.sequences[entry.index].num_computed = entry.start + entry.count
-            if batch.sequences[entry.index].is_prefilling:
-                batch.sequences[entry.index].chunk_len = 0  # the scheduler gives the next chunk
+            sequence = batch.sequences[entry.index]
+            sequence.num_computed = entry.start + entry.count
+            if sequence.is_prefilling:
+                sequence.chunk_len = 0  # the scheduler gives the next chunk
+            elif sequence.request.embed and entry.start < sequence.prompt_len:
+                sequence.embedding = self.pooler.finish(sequence)
         # in the batch's order, whatever order the step ran its rows in
         return [generation for index, sequence_rows in sorted(zip(inputs.sampled, rows))
                 for generation in self._generations(batch, index, sequence_rows)]
@@ -207,7 +227,7 @@ class PagedModel:
         sequence = batch.sequences[index]
         if not sequence.draft:
             generation = self._generation(sequence, rows[0])
-            return [failed(generation, sequence.stopping, batch.chooser.grammar_failure(index))]
+            return [failed(generation, sequence.stopping, self._failure(batch, index, generation))]
         num_emitted = Speculator.accepted(sequence.draft, [int(row[0]) for row in rows])
         generations = []
         for row in rows[:num_emitted]:
@@ -217,6 +237,13 @@ class PagedModel:
         assert self.speculator is not None, "only drafted sequences get here"
         self.speculator.settle(batch, index, len(generations))
         return generations
+
+    def _failure(self, batch: PagedBatch, index: int, generation: Generation) -> str | None:
+        """Why the request ends in an error here: its grammar failed, or it asked for an embedding
+        this model cannot pool."""
+        if batch.sequences[index].request.embed and generation.embedding is None:
+            return self.pooler.error
+        return batch.chooser.grammar_failure(index)
 
     @staticmethod
     def _gather_prefill_logprobs(batch: PagedBatch, inputs: StepInputs, logits: torch.Tensor) -> None:
@@ -252,7 +279,8 @@ class PagedModel:
             prefill_ids=list(sequence.tokens[:sequence.prompt_len]) if prefill_logprobs is not None else None,
             prefill_logprobs=list(prefill_logprobs) if prefill_logprobs is not None else None,
             prefill_top_ids=prefill_top[0] if prefill_top is not None else None,
-            prefill_top_logprobs=prefill_top[1] if prefill_top is not None else None)
+            prefill_top_logprobs=prefill_top[1] if prefill_top is not None else None,
+            embedding=sequence.embedding if sequence.stopping.num_generated == 1 else None)
 
     def _synchronize(self) -> int:
         if self.device.type == "cuda":

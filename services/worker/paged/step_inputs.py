@@ -10,6 +10,7 @@ from ztgi.services.worker.layers.attention import AttentionInputs, PrefillSpan, 
 from ztgi.services.worker.layers.host_copy import to_device
 from ztgi.services.worker.layers.kv_pool import KVPool
 from ztgi.services.worker.paged.batch import PagedBatch, Sequence
+from ztgi.services.worker.paged.pooler import Pooler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,14 +33,17 @@ class StepInputs:
     sampled: list[int]  # sequences that choose a token this step (their input is all computed)
     sample_logits: list[int]  # for each of `sampled`, its (first) row in the logits
     logprob_logits: dict[int, int]  # sequence -> first logit of its chunk (prefill logprobs asked)
+    hidden_rows: torch.Tensor | None = None  # [pooled]: rows whose final hidden states embeddings pool
+    pooled: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)  # (sequence, first, count) of those
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
 
-def build_step_inputs(batch: PagedBatch, pool: KVPool) -> StepInputs | None:
-    """The step's inputs, decodes first; None when no sequence has anything to run. ValueError
+def build_step_inputs(batch: PagedBatch, pool: KVPool, pooler: Pooler | None = None) -> StepInputs | None:
+    """The step's inputs, decodes first; None when no sequence has anything to run; with a
+    `pooler`, the rows embedding requests pool. ValueError
     (nothing changed) when a sequence's blocks cannot hold its tokens or are not in the pool.
     Every per-token list is built in Python and becomes a tensor in one call: a few small tensor
     ops per sequence would cost more than the lists."""
@@ -62,10 +66,24 @@ def build_step_inputs(batch: PagedBatch, pool: KVPool) -> StepInputs | None:
     attention = _attention_inputs(sequences, entries[:len(decodes)], entries[len(decodes):],
                                   _int64(slots, device), block_size, device)
     logit_rows, sampled, sample_logits, logprob_logits = _logit_rows(sequences, entries)
+    hidden_rows, pooled = _hidden_rows(sequences, entries, pooler) if pooler is not None else ([], [])
     return StepInputs(
         entries=entries, input_ids=_int64(input_ids, device), positions=_int64(positions, device),
         attention=attention, logit_rows=_int64(logit_rows, device),
-        sampled=sampled, sample_logits=sample_logits, logprob_logits=logprob_logits)
+        sampled=sampled, sample_logits=sample_logits, logprob_logits=logprob_logits,
+        hidden_rows=_int64(hidden_rows, device) if hidden_rows else None, pooled=pooled)
+
+
+def _hidden_rows(sequences: list[Sequence], entries: list[Entry],
+                 pooler: Pooler) -> tuple[list[int], list[tuple[int, int, int]]]:
+    rows: list[int] = []
+    pooled: list[tuple[int, int, int]] = []
+    for e in entries:
+        wanted = pooler.rows(sequences[e.index], e.start, e.count, e.row)
+        if wanted:
+            pooled.append((e.index, len(rows), len(wanted)))
+            rows.extend(wanted)
+    return rows, pooled
 
 
 def _int64(values: list[int], device: torch.device) -> torch.Tensor:
