@@ -18,10 +18,19 @@ from ztgi.services.gateway.config import GatewayConfig
 from ztgi.services.gateway.cors import install_cors
 from ztgi.services.gateway.errors import error_middleware
 from ztgi.services.gateway.metrics import METRICS, GatewayMetrics, handle_metrics, rejection_middleware
+from ztgi.services.gateway.reasoning_start import ReasoningStart
 from ztgi.services.gateway.request_id import echo_request_id, request_id_middleware
 from ztgi.services.gateway.served_model import ServedModel
 from ztgi.services.gateway.sse import EventStream
-from ztgi.services.gateway.state import CLIENT, CONFIG, EXIT_STATUS, SERVED_MODEL, STREAMS, ExitStatus
+from ztgi.services.gateway.state import (
+    CLIENT,
+    CONFIG,
+    EXIT_STATUS,
+    REASONING_START,
+    SERVED_MODEL,
+    STREAMS,
+    ExitStatus,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +82,8 @@ async def _client_context(app: web.Application) -> AsyncIterator[None]:
     client.observe = app[METRICS].observe
     app[CLIENT] = await client.start()
     app[SERVED_MODEL] = ServedModel(client)
+    if config.reasoning_parser is not None:
+        app[REASONING_START] = ReasoningStart(client)
     watcher = asyncio.create_task(_give_up_on_a_failing_handshake(app))
     yield
     watcher.cancel()
