@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from ztgi.common.client.async_client import AsyncZtgiClient
-from ztgi.services.gateway import api_docs, handlers, openai_handlers
+from ztgi.services.gateway import anthropic_messages, api_docs, handlers, openai_handlers
 from ztgi.services.gateway.auth import auth_middleware
 from ztgi.services.gateway.config import GatewayConfig
 from ztgi.services.gateway.cors import install_cors
@@ -66,6 +66,8 @@ def make_app(config: GatewayConfig) -> web.Application:
         web.post("/v1/completions", openai_handlers.completions),
         web.get("/v1/models", openai_handlers.models),
         web.get("/v1/models/{model_id:.+}", openai_handlers.model),
+        web.post("/v1/messages", anthropic_messages.messages),
+        web.post("/v1/messages/count_tokens", anthropic_messages.count_tokens),
         web.get("/docs", api_docs.docs),
         web.get("/api-doc/openapi.json", api_docs.openapi_json),
     ])

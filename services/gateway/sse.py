@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -14,6 +15,14 @@ SSE_HEADERS = {
     "Connection": "keep-alive",
     "X-Accel-Buffering": "no",  # proxies must not hold tokens back
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedEvent:
+    """An event with an `event:` line before its data (Anthropic's streams name every event)."""
+
+    name: str
+    data: Any
 
 
 class _HeadersWithFirstEvent(web.StreamResponse):
@@ -46,8 +55,11 @@ class EventStream:
 
     async def send(self, data: Any) -> None:
         """Writes one event; raises ConnectionResetError once the HTTP client has gone."""
+        name = ""
+        if isinstance(data, NamedEvent):
+            name, data = f"event: {data.name}\n", data.data
         payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-        await self.response.write(f"data: {payload}\n\n".encode())
+        await self.response.write(f"{name}data: {payload}\n\n".encode())
 
     async def close(self) -> None:
         await self.response.write_eof()

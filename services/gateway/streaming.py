@@ -27,18 +27,26 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Render = Callable[[T], Iterable[Any]]
+ErrorEvent = Callable[[str, str], Any]
+"""The last event of a stream that failed, from the error's message and type."""
+
+
+def tgi_error_event(error: str, error_type: str) -> dict[str, str]:
+    return {"error": error, "error_type": error_type}
 
 
 async def serve_sse(request: web.Request, items: AsyncGenerator[T, None], render: Render[T],
                     trailer: Callable[[], Iterable[Any]] = lambda: (),
-                    headers: dict[str, str] | None = None) -> web.StreamResponse:
-    """Writes `render(item)` for every item, then `trailer()` when the items ended well."""
+                    headers: dict[str, str] | None = None,
+                    error_event: ErrorEvent = tgi_error_event) -> web.StreamResponse:
+    """Writes `render(item)` for every item, then `trailer()` when the items ended well (else
+    `error_event` of the failure)."""
     async with contextlib.aclosing(items):
         first = await anext(items)  # an error before the first event raises: an HTTP error
         stream = await EventStream(request, headers).open()
         request.app[STREAMS].add(stream)
         try:
-            await _pump(stream, first, items, render, trailer)
+            await _pump(stream, first, items, render, trailer, error_event)
         except ConnectionError:
             logger.info("HTTP client left a stream; cancelling its requests")
         finally:
@@ -47,7 +55,7 @@ async def serve_sse(request: web.Request, items: AsyncGenerator[T, None], render
 
 
 async def _pump(stream: EventStream, first: T, items: AsyncIterator[T], render: Render[T],
-                trailer: Callable[[], Iterable[Any]]) -> None:
+                trailer: Callable[[], Iterable[Any]], error_event: ErrorEvent) -> None:
     try:
         for payload in render(first):
             await stream.send(payload)
@@ -57,14 +65,14 @@ async def _pump(stream: EventStream, first: T, items: AsyncIterator[T], render: 
         for payload in trailer():
             await stream.send(payload)
     except ZtgiError as exc:
-        await stream.send({"error": exc.message, "error_type": exc.error_type})
+        await stream.send(error_event(exc.message, exc.error_type))
     except asyncio.CancelledError:
         if stream.abort_reason is None:
             raise  # the HTTP client left (or a second cancel): nobody to tell
         task = asyncio.current_task()
         assert task is not None, "a stream is served by a task"
         task.uncancel()
-        await stream.send(stream.abort_reason)
+        await stream.send(error_event(stream.abort_reason["error"], stream.abort_reason["error_type"]))
     await stream.close()
 
 

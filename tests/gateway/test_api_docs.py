@@ -16,7 +16,8 @@ from tests.gateway.sse_reader import read_events
 from ztgi.services.gateway.api_docs import OPENAPI_PATH
 
 ROUTES = ["/", "/generate", "/generate_stream", "/invocations", "/tokenize", "/detokenize", "/health", "/info", "/ping",
-          "/metrics", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model_id}", "/docs",
+          "/metrics", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model_id}", "/v1/messages",
+          "/v1/messages/count_tokens", "/docs",
           "/api-doc/openapi.json"]
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 

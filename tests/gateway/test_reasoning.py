@@ -5,16 +5,20 @@ found by asking a tokenizer. Token texts are scripted."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
 
 import openai
 import pytest
+import requests
 
 from tests.gateway.conftest import REPO_ROOT, GatewayProcess
+from tests.gateway.openapi import validate_response
 from tests.gateway.scripted_scheduler import ScriptedScheduler, token_steps
 from ztgi.common.tool_calls import call_text
+from ztgi.services.gateway.api_docs import openapi_document
 
 QUESTION = [{"role": "user", "content": "Hi"}]
 THINKING = ["<th", "ink>", "\nHmm", ", a greeting.", "</", "think", ">\n", "\n", "Hello", "!"]
@@ -50,6 +54,20 @@ def test_answer_splits_into_reasoning_and_content(client: openai.OpenAI, schedul
     play(scheduler, THINKING)
     message = client.chat.completions.create(model="any", messages=QUESTION, max_tokens=16).choices[0].message
     assert (message.reasoning_content, message.content) == ("\nHmm, a greeting.", "Hello!")
+
+
+def test_answers_match_the_document(thinking_gateway: GatewayProcess, scheduler: ScriptedScheduler) -> None:
+    """A chat answer and its chunks with `reasoning_content` validate against our OpenAPI document."""
+    play(scheduler, THINKING)
+    body = {"messages": QUESTION, "max_tokens": 16}
+    answer = requests.post(thinking_gateway.url + "/v1/chat/completions", json=body, timeout=10).json()
+    assert answer["choices"][0]["message"]["reasoning_content"] == "\nHmm, a greeting."
+    validate_response(openapi_document(), "/v1/chat/completions", "post", 200, answer)
+    stream = requests.post(thinking_gateway.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=10)
+    chunks = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: {")]
+    for chunk in chunks:
+        validate_response(openapi_document(), "/v1/chat/completions", "post", 200, chunk, "text/event-stream")
+    assert any("reasoning_content" in chunk["choices"][0]["delta"] for chunk in chunks)
 
 
 def test_stream_sends_reasoning_deltas_then_content(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
