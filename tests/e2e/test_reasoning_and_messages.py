@@ -27,7 +27,8 @@ GREEDY = {"temperature": 0}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
     with mock.patch.dict(os.environ, {"ZTGI_API_KEY": API_KEY}):
-        launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--reasoning-parser", "think")
+        launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--reasoning-parser", "think",
+                                  startup_timeout_s=300)
     yield launched
     assert launched.stop() == 0, launched.log
 
@@ -77,13 +78,14 @@ def test_messages_answer_as_the_chat_route(messages: anthropic.Anthropic, chat: 
 
 
 def test_messages_tool_use(messages: anthropic.Anthropic) -> None:
-    """`tool_choice: any` makes the model call the tool: a tool_use block whose input fits the
-    schema, the same when streamed as input_json_delta pieces."""
+    """`tool_choice: any` without parallel calls makes the model call the tool once: a tool_use
+    block whose input fits the schema, the same when streamed as input_json_delta pieces."""
     kwargs = {"model": "smollm2", "max_tokens": 48, "messages": [{"role": "user", "content": "Weather in Paris?"}],
-              "tools": [WEATHER], "tool_choice": {"type": "any"}, "extra_body": GREEDY}
+              "tools": [WEATHER], "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+              "extra_body": GREEDY}
     message = messages.messages.create(**kwargs)
     calls = [b for b in message.content if b.type == "tool_use"]
-    assert len(calls) >= 1 and calls[0].name == "get_weather" and isinstance(calls[0].input["city"], str)
+    assert len(calls) == 1 and calls[0].name == "get_weather" and isinstance(calls[0].input["city"], str)
     assert message.stop_reason == "tool_use"
     with messages.messages.stream(**kwargs) as stream:
         streamed = stream.get_final_message()
