@@ -40,7 +40,8 @@ class ReasoningStream:
     """Feed it the answer's text; it says what is reasoning and what is content."""
 
     def __init__(self, opened: bool = False) -> None:
-        self.state = "reasoning" if opened else "start"  # then "reasoning", "answer_start", "content"
+        self.opened = opened
+        self.state = "start"  # then "reasoning", "answer_start", "content"
         self.buffer = ""
 
     def feed(self, text: str, final: bool = False) -> ReasoningSplit:
@@ -57,12 +58,13 @@ class ReasoningStream:
         return split
 
     def _read_start(self, final: bool) -> None:
-        """`<think>` first (after blank space) opens the reasoning; anything else is the answer."""
+        """`<think>` first (after blank space) opens the reasoning; anything else is the answer,
+        or the reasoning when the template opened it (a model may still write `<think>` again)."""
         head = self.buffer.lstrip()
         if head.startswith(OPEN):
             self.state, self.buffer = "reasoning", head[len(OPEN):]
         elif not OPEN.startswith(head) or final:
-            self.state = "content"
+            self.state = "reasoning" if self.opened else "content"
 
     def _read_reasoning(self, final: bool) -> str:
         end = self.buffer.find(CLOSE)

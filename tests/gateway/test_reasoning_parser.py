@@ -56,6 +56,8 @@ def test_template_opened_reasoning() -> None:
     """DeepSeek-R1 style: the prompt ended with `<think>`, only `</think>` appears."""
     for size in (1, 4, 100):
         assert fed("Let me see.\n</think>\n\n42", size, opened=True)[:2] == ("Let me see.\n", "42")
+        assert fed("<think>Again.</think>42", size, opened=True)[:2] == ("Again.", "42")  # the tag written anyway
+    assert fed("Cut short", 3, opened=True)[:2] == ("Cut short", "")
 
 
 def test_unfinished_reasoning_is_all_reasoning() -> None:
