@@ -6,6 +6,7 @@ the same way; only the answer's shape differs (`anthropic_render`, `anthropic_st
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,6 +20,7 @@ from ztgi.services.gateway.anthropic_schemas import (
     parse_messages_request,
 )
 from ztgi.services.gateway.anthropic_stream import MessageStream, error_event
+from ztgi.services.gateway.reasoning_grammar import with_reasoning_room
 from ztgi.services.gateway.reasoning_start import reasoning_opened
 from ztgi.services.gateway.request_id import pipeline_request_id, request_id
 from ztgi.services.gateway.schemas import read_json
@@ -31,10 +33,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
     body = await read_json(request, config.max_payload_bytes, config.body_read_timeout_s)
     parsed = parse_messages_request(body, config.limits, config.max_client_batch_size)
-    chat = parsed.chat
     model = (await request.app[SERVED_MODEL].info()).model_id
     message_id = f"msg_{request_id(request)}"
-    opened = await reasoning_opened(request.app.get(REASONING_START), chat.parameters.grammar is not None)
+    opened = await reasoning_opened(request.app.get(REASONING_START))
+    if opened is not None:
+        parsed = dataclasses.replace(parsed, chat=with_reasoning_room(parsed.chat, opened))
+    chat = parsed.chat
     if chat.stream:
         return await _stream(request, parsed, MessageStream(message_id, model, parsed.stop_sequences, opened,
                                                             chat.tools is not None))

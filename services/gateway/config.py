@@ -44,7 +44,7 @@ class GatewayConfig(PeerConfig, RequestLimits):
         "help": "comma-separated origins allowed to call from a browser (`*`: any)"})
     shutdown_timeout_s: float = 10.0
     reasoning_parser: str | None = dataclasses.field(default=None, metadata={
-        "help": "split answers into `reasoning_content` and `content` at <think>...</think>: think "
+        "help": "split answers into `reasoning_content` and `content` at `<think>...</think>`: think "
                 "(or vLLM's names deepseek_r1, qwen3); none: answers are all content"})
 
     def __post_init__(self) -> None:

@@ -23,6 +23,7 @@ from ztgi.services.gateway.openai_schemas import (
     parse_chat_request,
     parse_completion_request,
 )
+from ztgi.services.gateway.reasoning_grammar import with_reasoning_room
 from ztgi.services.gateway.reasoning_parser import ReasoningSplit, ReasoningStream, split_reasoning
 from ztgi.services.gateway.reasoning_start import reasoning_opened
 from ztgi.services.gateway.request_id import pipeline_request_id, request_id
@@ -42,19 +43,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                               config.limits, config.max_client_batch_size)
     envelope = await _envelope(request, "chatcmpl")
     client = request.app[CLIENT]
-    opened = await reasoning_opened(request.app.get(REASONING_START), chat.parameters.grammar is not None)
+    opened = await reasoning_opened(request.app.get(REASONING_START))
+    if opened is not None:
+        chat = with_reasoning_room(chat, opened)
     if chat.stream:
         return await _stream_chat(request, client, chat, envelope, opened)
     results = await gather_all(client.generate(messages=chat.messages, parameters=chat.choice_parameters(j),
                                                request_id=pipeline_request_id(request),
                                                tools=chat.tools)
                                for j in range(chat.n))
-    results = _without_stop(results, chat.parameters.stop)
-    splits = None if opened is None else [split_reasoning(result.text, opened) for result in results]
-    if splits is not None:
-        results = [dataclasses.replace(r, text=split.content) for r, split in zip(results, splits)]
+    results, reasonings = _without_reasoning(_without_stop(results, chat.parameters.stop), opened)
     return web.json_response(render.chat_completion_json(envelope, results, chat.logprobs, chat.tools is not None,
-                                                         None if splits is None else [s.reasoning for s in splits]))
+                                                         reasonings))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -180,6 +180,16 @@ def _stopped(details: FinalDetails | None) -> bool:
 def _without_stop(results: list[GenerateResult], stop: list[str]) -> list[GenerateResult]:
     """OpenAI's texts end before the stop sequence (the pipeline's end right after it)."""
     return [dataclasses.replace(r, text=trim_stop(r.text, stop, _stopped(r.details))) for r in results]
+
+
+def _without_reasoning(results: list[GenerateResult],
+                       opened: bool | None) -> tuple[list[GenerateResult], list[str] | None]:
+    """With `--reasoning-parser` (`opened` not None): each result's content, and its reasoning."""
+    if opened is None:
+        return results, None
+    splits = [split_reasoning(result.text, opened) for result in results]
+    return [dataclasses.replace(r, text=split.content) for r, split in zip(results, splits)], \
+        [split.reasoning for split in splits]
 
 
 def _streamed_text(trimmer: StopTrimmer, event: StreamEvent) -> str:

@@ -40,10 +40,7 @@ class ReasoningStart:
         return self._opened
 
 
-async def reasoning_opened(start: ReasoningStart | None, constrained: bool) -> bool | None:
-    """How a chat answer's parser starts: None without `--reasoning-parser`; True when the template
-    opened the reasoning block; False when it did not, or when a grammar (tools, response_format)
-    constrains the answer from its first token, which then holds no reasoning."""
-    if start is None:
-        return None
-    return False if constrained else await start.opened()
+async def reasoning_opened(start: ReasoningStart | None) -> bool | None:
+    """How a chat answer's parser starts: None without `--reasoning-parser`, else whether the
+    template opened the reasoning block."""
+    return None if start is None else await start.opened()

@@ -76,7 +76,7 @@ class LaunchConfig(LogConfig, RequestLimits):
         "help": "the gateways' API key, on the first line of this file (or set ZTGI_API_KEY; a flag "
                 "would show in `ps`)"})
     reasoning_parser: str | None = dataclasses.field(default=None, metadata={
-        "help": "the gateways split answers at <think>...</think> into reasoning and content: think "
+        "help": "the gateways split answers at `<think>...</think>` into reasoning and content: think "
                 "(or vLLM's names deepseek_r1, qwen3)"})
     startup_grace_s: float = dataclasses.field(default=600.0, metadata={
         "help": "while workers start (none ready yet since the scheduler started, or one registered and "

@@ -1,13 +1,13 @@
-"""A launched ztgi serving SmolLM2 with `--reasoning-parser think` and an API key: real token
-texts through the `<think>` parser (a regex makes the model write the tags, which it splits into
-several tokens), and the official `anthropic` client on /v1/messages, answering what the chat
-route answers."""
+"""A launched ztgi serving SmolLM2 with `--reasoning-parser think` and an API key: a constrained
+answer through the grammar that leaves room for reasoning, and the official `anthropic` client on
+/v1/messages, answering what the chat route answers."""
 
 from __future__ import annotations
 
+import json
 import os
-import re
 from collections.abc import Iterator
+from typing import Any
 from unittest import mock
 
 import anthropic
@@ -15,10 +15,13 @@ import openai
 import pytest
 
 from tests.e2e.server import LaunchedServer
+from ztgi.common.model_source import ModelSource
+from ztgi.services.tokenizer.loading import load_tokenizer
 
 API_KEY = "e2e-messages-key"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-THINK_THEN_ANSWER = {"type": "regex", "value": r"<think>[a-z ]{3,24}</think>\n\n[A-Z][a-z]{2,10}"}
+CITY = {"type": "json_schema", "json_schema": {"name": "city", "schema": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
 WEATHER = {"name": "get_weather", "description": "The weather in a city", "input_schema": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}
 GREEDY = {"temperature": 0}
@@ -45,19 +48,26 @@ def messages(server: LaunchedServer) -> Iterator[anthropic.Anthropic]:
         yield client
 
 
-def test_think_block_of_real_tokens(chat: openai.OpenAI, server: LaunchedServer) -> None:
-    """The model's `<think>...</think>` answer (tags in several tokens) is split the same whole and
-    streamed; a plain answer is all content (the template, asked once, does not open the block)."""
-    completion = chat.chat.completions.create(model="any", messages=QUESTION, max_tokens=40, temperature=0,
-                                              response_format=THINK_THEN_ANSWER)
-    message = completion.choices[0].message
-    assert re.fullmatch(r"[a-z ]{3,24}", message.reasoning_content) and re.fullmatch(r"[A-Z][a-z]{2,10}",
-                                                                                    message.content)
-    chunks = list(chat.chat.completions.create(model="any", messages=QUESTION, max_tokens=40, temperature=0,
-                                               response_format=THINK_THEN_ANSWER, stream=True))
-    deltas = [c.choices[0].delta for c in chunks]
+def test_constrained_answer_under_the_reasoning_parser(chat: openai.OpenAI, server: LaunchedServer,
+                                                       smollm2: ModelSource) -> None:
+    """Under the grammar that leaves room for reasoning (compiled by the real tokenizer and
+    worker), greedy SmolLM2 opens a think block and reasons until max_tokens: all reasoning, the
+    same whole and streamed. With the tokens that could begin `<think>` biased away it answers the
+    JSON, which is the content. A plain answer is all content (the template does not open the block)."""
+    kwargs: dict[str, Any] = {"model": "any", "messages": QUESTION, "max_tokens": 24, "temperature": 0,
+                              "response_format": CITY}
+    choice = chat.chat.completions.create(**kwargs).choices[0]
+    message = choice.message
+    assert (choice.finish_reason, message.content) == ("length", "")
+    assert message.reasoning_content.startswith("The capital of France")
+    deltas = [c.choices[0].delta for c in chat.chat.completions.create(**kwargs, stream=True)]
+    assert "".join(d.content or "" for d in deltas) == ""
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == message.reasoning_content
-    assert "".join(d.content or "" for d in deltas) == message.content
+    tokenizer = load_tokenizer(smollm2.path)
+    no_think = {str(i): -100 for i in range(len(tokenizer)) if (text := tokenizer.decode([i])) and
+                "<think>".startswith(text)}
+    answered = chat.chat.completions.create(**kwargs, logit_bias=no_think).choices[0].message
+    assert answered.reasoning_content is None and isinstance(json.loads(answered.content)["city"], str)
     plain = chat.chat.completions.create(model="any", messages=QUESTION, max_tokens=6, temperature=0)
     assert plain.choices[0].message.content.startswith("The capital of France")
     assert plain.choices[0].message.reasoning_content is None

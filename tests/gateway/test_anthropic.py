@@ -82,7 +82,7 @@ def test_blocks_become_chat_turns(client: anthropic.Anthropic, scheduler: Script
         ChatMessage("system", "Sys"), ChatMessage("user", "2+3?"),
         ChatMessage("assistant", "", [ToolCall("toolu_1", "add", '{"a": 2, "b": 3}')]),
         ChatMessage("tool", "5", tool_call_id="toolu_1"), ChatMessage("user", "Thanks")]
-    assert [tool.name for tool in sent.tools] == ["add"] and "start: calls | TEXT" in sent.parameters.grammar.value
+    assert [tool.name for tool in sent.tools] == ["add"] and "answer: calls | TEXT" in sent.parameters.grammar.value
 
 
 def test_stream(client: anthropic.Anthropic, scheduler: ScriptedScheduler) -> None:
@@ -132,7 +132,7 @@ def test_tool_use(client: anthropic.Anthropic, scheduler: ScriptedScheduler) -> 
     assert [b.type for b in message.content] == ["thinking", "tool_use"]
     call = message.content[1]
     assert (call.name, call.input, call.id[:6], message.stop_reason) == ("add", {"a": 2, "b": 3}, "toolu_", "tool_use")
-    assert "start: calls\n" in scheduler.messages(Generate)[-1].parameters.grammar.value
+    assert "answer: calls\n" in scheduler.messages(Generate)[-1].parameters.grammar.value
     with client.messages.stream(model="m", max_tokens=64, messages=HI, tools=[ADD]) as stream:
         streamed = stream.get_final_message()
     assert [(b.type, getattr(b, "input", None)) for b in streamed.content] == [("thinking", None),

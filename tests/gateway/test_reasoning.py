@@ -17,6 +17,7 @@ import requests
 from tests.gateway.conftest import REPO_ROOT, GatewayProcess
 from tests.gateway.openapi import validate_response
 from tests.gateway.scripted_scheduler import ScriptedScheduler, token_steps
+from ztgi.common.messages import Generate
 from ztgi.common.tool_calls import call_text
 from ztgi.services.gateway.api_docs import openapi_document
 
@@ -96,7 +97,7 @@ def test_tool_calls_are_read_from_the_content(client: openai.OpenAI, scheduler: 
 
 def test_template_that_opens_the_block(shared_run_dir: str, scheduler: ScriptedScheduler) -> None:
     """A generation prompt ending in `<think>`: the answer starts inside the reasoning (only
-    `</think>` appears), except under a grammar, which constrains it from the first token."""
+    `</think>` appears); a grammar then makes the answer close the block before its JSON."""
     scheduler.generation_prompt = "<|im_start|>assistant\n<think>\n"
     gateway = GatewayProcess(f"ipc://{shared_run_dir}", "--reasoning-parser", "deepseek_r1")
     try:
@@ -107,13 +108,25 @@ def test_template_that_opens_the_block(shared_run_dir: str, scheduler: ScriptedS
             chunks = list(client.chat.completions.create(model="any", messages=QUESTION, stream=True))
             assert "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks) == (
                 "Six times seven.")
-            play(scheduler, ['{"a": ', "1}"])
+            play(scheduler, ["One.", "</think>", '{"a": ', "1}"])
             message = client.chat.completions.create(model="any", messages=QUESTION,
                                                      response_format={"type": "json_object"}).choices[0].message
-            assert (message.reasoning_content, message.content) == (None, '{"a": 1}')
+            assert (message.reasoning_content, message.content) == ("One.", '{"a": 1}')
+            assert scheduler.messages(Generate)[-1].parameters.grammar.value.startswith("start: REASONING answer\n")
     finally:
         returncode, output = gateway.stop()
     assert returncode == 0 and "the chat template opens the reasoning block" in output, output
+
+
+def test_grammar_leaves_room_for_reasoning(client: openai.OpenAI, scheduler: ScriptedScheduler) -> None:
+    """A response_format's grammar goes down after an optional think block; the JSON is the content."""
+    play(scheduler, ["<think>", "JSON it is.", "</think>", "\n", '{"a": 1}'])
+    message = client.chat.completions.create(model="any", messages=QUESTION,
+                                             response_format={"type": "json_object"}).choices[0].message
+    assert (message.reasoning_content, message.content) == ("JSON it is.", '{"a": 1}')
+    grammar = scheduler.messages(Generate)[-1].parameters.grammar
+    assert grammar.type == "lark" and grammar.value.startswith("start: REASONING? answer\n")
+    assert "answer: %json" in grammar.value
 
 
 def test_without_a_parser_answers_are_unchanged(gateway: GatewayProcess, scheduler: ScriptedScheduler) -> None:

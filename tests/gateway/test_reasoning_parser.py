@@ -1,12 +1,14 @@
 """The `<think>` parser as pure logic: whole answers, answers fed piece by piece (tags split
-anywhere), and answers whose template opened the reasoning."""
+anywhere, and as SmolLM2's tokens split them), and answers whose template opened the reasoning."""
 
 from __future__ import annotations
 
 import pytest
 
 from ztgi.common.config import ConfigError
+from ztgi.common.model_source import ModelSource
 from ztgi.services.gateway.reasoning_parser import ReasoningStream, check_reasoning_parser, split_reasoning
+from ztgi.services.tokenizer.loading import load_tokenizer
 
 ANSWER = "<think>\nThe user greets me.\n</think>\n\nHello!"
 
@@ -73,3 +75,17 @@ def test_parser_names() -> None:
         check_reasoning_parser(name)
     with pytest.raises(ConfigError, match="'granite' is not a reasoning parser: use one of think, deepseek_r1"):
         check_reasoning_parser("granite")
+
+
+def test_real_token_texts(smollm2: ModelSource) -> None:
+    """SmolLM2's tokens of a think answer (each tag split into several) feed the same parts; no
+    piece of a tag reaches either part."""
+    tokenizer = load_tokenizer(smollm2.path)
+    ids = tokenizer.encode("<think>\nParis is the capital.\n</think>\n\nParis.", add_special_tokens=False)
+    texts = [tokenizer.decode([token_id]) for token_id in ids]
+    assert "<think>" not in texts and "</think>" not in texts  # the tags are several tokens
+    stream = ReasoningStream()
+    splits = [stream.feed(text, final=i == len(texts) - 1) for i, text in enumerate(texts)]
+    assert "".join(s.reasoning for s in splits) == "\nParis is the capital.\n"
+    assert "".join(s.content for s in splits) == "Paris."
+    assert not any("<" in s.reasoning + s.content or ">" in s.reasoning + s.content for s in splits)
