@@ -16,6 +16,7 @@ from ztgi.services.gateway.anthropic_errors import anthropic_error_json
 from ztgi.services.gateway.anthropic_render import (
     matched_stop_sequence,
     message_json,
+    new_tool_use_id,
     stop_reason,
     text_block,
     thinking_block,
@@ -100,8 +101,7 @@ class MessageStream:
 
     def _call(self, call: ToolCallDelta) -> list[NamedEvent]:
         """A call's start opens a tool_use block; its arguments are that block's JSON, in pieces."""
-        events = [] if call.name is None else self._open("tool_use", tool_use_block(
-            f"toolu_{(call.id or '')[len('call_'):]}", call.name, {}))
+        events = [] if call.name is None else self._open("tool_use", tool_use_block(new_tool_use_id(), call.name, {}))
         if call.arguments:
             events += [NamedEvent("content_block_delta", {"type": "content_block_delta", "index": self.index,
                                                           "delta": {"type": "input_json_delta",
