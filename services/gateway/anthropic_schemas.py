@@ -22,6 +22,11 @@ from ztgi.services.gateway.schemas import json_type, optional_integer
 MESSAGES_FIELDS = frozenset({"model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p",
                              "top_k", "stream", "tools", "tool_choice", "metadata", "cache_control"})
 COUNT_TOKENS_FIELDS = frozenset({"model", "messages", "system"})
+UNSUPPORTED_FIELDS = {"thinking": " (with --reasoning-parser a reasoning model's thinking comes back as a "
+                                  "thinking block, without a budget)",
+                      "output_config": "", "container": "", "mcp_servers": "", "service_tier": "",
+                      "context_management": "", "speed": "", "inference_geo": ""}
+"""Anthropic fields this server knows and does not implement: refused, with what to do instead."""
 _UNSUPPORTED_BLOCKS = frozenset({"image", "document", "search_result", "server_tool_use", "web_search_tool_result",
                                  "container_upload"})
 _USER_BLOCKS = frozenset({"text", "tool_result"})
@@ -72,11 +77,15 @@ def _checked_body(body: Any, fields: frozenset[str], refused: str = "") -> dict:
     if not isinstance(body, dict):
         raise ValidationError("body", "the request body must be a JSON object")
     for name in body:
+        if name in UNSUPPORTED_FIELDS:
+            raise ValidationError(name, f"`{name}` is not supported by this server{UNSUPPORTED_FIELDS[name]}")
         if name not in fields:
             raise ValidationError(name, f"`{name}` {refused}" if name in MESSAGES_FIELDS
                                   else f"`{name}`: unknown field")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise ValidationError("model", "`model` must be a non-empty string")
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise ValidationError("metadata", f"`metadata` must be an object, got {json_type(body['metadata'])}")
     return body
 
 

@@ -163,7 +163,9 @@ def test_stop_sequence(client: anthropic.Anthropic, scheduler: ScriptedScheduler
     ({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "url", "url": "http://x"}}]}]}, "image blocks are not supported"),
     ({"model": "m", "max_tokens": 4, "messages": HI, "frobnicate": 1}, "`frobnicate`: unknown field"),
-    ({"model": "m", "max_tokens": 4, "messages": HI, "thinking": {"type": "enabled"}}, "`thinking`: unknown field"),
+    ({"model": "m", "max_tokens": 4, "messages": HI, "thinking": {"type": "enabled"}},
+     "`thinking` is not supported by this server (with --reasoning-parser"),
+    ({"model": "m", "max_tokens": 4, "messages": HI, "metadata": "u1"}, "`metadata` must be an object"),
     ({"model": "m", "max_tokens": 4, "messages": HI, "tools": [{"type": "web_search_20250305", "name": "s"}]},
      "server tools are not supported"),
     ({"model": "m", "max_tokens": 4, "messages": HI, "tool_choice": {"type": "any"}}, "`tool_choice` needs `tools`"),
