@@ -15,6 +15,7 @@ import requests
 from tests.gateway.conftest import GatewayProcess
 from tests.gateway.openapi import validate_response
 from tests.gateway.scripted_scheduler import ScriptedScheduler, error_steps, token_steps
+from tests.gateway.test_metrics import moved, scrape
 from ztgi.common.messages import ChatMessage, Generate, TokenizeQuery, ToolCall
 from ztgi.common.tool_calls import call_text
 from ztgi.services.gateway.api_docs import openapi_document
@@ -237,3 +238,14 @@ def test_answers_match_the_document(messages_gateway: GatewayProcess, scheduler:
     validate_response(document, "/v1/messages", "post", 400, bad.json())
     refused = post(messages_gateway, body, **{"x-api-key": "wrong"})
     validate_response(document, "/v1/messages", "post", 401, refused.json())
+
+
+def test_messages_count_in_the_metrics(messages_gateway: GatewayProcess) -> None:
+    """A message and a refused one count as generation requests, the refusal by its error type."""
+    before = scrape(messages_gateway)
+    assert post(messages_gateway, {"model": "m", "max_tokens": 2, "messages": HI}).status_code == 200
+    assert post(messages_gateway, {"model": "m", "messages": HI}).status_code == 400
+    after = scrape(messages_gateway)
+    assert moved(before, after, "tgi_request_count_total") == 2
+    assert moved(before, after, "tgi_request_success_total") == 1
+    assert moved(before, after, "tgi_request_failure_total", err="validation") == 1
