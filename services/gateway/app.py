@@ -12,17 +12,34 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from ztgi.common.client.async_client import AsyncZtgiClient
-from ztgi.services.gateway import api_docs, embeddings, handlers, openai_handlers, responses_handlers
+from ztgi.services.gateway import (
+    anthropic_messages,
+    api_docs,
+    embeddings,
+    handlers,
+    openai_handlers,
+    responses_handlers,
+)
 from ztgi.services.gateway.auth import auth_middleware
 from ztgi.services.gateway.config import GatewayConfig
 from ztgi.services.gateway.cors import install_cors
 from ztgi.services.gateway.errors import error_middleware
 from ztgi.services.gateway.metrics import METRICS, GatewayMetrics, handle_metrics, rejection_middleware
+from ztgi.services.gateway.reasoning_start import ReasoningStart
 from ztgi.services.gateway.request_id import echo_request_id, request_id_middleware
 from ztgi.services.gateway.responses_store import ResponseStore
 from ztgi.services.gateway.served_model import ServedModel
 from ztgi.services.gateway.sse import EventStream
-from ztgi.services.gateway.state import CLIENT, CONFIG, EXIT_STATUS, RESPONSE_STORE, SERVED_MODEL, STREAMS, ExitStatus
+from ztgi.services.gateway.state import (
+    CLIENT,
+    CONFIG,
+    EXIT_STATUS,
+    REASONING_START,
+    RESPONSE_STORE,
+    SERVED_MODEL,
+    STREAMS,
+    ExitStatus,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +80,8 @@ def make_app(config: GatewayConfig) -> web.Application:
         web.post("/v1/embeddings", embeddings.embeddings),
         web.get("/v1/models", openai_handlers.models),
         web.get("/v1/models/{model_id:.+}", openai_handlers.model),
+        web.post("/v1/messages", anthropic_messages.messages),
+        web.post("/v1/messages/count_tokens", anthropic_messages.count_tokens),
         web.get("/docs", api_docs.docs),
         web.get("/api-doc/openapi.json", api_docs.openapi_json),
     ])
@@ -79,6 +98,8 @@ async def _client_context(app: web.Application) -> AsyncIterator[None]:
     client.observe = app[METRICS].observe
     app[CLIENT] = await client.start()
     app[SERVED_MODEL] = ServedModel(client)
+    if config.reasoning_parser is not None:
+        app[REASONING_START] = ReasoningStart(client)
     watcher = asyncio.create_task(_give_up_on_a_failing_handshake(app))
     yield
     watcher.cancel()

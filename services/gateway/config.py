@@ -7,6 +7,7 @@ import dataclasses
 from ztgi.common.config import ConfigError, require
 from ztgi.common.request_limit import MAX_CLIENT_BATCH_SIZE, MAX_PAYLOAD_BYTES
 from ztgi.common.service_config import PeerConfig, RequestLimits
+from ztgi.services.gateway.reasoning_parser import check_reasoning_parser
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,9 @@ class GatewayConfig(PeerConfig, RequestLimits):
     cors_allow_origin: str = dataclasses.field(default="", metadata={
         "help": "comma-separated origins allowed to call from a browser (`*`: any)"})
     shutdown_timeout_s: float = 10.0
+    reasoning_parser: str | None = dataclasses.field(default=None, metadata={
+        "help": "split answers into `reasoning_content` and `content` at `<think>...</think>`: think "
+                "(or vLLM's names deepseek_r1, qwen3); none: answers are all content"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -55,6 +59,7 @@ class GatewayConfig(PeerConfig, RequestLimits):
         require(self.query_timeout_s > 0, "--query-timeout-s must be positive")
         require(self.heartbeat_misses > 0, "--heartbeat-misses must be positive")
         require(self.shutdown_timeout_s >= 0, "--shutdown-timeout-s must be >= 0")
+        check_reasoning_parser(self.reasoning_parser)
         if self.api_key_file is not None:
             require(self.api_key is None, "give the API key once: --api-key or --api-key-file, not both")
             object.__setattr__(self, "api_key", read_api_key(self.api_key_file))

@@ -1,7 +1,8 @@
 """Domain errors to JSON errors with TGI's statuses.
 
 TGI routes answer TGI's `{"error": ..., "error_type": ...}`; `/v1` routes answer OpenAI's
-`{"error": {"message", "type", "param", "code"}}` (`code` carries TGI's error type).
+`{"error": {"message", "type", "param", "code"}}` (`code` carries TGI's error type), and
+`/v1/messages` Anthropic's (`anthropic_errors`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from aiohttp import web
 
 from ztgi.common.client.errors import ZtgiError
 from ztgi.common.parameters import ValidationError
+from ztgi.services.gateway.anthropic_errors import anthropic_error_json, anthropic_status, is_anthropic_path
 from ztgi.services.gateway.state import REQUEST_ID
 
 logger = logging.getLogger(__name__)
@@ -68,7 +70,11 @@ def openai_error_json(error: str, error_type: str, param: str | None = None) -> 
 
 def error_for(request: web.Request, status: int, error: str, error_type: str, param: str | None = None,
               headers: dict[str, str] | None = None) -> web.Response:
-    """The error in the shape of the route's API: OpenAI's under /v1, TGI's elsewhere."""
+    """The error in the shape of the route's API: Anthropic's on /v1/messages, OpenAI's under the
+    rest of /v1, TGI's elsewhere."""
+    if is_anthropic_path(request.path):
+        return web.json_response(anthropic_error_json(error, status), status=anthropic_status(status),
+                                 headers=headers)
     if request.path.startswith(OPENAI_PREFIX):
         return web.json_response(openai_error_json(error, error_type, param), status=status, headers=headers)
     return web.json_response({"error": error, "error_type": error_type}, status=status, headers=headers)

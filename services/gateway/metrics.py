@@ -37,7 +37,7 @@ DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 1
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 GENERATION_PATHS = frozenset({"/", "/generate", "/generate_stream", "/invocations", "/v1/chat/completions",
-                              "/v1/completions", "/v1/responses"})
+                              "/v1/completions", "/v1/responses", "/v1/messages"})
 
 
 class GatewayMetrics:

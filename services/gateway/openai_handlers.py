@@ -23,9 +23,12 @@ from ztgi.services.gateway.openai_schemas import (
     parse_chat_request,
     parse_completion_request,
 )
+from ztgi.services.gateway.reasoning_grammar import with_reasoning_room
+from ztgi.services.gateway.reasoning_parser import ReasoningSplit, ReasoningStream, split_reasoning
+from ztgi.services.gateway.reasoning_start import reasoning_opened
 from ztgi.services.gateway.request_id import pipeline_request_id, request_id
 from ztgi.services.gateway.schemas import read_json
-from ztgi.services.gateway.state import CLIENT, CONFIG, SERVED_MODEL
+from ztgi.services.gateway.state import CLIENT, CONFIG, REASONING_START, SERVED_MODEL
 from ztgi.services.gateway.stop_trim import StopTrimmer, trim_stop
 from ztgi.services.gateway.streaming import gather_all, merge, serve_sse
 from ztgi.services.gateway.tool_stream import ToolCallStream
@@ -40,14 +43,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                               config.limits, config.max_client_batch_size)
     envelope = await _envelope(request, "chatcmpl")
     client = request.app[CLIENT]
+    opened = await reasoning_opened(request.app.get(REASONING_START))
+    if opened is not None:
+        chat = with_reasoning_room(chat, opened)
     if chat.stream:
-        return await _stream_chat(request, client, chat, envelope)
+        return await _stream_chat(request, client, chat, envelope, opened)
     results = await gather_all(client.generate(messages=chat.messages, parameters=chat.choice_parameters(j),
                                                request_id=pipeline_request_id(request),
                                                tools=chat.tools)
                                for j in range(chat.n))
-    results = _without_stop(results, chat.parameters.stop)
-    return web.json_response(render.chat_completion_json(envelope, results, chat.logprobs, chat.tools is not None))
+    results, reasonings = _without_reasoning(_without_stop(results, chat.parameters.stop), opened)
+    return web.json_response(render.chat_completion_json(envelope, results, chat.logprobs, chat.tools is not None,
+                                                         reasonings))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -175,6 +182,16 @@ def _without_stop(results: list[GenerateResult], stop: list[str]) -> list[Genera
     return [dataclasses.replace(r, text=trim_stop(r.text, stop, _stopped(r.details))) for r in results]
 
 
+def _without_reasoning(results: list[GenerateResult],
+                       opened: bool | None) -> tuple[list[GenerateResult], list[str] | None]:
+    """With `--reasoning-parser` (`opened` not None): each result's content, and its reasoning."""
+    if opened is None:
+        return results, None
+    splits = [split_reasoning(result.text, opened) for result in results]
+    return [dataclasses.replace(r, text=split.content) for r, split in zip(results, splits)], \
+        [split.reasoning for split in splits]
+
+
 def _streamed_text(trimmer: StopTrimmer, event: StreamEvent) -> str:
     """The event's token text (none for special tokens), with stop sequences held back and left out."""
     text = "" if event.token is None or event.token.special else event.token.text
@@ -182,21 +199,26 @@ def _streamed_text(trimmer: StopTrimmer, event: StreamEvent) -> str:
 
 
 async def _stream_chat(request: web.Request, client: AsyncZtgiClient, chat: OpenAIRequest,
-                       envelope: Envelope) -> web.StreamResponse:
+                       envelope: Envelope, opened: bool | None) -> web.StreamResponse:
     final: list[FinalDetails] = []
     trimmers = [StopTrimmer(chat.parameters.stop) for _ in range(chat.n)]
     calls = [ToolCallStream() for _ in range(chat.n)] if chat.tools is not None else None
+    reasoners = None if opened is None else [ReasoningStream(opened) for _ in range(chat.n)]
 
     def chunks(item: tuple[int, StreamEvent]) -> Iterable[Any]:
         index, event = item
         if event.details is not None:
             final.append(event.details)
-        text = _streamed_text(trimmers[index], event)
+        split = ReasoningSplit(content=_streamed_text(trimmers[index], event))
+        if reasoners is not None:
+            split = reasoners[index].feed(split.content, final=event.is_final)
         if calls is None:
-            return [render.chat_chunk_json(envelope, event, chat.logprobs, index, text)]
-        content, deltas = calls[index].feed(text, final=event.is_final)
-        return [render.chat_tool_chunk_json(envelope, event, chat.logprobs, index, content, deltas,
-                                            calls[index].num_calls)]
+            chunk = render.chat_chunk_json(envelope, event, chat.logprobs, index, split.content)
+        else:
+            content, deltas = calls[index].feed(split.content, final=event.is_final)
+            chunk = render.chat_tool_chunk_json(envelope, event, chat.logprobs, index, content, deltas,
+                                                calls[index].num_calls)
+        return [render.with_reasoning(chunk, split.reasoning)]
 
     def trailer() -> Iterable[Any]:
         usage = [render.chat_usage_chunk_json(envelope, final, chat.n)] if chat.include_usage and final else []

@@ -52,9 +52,11 @@ def chat_logprobs_json(tokens: list[Token], top_tokens: list[list[Token]]) -> di
         for token, top in zip(tokens, top_tokens)]}
 
 
-def chat_choice_json(index: int, result: GenerateResult, logprobs: bool, tools: bool = False) -> dict[str, Any]:
+def chat_choice_json(index: int, result: GenerateResult, logprobs: bool, tools: bool = False,
+                     reasoning: str | None = None) -> dict[str, Any]:
     """One choice; with `tools`, an answer made of calls is `message.tool_calls` (of an answer cut
-    short by `max_tokens`, the calls it finished: finish_reason stays `length`)."""
+    short by `max_tokens`, the calls it finished: finish_reason stays `length`); `reasoning` (with
+    `--reasoning-parser`) is `message.reasoning_content`."""
     message: dict[str, Any] = {"role": "assistant", "content": result.text}
     reason = finish_reason(result.details)
     calls = parse_calls(result.text, truncated=reason == "length") if tools else None
@@ -63,6 +65,8 @@ def chat_choice_json(index: int, result: GenerateResult, logprobs: bool, tools: 
             {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
             for name, arguments in calls]}
         reason = tool_calls_finish_reason(reason)
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning or None
     return {"index": index, "message": message,
             "logprobs": chat_logprobs_json(result.tokens, result.top_tokens) if logprobs else None,
             "finish_reason": reason}
@@ -74,9 +78,10 @@ def tool_calls_finish_reason(reason: str | None) -> str | None:
 
 
 def chat_completion_json(envelope: Envelope, results: list[GenerateResult], logprobs: bool,
-                         tools: bool = False) -> dict[str, Any]:
-    """The chat completion with one choice per result (`n`)."""
-    choices = [chat_choice_json(index, result, logprobs, tools) for index, result in enumerate(results)]
+                         tools: bool = False, reasonings: list[str] | None = None) -> dict[str, Any]:
+    """The chat completion with one choice per result (`n`), each with its reasoning when given."""
+    choices = [chat_choice_json(index, result, logprobs, tools, None if reasonings is None else reasonings[index])
+               for index, result in enumerate(results)]
     return envelope.wrap("chat.completion", choices=choices,
                          usage=usage_json([r.details for r in results], n=len(results)))
 
@@ -105,6 +110,13 @@ def chat_tool_chunk_json(envelope: Envelope, event: StreamEvent, logprobs: bool,
         choice["delta"]["tool_calls"] = [call.json() for call in calls]
     if num_calls:
         choice["finish_reason"] = tool_calls_finish_reason(choice["finish_reason"])
+    return chunk
+
+
+def with_reasoning(chunk: dict[str, Any], reasoning: str) -> dict[str, Any]:
+    """The chunk with the reasoning its token added (`delta.reasoning_content`, as vLLM sends it)."""
+    if reasoning:
+        chunk["choices"][0]["delta"]["reasoning_content"] = reasoning
     return chunk
 
 

@@ -19,10 +19,11 @@ SSE_HEADERS = {
 
 @dataclasses.dataclass(frozen=True)
 class NamedEvent:
-    """An event sent with its name on an `event:` line before its data (the Responses API's)."""
+    """An event sent with its name on an `event:` line before its data (the Responses API's and
+    Anthropic's streams name every event)."""
 
     name: str
-    data: dict[str, Any]
+    data: Any
 
 
 class _HeadersWithFirstEvent(web.StreamResponse):

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from ztgi.common.client.async_client import AsyncZtgiClient
 from ztgi.services.gateway.config import GatewayConfig
+from ztgi.services.gateway.reasoning_start import ReasoningStart
 from ztgi.services.gateway.responses_store import ResponseStore
 from ztgi.services.gateway.served_model import ServedModel
 
@@ -23,6 +24,8 @@ class ExitStatus:
 CONFIG = web.AppKey("config", GatewayConfig)
 CLIENT = web.AppKey("client", AsyncZtgiClient)
 SERVED_MODEL = web.AppKey("served_model", ServedModel)
+REASONING_START = web.AppKey("reasoning_start", ReasoningStart)
+"""Set with `--reasoning-parser` only: whether answers start inside the reasoning."""
 STREAMS = web.AppKey("streams", weakref.WeakSet)
 """Open SSE streams (`EventStream`), ended with a reason when the gateway shuts down."""
 EXIT_STATUS = web.AppKey("exit_status", ExitStatus)

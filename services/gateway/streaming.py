@@ -73,7 +73,8 @@ async def _pump(stream: EventStream, first: T, items: AsyncIterator[T], render: 
         task = asyncio.current_task()
         assert task is not None, "a stream is served by a task"
         task.uncancel()
-        await stream.send(stream.abort_reason)
+        for payload in failure(ZtgiError(stream.abort_reason["error"], stream.abort_reason["error_type"])):
+            await stream.send(payload)
     await stream.close()
 
 

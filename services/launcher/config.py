@@ -8,6 +8,7 @@ from ztgi.common.config import require
 from ztgi.common.model_source import DEFAULT_MODEL_ID
 from ztgi.common.request_limit import MAX_CONCURRENT_REQUESTS
 from ztgi.common.service_config import LogConfig, RequestLimits
+from ztgi.services.gateway.reasoning_parser import check_reasoning_parser
 from ztgi.services.scheduler.placement import CACHE_AWARE, PLACEMENTS
 from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, KV_CACHES
 
@@ -74,6 +75,9 @@ class LaunchConfig(LogConfig, RequestLimits):
     api_key_file: str | None = dataclasses.field(default=None, metadata={
         "help": "the gateways' API key, on the first line of this file (or set ZTGI_API_KEY; a flag "
                 "would show in `ps`)"})
+    reasoning_parser: str | None = dataclasses.field(default=None, metadata={
+        "help": "the gateways split answers at `<think>...</think>` into reasoning and content: think "
+                "(or vLLM's names deepseek_r1, qwen3)"})
     startup_grace_s: float = dataclasses.field(default=600.0, metadata={
         "help": "while workers start (none ready yet since the scheduler started, or one registered and "
                 "warming up), a queued request waits this long for one instead of --no-worker-timeout-s"})
@@ -115,6 +119,7 @@ class LaunchConfig(LogConfig, RequestLimits):
         require(0 <= self.drain_timeout_s < self.shutdown_timeout_s,
                 f"--drain-timeout-s ({self.drain_timeout_s:g}) must be >= 0 and less than "
                 f"--shutdown-timeout-s ({self.shutdown_timeout_s:g}), or children are killed mid-drain")
+        check_reasoning_parser(self.reasoning_parser)
 
     def shared_environment(self, scheduler_url: str) -> dict[str, str]:
         """ZTGI_* variables for every child: the settings more than one service reads."""
@@ -126,7 +131,8 @@ class LaunchConfig(LogConfig, RequestLimits):
                  "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",
                  "max_waiting_tokens",
                  "pipeline_decode", "prefix_caching", "placement", "heartbeat_interval_ms", "heartbeat_misses",
-                 "no_worker_timeout_s", "startup_grace_s", "drain_timeout_s", "health_window_s", "api_key_file")
+                 "no_worker_timeout_s", "startup_grace_s", "drain_timeout_s", "health_window_s", "api_key_file",
+                 "reasoning_parser")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names
                if getattr(self, name) is not None}
         if self.quantized_max_rows is None:  # none is not the worker's default: say it

@@ -28,13 +28,18 @@ from ztgi.common.messages import (
     Hello,
     InfoReply,
     Query,
+    SimpleToken,
     StatsReply,
     StreamEvent,
     StreamEvents,
     Token,
+    TokenizeQuery,
+    TokenizeReply,
 )
 
 Steps = list[list[StreamEvent]]
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+"""What its chat template adds after the turns (a reasoning model's may end with `<think>`)."""
 Script = Callable[[Generate], Steps]
 
 
@@ -91,6 +96,7 @@ class ScriptedScheduler:
         self.script: Script = default_script
         self.health = (True, "ok")
         self.answer_queries = True
+        self.generation_prompt = GENERATION_PROMPT
         self.received: list[tuple[bytes, Any]] = []
         self._playbacks: list[_Playback] = []
         self._condition = threading.Condition()
@@ -118,6 +124,7 @@ class ScriptedScheduler:
             self.script = default_script
             self.health = (True, "ok")
             self.answer_queries = True
+            self.generation_prompt = GENERATION_PROMPT
             self.received.clear()
 
     def wait_for(self, predicate: Callable[[Any], bool], timeout_s: float = 5.0) -> Any:
@@ -163,6 +170,8 @@ class ScriptedScheduler:
                     self._send(socket, client_id, Heartbeat(self.boot_nonce))
                 case Query() if self.answer_queries:
                     self._send(socket, client_id, self._reply(msg))
+                case TokenizeQuery() if self.answer_queries:
+                    self._send(socket, client_id, self._tokenize(msg))
                 case Generate():
                     steps = self.script(msg)
                     if steps:  # no steps: a request the scheduler sits on
@@ -185,6 +194,14 @@ class ScriptedScheduler:
     @staticmethod
     def _send(socket: zmq.Socket, client_id: bytes, msg: Any) -> None:
         socket.send_multipart([client_id, encode(msg)])
+
+    def _tokenize(self, query: TokenizeQuery) -> TokenizeReply:
+        """One token: the text, or with messages a ChatML prompt ending in `generation_prompt`."""
+        text = query.inputs
+        if query.messages is not None:
+            text = "".join(f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in query.messages)
+            text += self.generation_prompt
+        return TokenizeReply(query.query_id, [SimpleToken(0, text, 0, len(text))])
 
     def _reply(self, query: Query) -> Any:
         match query.kind:

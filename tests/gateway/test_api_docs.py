@@ -17,7 +17,8 @@ from ztgi.services.gateway.api_docs import OPENAPI_PATH
 
 ROUTES = ["/", "/generate", "/generate_stream", "/invocations", "/tokenize", "/detokenize", "/health", "/info", "/ping",
           "/metrics", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/{response_id}",
-          "/v1/embeddings", "/v1/models", "/v1/models/{model_id}", "/docs", "/api-doc/openapi.json"]
+          "/v1/embeddings", "/v1/models", "/v1/models/{model_id}", "/v1/messages", "/v1/messages/count_tokens", "/docs",
+          "/api-doc/openapi.json"]
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
 

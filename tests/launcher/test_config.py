@@ -43,3 +43,17 @@ def test_placement_reaches_the_scheduler_and_a_bad_one_is_refused() -> None:
     for cls in (LaunchConfig, SchedulerConfig):
         with pytest.raises(ConfigError, match="--placement 'random' must be one of cache-aware, round-robin"):
             parse_config(cls, ["--placement", "random"])
+
+
+def test_reasoning_parser_reaches_the_gateways() -> None:
+    """`--reasoning-parser qwen3` travels as ZTGI_REASONING_PARSER, which the gateway's config reads;
+    none is not sent (answers stay whole)."""
+    import argparse
+
+    from ztgi.common.config import config_from_namespace
+    from ztgi.services.gateway.config import GatewayConfig
+
+    env = parse_config(LaunchConfig, ["--reasoning-parser", "qwen3"]).shared_environment("ipc:///tmp/x")
+    assert env["ZTGI_REASONING_PARSER"] == "qwen3"
+    assert config_from_namespace(GatewayConfig, argparse.Namespace(), env).reasoning_parser == "qwen3"
+    assert "ZTGI_REASONING_PARSER" not in parse_config(LaunchConfig, []).shared_environment("ipc:///tmp/x")
