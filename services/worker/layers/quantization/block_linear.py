@@ -49,9 +49,11 @@ __all__ = ["BLOCK_SIZE", "BlockLinear", "Int4BlockLinear", "Int8BlockLinear", "q
 class BlockWeights(ctypes.Structure):
     """`kernels/csrc/block_weights.h`'s descriptor."""
 
-    _fields_ = [("bits", ctypes.c_int32), ("sub_block", ctypes.c_int32), ("center", ctypes.c_int32),
-                ("unused", ctypes.c_int32), ("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64),
-                ("codes", POINTER), ("planes", POINTER), ("scales", POINTER), ("offsets", POINTER)]
+    _fields_ = [("bits", ctypes.c_int32), ("sub_block", ctypes.c_int32), ("super_block", ctypes.c_int32),
+                ("center", ctypes.c_int32), ("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64),
+                ("codes", POINTER), ("planes", POINTER), ("scale_factors", POINTER), ("offset_factors", POINTER),
+                ("scale_integers", POINTER), ("offset_integers", POINTER), ("half_factors", ctypes.c_int32),
+                ("unused", ctypes.c_int32)]
 
 
 @functools.cache
@@ -104,9 +106,11 @@ class BlockLinear:
         self.large_rows = LARGE_ROWS[codes.bits]
         self._kernel, self._dequantize = kernels
         lay = self.layout
-        self.weights = BlockWeights(lay.bits, lay.sub_block, lay.center, 0, lay.in_features, lay.out_features,
-                                    _address(lay.codes), _address(lay.planes), _address(lay.scales),
-                                    _address(lay.offsets))
+        self.weights = BlockWeights(lay.bits, lay.sub_block, lay.super_block, lay.center, lay.in_features,
+                                    lay.out_features, _address(lay.codes), _address(lay.planes),
+                                    _address(lay.scale_factors), _address(lay.offset_factors),
+                                    _address(lay.scale_integers), _address(lay.offset_integers),
+                                    lay.scale_factors.dtype == torch.float16, 0)
         self._weights_address = ctypes.addressof(self.weights)
 
     def kernel_address(self) -> int:
@@ -184,7 +188,7 @@ class Int4BlockLinear(BlockLinear):
         kernels = _kernels()
         if kernels is None:
             return None
-        return cls(BlockCodes(codes.to(torch.uint8), 4, BLOCK_SIZE, scales.float(), offsets.float()), kernels)
+        return cls(BlockCodes.plain(codes.to(torch.uint8), 4, BLOCK_SIZE, scales.float(), offsets.float()), kernels)
 
 
 class Int8BlockLinear(BlockLinear):
@@ -197,4 +201,4 @@ class Int8BlockLinear(BlockLinear):
         if kernels is None:
             return None
         unsigned = (codes.to(torch.int16) + 128).to(torch.uint8)  # VNNI takes the weights unsigned
-        return cls(BlockCodes(unsigned, 8, BLOCK_SIZE, scales.float(), -128 * scales.float()), kernels)
+        return cls(BlockCodes.plain(unsigned, 8, BLOCK_SIZE, scales.float(), -128 * scales.float()), kernels)
