@@ -113,3 +113,38 @@ def test_integers_out_of_int8_range_are_refused():
         FactoredScales(torch.ones(2, 8), None, 256, 32)
     assert np.isclose(FactoredScales.of_integers(torch.full((1, 1), 0.5), torch.arange(-4, 4).view(1, 8), 256, 32)
                       .values().numpy(), np.arange(-4, 4) / 2).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_parts_of_different_kinds_stack_each_as_stored(dtype):
+    """Q4_K q and k beside a Q6_K v: one layer of two packed parts (q and k as one 4-bit matrix, v
+    6-bit), no code widened; one call gives each part's exact block arithmetic in its columns, also
+    into a slice of wider rows; de-quantized (and above `large_rows`) the parts' weights stacked."""
+    q, k, v = _codes(Q.Q4_K, 32, seed=1), _codes(Q.Q4_K, 16, seed=2), _codes(Q.Q6_K, 21, seed=3)
+    layer = BlockLinear.load_stacked([q, k, v])
+    assert layer is not None and [lay.bits for lay in layer.layouts] == [4, 6] and layer.out_features == 69
+    assert layer.nbytes == sum(BlockLayout.pack(c).nbytes for c in (BlockCodes.concat([q, k]), v))
+    with pytest.raises(ValueError, match="layouts"):
+        _ = layer.layout
+    weights = torch.cat([q.dequantized(), k.dequantized(), v.dequantized()])
+    assert torch.equal(layer.dequantized(), weights)
+    assert torch.equal(layer.dequantize(torch.float32), weights)
+    for rows in (1, 17):
+        x = torch.randn(rows, IN_FEATURES, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        wide = torch.full((rows, 80), float("nan"), dtype=dtype)
+        got = layer.product_into(x, wide[:, 4:73])
+        for part, columns in ((q, slice(0, 32)), (k, slice(32, 48)), (v, slice(48, 69))):
+            assert_sum_of(got[:, columns], exact_terms(x, part, BlockLayout.pack(part).center))
+        assert wide[:, :4].isnan().all() and wide[:, 73:].isnan().all()
+    x = torch.randn(layer.large_rows + 1, IN_FEATURES, generator=torch.Generator().manual_seed(9)).to(dtype)
+    assert torch.equal(layer(x), torch.mm(x, weights.to(dtype).t()))
+
+
+@needs_kernel
+def test_parts_of_one_kind_stack_into_one_matrix():
+    """gate and up, both Q4_K: one packed matrix, as `BlockCodes.concat` gives."""
+    gate, up = _codes(Q.Q4_K, 16, seed=4), _codes(Q.Q4_K, 32, seed=5)
+    layer = BlockLinear.load_stacked([gate, up])
+    assert layer is not None and len(layer.layouts) == 1
+    assert torch.equal(layer.dequantized(), BlockCodes.concat([gate, up]).dequantized())

@@ -34,6 +34,7 @@
 #define GROUPS (BLOCK / 4)  /* four inputs per VNNI lane */
 #define ROWS_PER_PASS 8     /* rows of x sharing each loaded block of weights */
 #define FINER 254           /* second-level steps per first-level step */
+#define MAX_PARTS 8         /* of a stacked matrix */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 typedef struct {
@@ -119,14 +120,18 @@ ALWAYS_INLINE __m512 load_factors(const void *factors, int64_t at, int half) {
     return _mm512_loadu_ps((const float *)factors + at);
 }
 
+/* 16 outputs' `factor` times their integers at `at` (exact in float32), or `factor` where there are none. */
+ALWAYS_INLINE __m512 times_integers(__m512 factor, const int8_t *integers, int64_t at) {
+    if (integers == NULL) return factor;
+    __m128i small = _mm_loadu_si128((const __m128i *)(integers + at));
+    return _mm512_mul_ps(factor, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(small)));
+}
+
 /* 16 outputs' scales (or offsets) of one sub-block: the factors at `factor_at` times the integers
- * at `integer_at` (exact in float32), or the factors alone where there are no integers. */
+ * at `integer_at`. */
 ALWAYS_INLINE __m512 factored(const void *factors, const int8_t *integers, int half, int64_t factor_at,
                               int64_t integer_at) {
-    __m512 factor = load_factors(factors, factor_at, half);
-    if (integers == NULL) return factor;
-    __m128i small = _mm_loadu_si128((const __m128i *)(integers + integer_at));
-    return _mm512_mul_ps(factor, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(small)));
+    return times_integers(load_factors(factors, factor_at, half), integers, integer_at);
 }
 
 /* Where tile `tile`'s factors (`*factor_at`) and integers (`*integer_at`) of the sub-block holding
@@ -155,18 +160,27 @@ ALWAYS_INLINE void tile_rows(const Product *p, int64_t tile, int64_t first, cons
     const int center = w->center, subs = BLOCK / sub_block, half = w->half_factors;
     const int super_shift = __builtin_ctz((unsigned)w->super_block);
     const int64_t factor_base = tile * (w->in_features >> super_shift) * TILE, integer_base = tile * p->blocks * subs * TILE;
-    __m512 sums[ROWS_PER_PASS];
+    __m512 scale_factor = _mm512_setzero_ps(), offset_factor = _mm512_setzero_ps(), sums[ROWS_PER_PASS];
     for (int r = 0; r < count; r++) sums[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < p->blocks; b++) {
         __m512i groups[GROUPS];
         load_groups(w, p->blocks, tile, b, bits, groups);
         __m512 scales[2], offsets[2];
+        if (w->scale_integers != NULL && ((b * BLOCK) & (w->super_block - 1)) == 0) { /* one per super-block */
+            int64_t factor_at = factor_base + ((b * BLOCK) >> super_shift) * TILE;
+            scale_factor = load_factors(w->scale_factors, factor_at, half);
+            if (has_offsets) offset_factor = load_factors(w->offset_factors, factor_at, half);
+        }
         for (int s = 0; s < subs; s++) {
             int64_t factor_at = factor_base + ((b * BLOCK + s * sub_block) >> super_shift) * TILE;
             int64_t integer_at = integer_base + (b * subs + s) * TILE;
-            scales[s] = factored(w->scale_factors, w->scale_integers, half, factor_at, integer_at);
-            offsets[s] = has_offsets ? factored(w->offset_factors, w->offset_integers, half, factor_at, integer_at)
-                                     : _mm512_setzero_ps();
+            if (w->scale_integers != NULL) {
+                scales[s] = times_integers(scale_factor, w->scale_integers, integer_at);
+                offsets[s] = times_integers(offset_factor, w->offset_integers, integer_at);
+            } else {
+                scales[s] = load_factors(w->scale_factors, factor_at, half);
+                offsets[s] = has_offsets ? load_factors(w->offset_factors, factor_at, half) : _mm512_setzero_ps();
+            }
         }
         for (int r = 0; r < count; r++) {
             int64_t row_block = (first + r) * p->blocks + b;
@@ -250,17 +264,55 @@ static int valid(const BlockWeights *w) {
     int sub_ok = w->sub_block == HALF || w->sub_block == BLOCK;
     int super_ok = w->super_block >= w->sub_block && (w->super_block & (w->super_block - 1)) == 0
                    && w->in_features % w->super_block == 0;
-    int integers_ok = w->super_block == w->sub_block || (w->scale_integers != NULL
-                                                         && (w->offset_factors == NULL || w->offset_integers != NULL));
+    /* integers: the scales' where the factors are not the scales; then by super-blocks of blocks */
+    int integers_ok = w->scale_integers == NULL ? w->super_block == w->sub_block && w->offset_integers == NULL
+                                                : w->super_block >= BLOCK;
     return bits_ok && planes_ok && offsets_ok && sub_ok && super_ok && integers_ok && w->in_features >= BLOCK
            && w->in_features % BLOCK == 0 && w->out_features >= 1 && w->codes != NULL && w->scale_factors != NULL;
 }
 
+/* The matrix's parts (itself where it is not stacked) into `parts`; their count, or 0 where one is
+ * invalid, stacked itself, of other inputs, or they do not add up to its outputs. */
+static int parts_of(const BlockWeights *w, const BlockWeights *parts[MAX_PARTS]) {
+    if (w->part_count == 0) {
+        parts[0] = w;
+        return valid(w);
+    }
+    if (w->part_count < 0 || w->part_count > MAX_PARTS || w->parts == NULL) return 0;
+    int64_t outputs = 0;
+    for (int i = 0; i < w->part_count; i++) {
+        const BlockWeights *part = &w->parts[i];
+        if (!valid(part) || part->part_count != 0 || part->in_features != w->in_features) return 0;
+        parts[i] = part;
+        outputs += part->out_features;
+    }
+    return outputs == w->out_features ? w->part_count : 0;
+}
+
+static int64_t tile_count(const BlockWeights *w) { return (w->out_features + TILE - 1) / TILE; }
+
+/* One Product per part, its outputs `first` columns on in `out`; returns the tiles of all. */
+static int64_t products(const BlockWeights *parts[], int count, const Product *base, Product each[], TileFn fns[],
+                        int64_t first_tiles[]) {
+    int64_t tiles = 0, first = 0;
+    for (int i = 0; i < count; i++) {
+        each[i] = *base;
+        each[i].w = parts[i];
+        each[i].out = (char *)base->out + first * (base->bf16 ? 2 : 4);
+        fns[i] = tile_function(parts[i]);
+        first_tiles[i] = tiles;
+        tiles += tile_count(parts[i]);
+        first += parts[i]->out_features;
+    }
+    return tiles;
+}
+
 int block_linear(const void *x, int bf16, int64_t rows, const BlockWeights *w, void *out, int64_t out_stride,
                  int num_threads) {
-    if (rows < 1 || !valid(w) || out_stride < w->out_features) return 1;
-    int64_t in_features = w->in_features, blocks = in_features / BLOCK, tiles = (w->out_features + TILE - 1) / TILE;
-    TileFn tile = tile_function(w);
+    const BlockWeights *parts[MAX_PARTS];
+    int count = parts_of(w, parts);
+    if (rows < 1 || count == 0 || out_stride < w->out_features) return 1;
+    int64_t in_features = w->in_features, blocks = in_features / BLOCK;
     int8_t *codes = malloc((size_t)(rows * in_features * 2));
     float *steps = malloc(sizeof(float) * (size_t)(rows * blocks));
     int32_t *code_sums = malloc(sizeof(int32_t) * (size_t)(rows * blocks * 2));
@@ -269,9 +321,16 @@ int block_linear(const void *x, int bf16, int64_t rows, const BlockWeights *w, v
         for (int64_t r = 0; r < rows; r++)
             round_row((const char *)x + r * in_features * (bf16 ? 2 : 4), bf16, blocks, codes + r * in_features * 2,
                       steps + r * blocks, code_sums + r * blocks * 2);
-        Product p = {w, blocks, codes, steps, code_sums, out, out_stride, bf16};
+        Product base = {w, blocks, codes, steps, code_sums, out, out_stride, bf16}, each[MAX_PARTS];
+        TileFn fns[MAX_PARTS];
+        int64_t first_tiles[MAX_PARTS];
+        int64_t tiles = products(parts, count, &base, each, fns, first_tiles);
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-        for (int64_t t = 0; t < tiles; t++) tile(&p, t, rows);
+        for (int64_t t = 0; t < tiles; t++) {
+            int i = count - 1;
+            while (first_tiles[i] > t) i--;
+            fns[i](&each[i], t - first_tiles[i], rows);
+        }
     }
     free(codes);
     free(steps);
@@ -326,10 +385,17 @@ static void dequantize_block(const BlockWeights *w, int64_t blocks, int64_t tile
 }
 
 int block_dequantize(const BlockWeights *w, int bf16, void *out, int num_threads) {
-    if (!valid(w)) return 1;
-    int64_t blocks = w->in_features / BLOCK, tiles = (w->out_features + TILE - 1) / TILE;
+    const BlockWeights *parts[MAX_PARTS];
+    int count = parts_of(w, parts);
+    if (count == 0) return 1;
+    int64_t blocks = w->in_features / BLOCK, first = 0;
+    for (int i = 0; i < count; i++) {
+        void *rows = (char *)out + first * w->in_features * (bf16 ? 2 : 4);
+        const BlockWeights *part = parts[i];
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t t = 0; t < tiles; t++)
-        for (int64_t b = 0; b < blocks; b++) dequantize_block(w, blocks, t, b, bf16, out);
+        for (int64_t t = 0; t < tile_count(part); t++)
+            for (int64_t b = 0; b < blocks; b++) dequantize_block(part, blocks, t, b, bf16, rows);
+        first += part->out_features;
+    }
     return 0;
 }

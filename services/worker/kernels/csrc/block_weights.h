@@ -16,19 +16,25 @@
  * Where every offset is -center times its scale (Q4_0, Q5_0, Q6_K, Q8_0, and those widened),
  * `center` is that integer and `offset_factors` NULL: the product takes center times the row's
  * code sum off the exact integer dot. Else `center` is 0.
+ *
+ * Where `part_count` > 0 the matrix is `parts` stacked by rows (a fused q/k/v whose parts the file
+ * stores in different types: each keeps its own codes rather than all widened to the widest),
+ * each of these `in_features` and none stacked itself; `out_features` is their sum and no other
+ * field is read.
  */
 #ifndef ZTGI_BLOCK_WEIGHTS_H
 #define ZTGI_BLOCK_WEIGHTS_H
 #include <stdint.h>
 
-typedef struct {
+typedef struct BlockWeights {
     int32_t bits, sub_block, super_block, center;
     int64_t in_features, out_features;
     const uint8_t *codes;
     const uint64_t *planes;
     const void *scale_factors, *offset_factors;
     const int8_t *scale_integers, *offset_integers;
-    int32_t half_factors, unused;
+    int32_t half_factors, part_count;
+    const struct BlockWeights *parts;
 } BlockWeights;
 
 /* y[r * out_stride + o] = (x W^T)[r, o]; `block_linear`'s signature, for callers through a pointer. */

@@ -8,9 +8,10 @@ plus 128) with the offset -128 scales; Q4_K/Q5_K a sub-block scale and minimum e
 block's two float16 factors (exact in float32); Q6_K 6-bit codes, sub-blocks of 16, offset -32
 scales. The scales and offsets keep the file's factored form (`FactoredScales`): the kernel reads a
 tenth of the bytes float32 per sub-block would take. One form means one C kernel, and layers whose
-parts the file stores in different types (Q4_K_M's q and k beside a Q6_K v) fuse without loss:
+parts the file stores in different types (Q4_K_M's q and k beside a Q6_K v) can fuse without loss:
 `widened` gives codes more bits and repeats each scale over finer sub-blocks, which changes no
-weight.
+weight (torch's fallback takes that; the C product keeps such parts apart in one call instead,
+`BlockLinear.load_stacked`, which reads fewer bytes).
 """
 
 from __future__ import annotations

@@ -48,14 +48,16 @@ def _center(codes: BlockCodes) -> int:
     return center if 0 < center < (1 << codes.bits) and torch.equal(offsets, -center * scales) else 0
 
 
-def _one_super_block(codes: BlockCodes, center: int) -> tuple[FactoredScales, FactoredScales | None]:
-    """The scales' and (unless `center`) the offsets' factored forms over one super-block, plain
-    where they differ."""
+def _kernel_forms(codes: BlockCodes, center: int) -> tuple[FactoredScales, FactoredScales | None]:
+    """The scales' and (unless `center`) the offsets' forms as the kernel takes them: factored where
+    the scales have integers by super-blocks of whole blocks and the offsets (if any) the same
+    super-blocks, else both plain."""
     scales, offsets = codes.factored_scales, None if center else codes.factored_offsets
-    if offsets is None or offsets.super_block == scales.super_block:
+    if scales.integers is not None and scales.super_block >= BLOCK_SIZE and (
+            offsets is None or offsets.super_block == scales.super_block):
         return scales, offsets
     return (FactoredScales.plain(scales.values(), codes.sub_block),
-            FactoredScales.plain(offsets.values(), codes.sub_block))
+            None if offsets is None else FactoredScales.plain(offsets.values(), codes.sub_block))
 
 
 def _tiled_by_inputs(values: torch.Tensor, tiles: int) -> torch.Tensor:
@@ -97,7 +99,7 @@ class BlockLayout:
             low = grouped & 0x0F
             packed = (low[:, :, :GROUPS // 2] | (low[:, :, GROUPS // 2:] << 4)).contiguous()
             planes = _planes(grouped, codes.bits)
-        scales, offsets = _one_super_block(codes, center)
+        scales, offsets = _kernel_forms(codes, center)
         forms = [scales] if offsets is None else [scales, offsets]
         half = all(form.float16_exact() for form in forms)
         factors = [_tiled_by_inputs(f.factors.to(torch.float16 if half else torch.float32), tiles) for f in forms]
