@@ -148,3 +148,10 @@ def test_parts_of_one_kind_stack_into_one_matrix():
     layer = BlockLinear.load_stacked([gate, up])
     assert layer is not None and len(layer.layouts) == 1
     assert torch.equal(layer.dequantized(), BlockCodes.concat([gate, up]).dequantized())
+
+
+@needs_kernel
+def test_parts_of_different_input_sizes_are_refused():
+    wide = BlockCodes.plain(torch.zeros(16, 64, dtype=torch.uint8), 4, 32, torch.ones(16, 2), torch.zeros(16, 2))
+    with pytest.raises(ValueError, match="one input size"):
+        BlockLinear.load_stacked([_codes(Q.Q4_0, 16), wide])

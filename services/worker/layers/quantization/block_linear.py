@@ -97,6 +97,11 @@ def _address(tensor: torch.Tensor) -> int | None:
     return tensor.data_ptr() if tensor.numel() else None
 
 
+def _one_input_size(parts: Sequence[BlockCodes]) -> None:
+    if len({part.in_features for part in parts}) != 1:
+        raise ValueError(f"stacked parts need one input size, not {[part.in_features for part in parts]}")
+
+
 def _of_one_kind(parts: Sequence[BlockCodes]) -> list[BlockCodes]:
     """Neighbouring parts of the same bits and sub-block stacked into one."""
     runs: list[list[BlockCodes]] = []
@@ -119,9 +124,10 @@ class BlockLinear:
 
     @classmethod
     def load_stacked(cls, parts: Sequence[BlockCodes]) -> BlockLinear | None:
-        """Parts stacked by rows (fused q/k/v, gate/up), as `load`: neighbours of one kind (bits and
-        sub-block) as one matrix, parts of different kinds each packed as it is (Q4_K_M's q and k
-        keep 4-bit codes beside a Q6_K v rather than all widened to 6 bits)."""
+        """Parts stacked by rows (fused q/k/v, gate/up; ValueError unless of one input size), as `load`:
+        neighbours of one kind (bits and sub-block) as one matrix, parts of different kinds each packed as
+        it is (Q4_K_M's q and k keep 4-bit codes beside a Q6_K v rather than all widened to 6 bits)."""
+        _one_input_size(parts)
         kernels = _kernels()
         if kernels is None or parts[0].in_features % BLOCK_SIZE:
             return None
@@ -130,6 +136,7 @@ class BlockLinear:
     def __init__(self, codes: BlockCodes | Sequence[BlockCodes], kernels: tuple[Kernel, Kernel]) -> None:
         """`codes`: the matrix, or its parts stacked by rows (one kernel call over all)."""
         parts = [codes] if isinstance(codes, BlockCodes) else list(codes)
+        _one_input_size(parts)
         self.layouts = [BlockLayout.pack(part) for part in parts]
         self.out_features, self.in_features = sum(p.out_features for p in parts), parts[0].in_features
         self.bits, self.sub_block = max(p.bits for p in parts), min(p.sub_block for p in parts)
