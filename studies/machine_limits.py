@@ -60,8 +60,7 @@ def packed_bytes(model_id: str) -> tuple[int, int]:
     for layer in layers:
         total_weights += layer.in_features * layer.out_features
         if isinstance(layer, BlockLinear):
-            total_bytes += sum(t.numel() * t.element_size() for t in (layer.layout.codes, layer.layout.planes,
-                                                                        layer.layout.scales, layer.layout.offsets))
+            total_bytes += layer.nbytes
         else:
             total_bytes += layer.in_features * layer.out_features * 2
     return total_bytes, total_weights

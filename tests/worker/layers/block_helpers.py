@@ -13,7 +13,7 @@ from ztgi.services.worker.layers.quantization.block_linear import BLOCK_SIZE, Bl
 KINDS = [(4, 32, None), (5, 32, None), (6, 16, None), (8, 32, None), (6, 16, (4, 32))]
 KIND_IDS = ["4-32", "5-32", "6-16", "8-32", "6-16-from-4-32"]
 
-needs_kernel = pytest.mark.skipif(BlockLinear.load(BlockCodes(torch.zeros(16, 32, dtype=torch.uint8), 4, 32,
+needs_kernel = pytest.mark.skipif(BlockLinear.load(BlockCodes.plain(torch.zeros(16, 32, dtype=torch.uint8), 4, 32,
                                                               torch.ones(16, 1), torch.zeros(16, 1))) is None,
                                   reason="no AVX512-VNNI CPU or no C compiler here")
 
@@ -28,7 +28,7 @@ def block_codes(bits: int, sub_block: int, widened_from: tuple[int, int] | None,
     scales = torch.rand(out_features, in_features // made_sub, generator=generator) / 16
     offsets = (-(1 << (made_bits - 1)) * scales if symmetric
                else torch.randn(out_features, in_features // made_sub, generator=generator) / 4)
-    made = BlockCodes(codes, made_bits, made_sub, scales, offsets)
+    made = BlockCodes.plain(codes, made_bits, made_sub, scales, offsets)
     return made.widened(bits, sub_block) if widened_from else made
 
 

@@ -22,14 +22,14 @@ def test_packed_codes_read_back_as_the_same_weights(kind, symmetric, out_feature
     back = layout.unpacked()
     assert torch.equal(back.codes, codes.codes) and torch.equal(back.scales, codes.scales)
     assert torch.equal(back.dequantized(), codes.dequantized())
-    assert (layout.center != 0) == symmetric and (layout.offsets.numel() == 0) == symmetric
+    assert (layout.center != 0) == symmetric and (layout.offset_factors.numel() == 0) == symmetric
     assert layout.planes.numel() == (0 if kind[0] in (4, 8) else -(-out_features // 16) * 3 * (kind[0] - 4) * 64)
 
 
 def test_codes_with_every_bit_set_keep_their_high_bits():
     """The top codes (all ones) and zeros side by side: no bit plane drops or moves a bit."""
     codes = torch.tensor([[63, 0] * 16, [0, 63] * 16], dtype=torch.uint8).repeat(8, 2)
-    block = BlockCodes(codes, 6, 16, torch.ones(16, 4), torch.zeros(16, 4))
+    block = BlockCodes.plain(codes, 6, 16, torch.ones(16, 4), torch.zeros(16, 4))
     assert torch.equal(BlockLayout.pack(block).unpacked().codes, codes)
 
 

@@ -32,7 +32,7 @@ def six_bit(layer: BlockLinear) -> BlockLinear:
     weights = layer.dequantized().view(layer.out_features, -1, 16)
     scales = (weights.abs().amax(-1) / 31).clamp(min=1e-8)
     codes = (torch.round(weights / scales[..., None]).clamp(-32, 31) + 32).to(torch.uint8)
-    six = BlockLinear.load(BlockCodes(codes.view(layer.out_features, -1), 6, 16, scales, -32 * scales))
+    six = BlockLinear.load(BlockCodes.plain(codes.view(layer.out_features, -1), 6, 16, scales, -32 * scales))
     assert six is not None
     return six
 

@@ -1,6 +1,7 @@
 /* y = x W^T on CPU with W in `BlockCodes`' form (`block_weights.h`): every GGUF block type ztgi
- * multiplies as stored, 4-, 5-, 6- or 8-bit codes with a float32 scale and offset per sub-block of
- * 16 or 32 inputs.
+ * multiplies as stored, 4-, 5-, 6- or 8-bit codes with a scale and offset per sub-block of 16 or
+ * 32 inputs, each a float16 (or float32) factor per super-block times an int8 per sub-block, as
+ * the file stores them: the product forms each scale (exact in float32) as it reads the block.
  *
  * Integer products, as llama.cpp computes these formats, with finer activations: each row of x is
  * rounded per block of 32 inputs to int8 codes c1 in steps of its largest magnitude over 127, and
@@ -33,6 +34,7 @@
 #define GROUPS (BLOCK / 4)  /* four inputs per VNNI lane */
 #define ROWS_PER_PASS 8     /* rows of x sharing each loaded block of weights */
 #define FINER 254           /* second-level steps per first-level step */
+#define MAX_PARTS 8         /* of a stacked matrix */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 typedef struct {
@@ -112,6 +114,35 @@ ALWAYS_INLINE __m512i block_dot(const __m512i groups[GROUPS], const int8_t *code
     return _mm512_add_epi32(_mm512_mullo_epi32(first, _mm512_set1_epi32(FINER)), second);
 }
 
+/* 16 outputs' factors from `at`, float16 (`half`) or float32. */
+ALWAYS_INLINE __m512 load_factors(const void *factors, int64_t at, int half) {
+    if (half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)factors + at)));
+    return _mm512_loadu_ps((const float *)factors + at);
+}
+
+/* 16 outputs' `factor` times their integers at `at` (exact in float32), or `factor` where there are none. */
+ALWAYS_INLINE __m512 times_integers(__m512 factor, const int8_t *integers, int64_t at) {
+    if (integers == NULL) return factor;
+    __m128i small = _mm_loadu_si128((const __m128i *)(integers + at));
+    return _mm512_mul_ps(factor, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(small)));
+}
+
+/* 16 outputs' scales (or offsets) of one sub-block: the factors at `factor_at` times the integers
+ * at `integer_at`. */
+ALWAYS_INLINE __m512 factored(const void *factors, const int8_t *integers, int half, int64_t factor_at,
+                              int64_t integer_at) {
+    return times_integers(load_factors(factors, factor_at, half), integers, integer_at);
+}
+
+/* Where tile `tile`'s factors (`*factor_at`) and integers (`*integer_at`) of the sub-block holding
+ * input `input` lie. */
+static inline void scale_at(const BlockWeights *w, int64_t tile, int64_t input, int64_t *factor_at,
+                            int64_t *integer_at) {
+    int super_shift = __builtin_ctz((unsigned)w->super_block), sub_shift = __builtin_ctz((unsigned)w->sub_block);
+    *factor_at = ((tile * (w->in_features >> super_shift)) + (input >> super_shift)) * TILE;
+    *integer_at = ((tile * (w->in_features >> sub_shift)) + (input >> sub_shift)) * TILE;
+}
+
 /* One sub-block's term added to a row's sums: step * (scale * dot + offset * code_sum). */
 ALWAYS_INLINE __m512 add_term(__m512 sums, __m512i dot, int32_t code_sum, float step, __m512 scales,
                               __m512 offsets, const int center, const int has_offsets) {
@@ -126,17 +157,30 @@ ALWAYS_INLINE __m512 add_term(__m512 sums, __m512i dot, int32_t code_sum, float 
 ALWAYS_INLINE void tile_rows(const Product *p, int64_t tile, int64_t first, const int count, const int bits,
                              const int sub_block, const int has_offsets) {
     const BlockWeights *w = p->w;
-    const int center = w->center, subs = BLOCK / sub_block;
-    __m512 sums[ROWS_PER_PASS];
+    const int center = w->center, subs = BLOCK / sub_block, half = w->half_factors;
+    const int super_shift = __builtin_ctz((unsigned)w->super_block);
+    const int64_t factor_base = tile * (w->in_features >> super_shift) * TILE, integer_base = tile * p->blocks * subs * TILE;
+    __m512 scale_factor = _mm512_setzero_ps(), offset_factor = _mm512_setzero_ps(), sums[ROWS_PER_PASS];
     for (int r = 0; r < count; r++) sums[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < p->blocks; b++) {
         __m512i groups[GROUPS];
         load_groups(w, p->blocks, tile, b, bits, groups);
-        int64_t at = (tile * p->blocks * subs + b * subs) * TILE;
         __m512 scales[2], offsets[2];
+        if (w->scale_integers != NULL && ((b * BLOCK) & (w->super_block - 1)) == 0) { /* one per super-block */
+            int64_t factor_at = factor_base + ((b * BLOCK) >> super_shift) * TILE;
+            scale_factor = load_factors(w->scale_factors, factor_at, half);
+            if (has_offsets) offset_factor = load_factors(w->offset_factors, factor_at, half);
+        }
         for (int s = 0; s < subs; s++) {
-            scales[s] = _mm512_loadu_ps(w->scales + at + s * TILE);
-            offsets[s] = has_offsets ? _mm512_loadu_ps(w->offsets + at + s * TILE) : _mm512_setzero_ps();
+            int64_t factor_at = factor_base + ((b * BLOCK + s * sub_block) >> super_shift) * TILE;
+            int64_t integer_at = integer_base + (b * subs + s) * TILE;
+            if (w->scale_integers != NULL) {
+                scales[s] = times_integers(scale_factor, w->scale_integers, integer_at);
+                offsets[s] = times_integers(offset_factor, w->offset_integers, integer_at);
+            } else {
+                scales[s] = load_factors(w->scale_factors, factor_at, half);
+                offsets[s] = has_offsets ? load_factors(w->offset_factors, factor_at, half) : _mm512_setzero_ps();
+            }
         }
         for (int r = 0; r < count; r++) {
             int64_t row_block = (first + r) * p->blocks + b;
@@ -200,7 +244,7 @@ KIND(8, 16)
 typedef void (*TileFn)(const Product *, int64_t, int64_t);
 
 #define PICK(bits, sub_block) \
-    (w->offsets ? tile_##bits##_##sub_block##_o : tile_##bits##_##sub_block##_c)
+    (w->offset_factors ? tile_##bits##_##sub_block##_o : tile_##bits##_##sub_block##_c)
 
 static TileFn tile_function(const BlockWeights *w) {
     int fine = w->sub_block == HALF;
@@ -216,17 +260,59 @@ static TileFn tile_function(const BlockWeights *w) {
 static int valid(const BlockWeights *w) {
     int bits_ok = w->bits == 4 || w->bits == 5 || w->bits == 6 || w->bits == 8;
     int planes_ok = w->bits == 4 || w->bits == 8 || w->planes != NULL;
-    int offsets_ok = (w->offsets != NULL) != (w->center != 0);
-    return bits_ok && planes_ok && offsets_ok && (w->sub_block == HALF || w->sub_block == BLOCK)
-           && w->in_features >= BLOCK && w->in_features % BLOCK == 0 && w->out_features >= 1 && w->codes != NULL
-           && w->scales != NULL;
+    int offsets_ok = (w->offset_factors != NULL) != (w->center != 0);
+    int sub_ok = w->sub_block == HALF || w->sub_block == BLOCK;
+    int super_ok = w->super_block >= w->sub_block && (w->super_block & (w->super_block - 1)) == 0
+                   && w->in_features % w->super_block == 0;
+    /* integers: the scales' where the factors are not the scales; then by super-blocks of blocks */
+    int integers_ok = w->scale_integers == NULL ? w->super_block == w->sub_block && w->offset_integers == NULL
+                                                : w->super_block >= BLOCK;
+    return bits_ok && planes_ok && offsets_ok && sub_ok && super_ok && integers_ok && w->in_features >= BLOCK
+           && w->in_features % BLOCK == 0 && w->out_features >= 1 && w->codes != NULL && w->scale_factors != NULL;
+}
+
+/* The matrix's parts (itself where it is not stacked) into `parts`; their count, or 0 where one is
+ * invalid, stacked itself, of other inputs, or they do not add up to its outputs. */
+static int parts_of(const BlockWeights *w, const BlockWeights *parts[MAX_PARTS]) {
+    if (w->part_count == 0) {
+        parts[0] = w;
+        return valid(w);
+    }
+    if (w->part_count < 0 || w->part_count > MAX_PARTS || w->parts == NULL) return 0;
+    int64_t outputs = 0;
+    for (int i = 0; i < w->part_count; i++) {
+        const BlockWeights *part = &w->parts[i];
+        if (!valid(part) || part->part_count != 0 || part->in_features != w->in_features) return 0;
+        parts[i] = part;
+        outputs += part->out_features;
+    }
+    return outputs == w->out_features ? w->part_count : 0;
+}
+
+static int64_t tile_count(const BlockWeights *w) { return (w->out_features + TILE - 1) / TILE; }
+
+/* One Product per part, its outputs `first` columns on in `out`; returns the tiles of all. */
+static int64_t products(const BlockWeights *parts[], int count, const Product *base, Product each[], TileFn fns[],
+                        int64_t first_tiles[]) {
+    int64_t tiles = 0, first = 0;
+    for (int i = 0; i < count; i++) {
+        each[i] = *base;
+        each[i].w = parts[i];
+        each[i].out = (char *)base->out + first * (base->bf16 ? 2 : 4);
+        fns[i] = tile_function(parts[i]);
+        first_tiles[i] = tiles;
+        tiles += tile_count(parts[i]);
+        first += parts[i]->out_features;
+    }
+    return tiles;
 }
 
 int block_linear(const void *x, int bf16, int64_t rows, const BlockWeights *w, void *out, int64_t out_stride,
                  int num_threads) {
-    if (rows < 1 || !valid(w) || out_stride < w->out_features) return 1;
-    int64_t in_features = w->in_features, blocks = in_features / BLOCK, tiles = (w->out_features + TILE - 1) / TILE;
-    TileFn tile = tile_function(w);
+    const BlockWeights *parts[MAX_PARTS];
+    int count = parts_of(w, parts);
+    if (rows < 1 || count == 0 || out_stride < w->out_features) return 1;
+    int64_t in_features = w->in_features, blocks = in_features / BLOCK;
     int8_t *codes = malloc((size_t)(rows * in_features * 2));
     float *steps = malloc(sizeof(float) * (size_t)(rows * blocks));
     int32_t *code_sums = malloc(sizeof(int32_t) * (size_t)(rows * blocks * 2));
@@ -235,9 +321,16 @@ int block_linear(const void *x, int bf16, int64_t rows, const BlockWeights *w, v
         for (int64_t r = 0; r < rows; r++)
             round_row((const char *)x + r * in_features * (bf16 ? 2 : 4), bf16, blocks, codes + r * in_features * 2,
                       steps + r * blocks, code_sums + r * blocks * 2);
-        Product p = {w, blocks, codes, steps, code_sums, out, out_stride, bf16};
+        Product base = {w, blocks, codes, steps, code_sums, out, out_stride, bf16}, each[MAX_PARTS];
+        TileFn fns[MAX_PARTS];
+        int64_t first_tiles[MAX_PARTS];
+        int64_t tiles = products(parts, count, &base, each, fns, first_tiles);
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-        for (int64_t t = 0; t < tiles; t++) tile(&p, t, rows);
+        for (int64_t t = 0; t < tiles; t++) {
+            int i = count - 1;
+            while (first_tiles[i] > t) i--;
+            fns[i](&each[i], t - first_tiles[i], rows);
+        }
     }
     free(codes);
     free(steps);
@@ -266,12 +359,20 @@ static void dequantize_block(const BlockWeights *w, int64_t blocks, int64_t tile
         _mm512_store_si512(halves[4 * q + 2], _mm512_unpacklo_epi64(high01, high23));
         _mm512_store_si512(halves[4 * q + 3], _mm512_unpackhi_epi64(high01, high23));
     }
-    int64_t subs = BLOCK / w->sub_block, left = w->out_features - tile * TILE;
+    int64_t left = w->out_features - tile * TILE;
+    float scales[2][TILE], offsets[2][TILE];
+    for (int h = 0; h < 2; h++) {
+        int64_t factor_at, integer_at;
+        scale_at(w, tile, b * BLOCK + h * HALF, &factor_at, &integer_at);
+        __m512 scale = factored(w->scale_factors, w->scale_integers, w->half_factors, factor_at, integer_at);
+        _mm512_storeu_ps(scales[h], scale);
+        _mm512_storeu_ps(offsets[h], w->offset_factors ? factored(w->offset_factors, w->offset_integers,
+                                                                  w->half_factors, factor_at, integer_at)
+                                                       : _mm512_mul_ps(scale, _mm512_set1_ps(-(float)w->center)));
+    }
     for (int o = 0; o < TILE && o < left; o++) {
         for (int h = 0; h < 2; h++) {
-            int64_t at = ((tile * blocks + b) * subs + (subs == 2 ? h : 0)) * TILE + o;
-            __m512 scale = _mm512_set1_ps(w->scales[at]);
-            __m512 offset = _mm512_set1_ps(w->offsets ? w->offsets[at] : -(float)w->center * w->scales[at]);
+            __m512 scale = _mm512_set1_ps(scales[h][o]), offset = _mm512_set1_ps(offsets[h][o]);
             __m128i part = _mm_load_si128((const __m128i *)(halves[4 * h + o % 4] + 16 * (o / 4)));
             __m512 value = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(part)), scale, offset);
             int64_t index = (tile * TILE + o) * w->in_features + b * BLOCK + h * HALF;
@@ -284,10 +385,17 @@ static void dequantize_block(const BlockWeights *w, int64_t blocks, int64_t tile
 }
 
 int block_dequantize(const BlockWeights *w, int bf16, void *out, int num_threads) {
-    if (!valid(w)) return 1;
-    int64_t blocks = w->in_features / BLOCK, tiles = (w->out_features + TILE - 1) / TILE;
+    const BlockWeights *parts[MAX_PARTS];
+    int count = parts_of(w, parts);
+    if (count == 0) return 1;
+    int64_t blocks = w->in_features / BLOCK, first = 0;
+    for (int i = 0; i < count; i++) {
+        void *rows = (char *)out + first * w->in_features * (bf16 ? 2 : 4);
+        const BlockWeights *part = parts[i];
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t t = 0; t < tiles; t++)
-        for (int64_t b = 0; b < blocks; b++) dequantize_block(w, blocks, t, b, bf16, out);
+        for (int64_t t = 0; t < tile_count(part); t++)
+            for (int64_t b = 0; b < blocks; b++) dequantize_block(part, blocks, t, b, bf16, rows);
+        first += part->out_features;
+    }
     return 0;
 }

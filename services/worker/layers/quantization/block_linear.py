@@ -16,7 +16,8 @@ A call of more than `LARGE_ROWS[bits]` rows (a prefill chunk) is compute-bound: 
 de-quantizes its weights into a buffer shared by all layers (`WeightScratch`) and multiplies with
 torch (oneDNN, AMX where the CPU has it), without a float copy of the weights kept in memory.
 
-- `BlockLinear.load(codes)`: any `BlockCodes`.
+- `BlockLinear.load(codes)`: any `BlockCodes`; `load_stacked(parts)`: parts stacked by rows (fused
+  q/k/v, gate/up), those of different kinds each in its own codes, all in one kernel call.
 - `Int4BlockLinear`, `Int8BlockLinear`: Q4_1/Q4_0 blocks from codes, scales and offsets, and Q8_0
   blocks from int8 codes and scales (`quantize_blocks` rounds float weights to them).
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Sequence
 
 import torch
 
@@ -49,9 +51,19 @@ __all__ = ["BLOCK_SIZE", "BlockLinear", "Int4BlockLinear", "Int8BlockLinear", "q
 class BlockWeights(ctypes.Structure):
     """`kernels/csrc/block_weights.h`'s descriptor."""
 
-    _fields_ = [("bits", ctypes.c_int32), ("sub_block", ctypes.c_int32), ("center", ctypes.c_int32),
-                ("unused", ctypes.c_int32), ("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64),
-                ("codes", POINTER), ("planes", POINTER), ("scales", POINTER), ("offsets", POINTER)]
+    _fields_ = [("bits", ctypes.c_int32), ("sub_block", ctypes.c_int32), ("super_block", ctypes.c_int32),
+                ("center", ctypes.c_int32), ("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64),
+                ("codes", POINTER), ("planes", POINTER), ("scale_factors", POINTER), ("offset_factors", POINTER),
+                ("scale_integers", POINTER), ("offset_integers", POINTER), ("half_factors", ctypes.c_int32),
+                ("part_count", ctypes.c_int32), ("parts", POINTER)]
+
+    @classmethod
+    def of(cls, layout: BlockLayout) -> BlockWeights:
+        """The descriptor of one packed matrix (alive as long as `layout`)."""
+        return cls(layout.bits, layout.sub_block, layout.super_block, layout.center, layout.in_features,
+                   layout.out_features, _address(layout.codes), _address(layout.planes),
+                   _address(layout.scale_factors), _address(layout.offset_factors), _address(layout.scale_integers),
+                   _address(layout.offset_integers), layout.scale_factors.dtype == torch.float16, 0, None)
 
 
 @functools.cache
@@ -85,6 +97,22 @@ def _address(tensor: torch.Tensor) -> int | None:
     return tensor.data_ptr() if tensor.numel() else None
 
 
+def _one_input_size(parts: Sequence[BlockCodes]) -> None:
+    if len({part.in_features for part in parts}) != 1:
+        raise ValueError(f"stacked parts need one input size, not {[part.in_features for part in parts]}")
+
+
+def _of_one_kind(parts: Sequence[BlockCodes]) -> list[BlockCodes]:
+    """Neighbouring parts of the same bits and sub-block stacked into one."""
+    runs: list[list[BlockCodes]] = []
+    for part in parts:
+        if runs and (runs[-1][0].bits, runs[-1][0].sub_block) == (part.bits, part.sub_block):
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    return [run[0] if len(run) == 1 else BlockCodes.concat(run) for run in runs]
+
+
 class BlockLinear:
     """`y = x @ W.T` by `kernels/csrc/block_linear.c` over this layer's packed `BlockCodes`."""
 
@@ -92,22 +120,46 @@ class BlockLinear:
     def load(cls, codes: BlockCodes) -> BlockLinear | None:
         """The layer, or None where the kernel cannot run here (logged once) or the inputs are not
         whole blocks of 32."""
-        kernels = _kernels()
-        if kernels is None or codes.in_features % BLOCK_SIZE:
-            return None
-        return cls(codes, kernels)
+        return cls.load_stacked([codes])
 
-    def __init__(self, codes: BlockCodes, kernels: tuple[Kernel, Kernel]) -> None:
-        self.layout = BlockLayout.pack(codes)
-        self.out_features, self.in_features = codes.out_features, codes.in_features
-        self.bits, self.sub_block = codes.bits, codes.sub_block
-        self.large_rows = LARGE_ROWS[codes.bits]
+    @classmethod
+    def load_stacked(cls, parts: Sequence[BlockCodes]) -> BlockLinear | None:
+        """Parts stacked by rows (fused q/k/v, gate/up; ValueError unless of one input size), as `load`:
+        neighbours of one kind (bits and sub-block) as one matrix, parts of different kinds each packed as
+        it is (Q4_K_M's q and k keep 4-bit codes beside a Q6_K v rather than all widened to 6 bits)."""
+        _one_input_size(parts)
+        kernels = _kernels()
+        if kernels is None or parts[0].in_features % BLOCK_SIZE:
+            return None
+        return cls(_of_one_kind(parts), kernels)
+
+    def __init__(self, codes: BlockCodes | Sequence[BlockCodes], kernels: tuple[Kernel, Kernel]) -> None:
+        """`codes`: the matrix, or its parts stacked by rows (one kernel call over all)."""
+        parts = [codes] if isinstance(codes, BlockCodes) else list(codes)
+        _one_input_size(parts)
+        self.layouts = [BlockLayout.pack(part) for part in parts]
+        self.out_features, self.in_features = sum(p.out_features for p in parts), parts[0].in_features
+        self.bits, self.sub_block = max(p.bits for p in parts), min(p.sub_block for p in parts)
+        self.large_rows = min(LARGE_ROWS[p.bits] for p in parts)
         self._kernel, self._dequantize = kernels
-        lay = self.layout
-        self.weights = BlockWeights(lay.bits, lay.sub_block, lay.center, 0, lay.in_features, lay.out_features,
-                                    _address(lay.codes), _address(lay.planes), _address(lay.scales),
-                                    _address(lay.offsets))
+        self.weights = BlockWeights.of(self.layouts[0])
+        if len(self.layouts) > 1:
+            self._parts = (BlockWeights * len(self.layouts))(*(BlockWeights.of(lay) for lay in self.layouts))
+            self.weights = BlockWeights(part_count=len(self.layouts), parts=ctypes.addressof(self._parts),
+                                        in_features=self.in_features, out_features=self.out_features)
         self._weights_address = ctypes.addressof(self.weights)
+
+    @property
+    def layout(self) -> BlockLayout:
+        """The packed matrix of a layer of one part (`layouts` has each part's)."""
+        if len(self.layouts) != 1:
+            raise ValueError(f"a layer stacked from {len(self.layouts)} parts has one layout each: `layouts`")
+        return self.layouts[0]
+
+    @property
+    def nbytes(self) -> int:
+        """The packed weights' bytes, all that a product reads of them."""
+        return sum(layout.nbytes for layout in self.layouts)
 
     def kernel_address(self) -> int:
         """The product's C function (`BlockLinearFn`), for C code that calls it (`decode_stack`)."""
@@ -170,7 +222,7 @@ class BlockLinear:
 
     def dequantized(self) -> torch.Tensor:
         """The weights as the kernel sees them, `[out, in]` float32, read back from the packed buffers."""
-        return self.layout.unpacked().dequantized()
+        return torch.cat([layout.unpacked().dequantized() for layout in self.layouts])
 
 
 class Int4BlockLinear(BlockLinear):
@@ -184,7 +236,7 @@ class Int4BlockLinear(BlockLinear):
         kernels = _kernels()
         if kernels is None:
             return None
-        return cls(BlockCodes(codes.to(torch.uint8), 4, BLOCK_SIZE, scales.float(), offsets.float()), kernels)
+        return cls(BlockCodes.plain(codes.to(torch.uint8), 4, BLOCK_SIZE, scales.float(), offsets.float()), kernels)
 
 
 class Int8BlockLinear(BlockLinear):
@@ -197,4 +249,4 @@ class Int8BlockLinear(BlockLinear):
         if kernels is None:
             return None
         unsigned = (codes.to(torch.int16) + 128).to(torch.uint8)  # VNNI takes the weights unsigned
-        return cls(BlockCodes(unsigned, 8, BLOCK_SIZE, scales.float(), -128 * scales.float()), kernels)
+        return cls(BlockCodes.plain(unsigned, 8, BLOCK_SIZE, scales.float(), -128 * scales.float()), kernels)

@@ -4,10 +4,12 @@
 them) into codes, scales and offsets without rounding anything: each block type's layout is a numpy
 structured dtype, and the whole matrix is unpacked at once (no loop over blocks). The weights it
 gives equal gguf-py's de-quantizer's, which follows llama.cpp's `dequantize_row_*`: the K-quants'
-sub-block scale `d * sc` and minimum `dmin * m` are exact in float32 and are summed in the same order.
-The symmetric types (Q4_0, Q5_0, Q8_0, Q6_K) write `d * (q - 8)` as `d * q + (-8 * d)`: every
-product there is exact too, so the weights are the same numbers, except that a zero weight under a
-negative scale is +0.0 here and -0.0 there (`x + (-x)` is +0.0 in IEEE arithmetic).
+sub-block scale `d * sc` and minimum `dmin * m` are exact in float32 and are summed in the same
+order. Scales and offsets stay factored as the file has them (`FactoredScales`: the K-quants' `d`
+and `dmin` times each sub-block's integers). The symmetric types (Q4_0, Q5_0, Q8_0, Q6_K) write
+`d * (q - 8)` as `d * q + (-8 * d)`: every product there is exact too, so the weights are the same
+numbers, except that a zero weight under a negative scale is +0.0 here and -0.0 there (`x + (-x)` is
++0.0 in IEEE arithmetic).
 
 `dequantized_rows` de-quantizes only the rows asked for (token embedding lookups), so no float copy
 of a large table needs to be kept.
@@ -23,9 +25,13 @@ import numpy as np
 import torch
 
 from ztgi.services.worker.layers.quantization.block_codes import BlockCodes
+from ztgi.services.worker.layers.quantization.factored_scales import FactoredScales
 
-# codes [rows, blocks, block_size] uint8, scales and offsets [rows, blocks, sub-blocks per block] float32
-Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]
+# a block's factor float32 [rows, blocks, 1] and its sub-blocks' integers [rows, blocks, sub-blocks per
+# block] (None: the factor is the block's own scale or offset)
+Factors = tuple[np.ndarray, np.ndarray | None]
+# codes [rows, blocks, block_size] uint8, the scales' and the offsets' factors
+Decoded = tuple[np.ndarray, Factors, Factors]
 Decoder = Callable[[np.ndarray], Decoded]
 
 _F16 = "<f2"
@@ -67,10 +73,15 @@ def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return scales.reshape(*packed.shape[:-1], 8), mins.reshape(*packed.shape[:-1], 8)
 
 
-def _symmetric(d: np.ndarray, zero_code: int) -> tuple[np.ndarray, np.ndarray]:
+def _own(values: np.ndarray) -> Factors:
+    """A float16 per block, its own scale or offset."""
+    return _f32(values)[..., None], None
+
+
+def _symmetric(d: np.ndarray, zero_code: int) -> tuple[Factors, Factors]:
     """`d * (q - zero_code)` as a scale `d` and an offset `-zero_code * d` (exact: a power of two times d)."""
     scales = _f32(d)[..., None]
-    return scales, np.float32(-zero_code) * scales
+    return (scales, None), (np.float32(-zero_code) * scales, None)
 
 
 def _q4_0(blocks: np.ndarray) -> Decoded:
@@ -78,7 +89,7 @@ def _q4_0(blocks: np.ndarray) -> Decoded:
 
 
 def _q4_1(blocks: np.ndarray) -> Decoded:
-    return _nibbles(blocks["qs"], 16), _f32(blocks["d"])[..., None], _f32(blocks["m"])[..., None]
+    return _nibbles(blocks["qs"], 16), _own(blocks["d"]), _own(blocks["m"])
 
 
 def _five_bits(blocks: np.ndarray) -> np.ndarray:
@@ -92,18 +103,17 @@ def _q5_0(blocks: np.ndarray) -> Decoded:
 
 
 def _q5_1(blocks: np.ndarray) -> Decoded:
-    return _five_bits(blocks), _f32(blocks["d"])[..., None], _f32(blocks["m"])[..., None]
+    return _five_bits(blocks), _own(blocks["d"]), _own(blocks["m"])
 
 
 def _q8_0(blocks: np.ndarray) -> Decoded:
     return (blocks["qs"] ^ np.uint8(0x80), *_symmetric(blocks["d"], 128))  # int8 q, as a byte, xor 0x80 is q + 128
 
 
-def _k_scales_and_offsets(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sub-block scale `d * sc` and offset `-(dmin * m)`, each product exact in float32."""
+def _k_scales_and_offsets(blocks: np.ndarray) -> tuple[Factors, Factors]:
+    """Sub-block scale `d * sc` and offset `-dmin * m` (`-(dmin * m)`: negating is exact)."""
     scales, mins = _k_scales(blocks["scales"])
-    return (_f32(blocks["d"])[..., None] * _f32(scales),
-            -(_f32(blocks["dmin"])[..., None] * _f32(mins)))
+    return (_f32(blocks["d"])[..., None], scales), (-_f32(blocks["dmin"])[..., None], mins)
 
 
 def _q4_k(blocks: np.ndarray) -> Decoded:
@@ -117,8 +127,8 @@ def _q5_k(blocks: np.ndarray) -> Decoded:
 
 def _q6_k(blocks: np.ndarray) -> Decoded:
     codes = _nibbles(blocks["ql"], 64) | (_bit_fields(blocks["qh"], 32, 2) << 4)
-    scales = _f32(blocks["d"])[..., None] * _f32(blocks["scales"])  # int8 sub-block scales
-    return codes, scales, np.float32(-32) * scales
+    d = _f32(blocks["d"])[..., None]  # times the int8 sub-block scales; the offsets -32 scales
+    return codes, (d, blocks["scales"]), (np.float32(-32) * d, blocks["scales"])
 
 
 _BLOCK_TYPES: dict[int, _BlockType] = {  # by ggml type id
@@ -155,9 +165,20 @@ def block_codes(ggml_type: int, data: np.ndarray, out_features: int, in_features
     blocks = _structured_blocks(block_type, data, out_features, in_features)
     with np.errstate(invalid="ignore", over="ignore"):  # a NaN or infinite factor stays one, as in gguf-py
         codes, scales, offsets = block_type.decode(blocks)
+    block_size = in_features // blocks.shape[1]
     return BlockCodes(torch.from_numpy(codes.reshape(out_features, in_features)), block_type.bits,
-                      block_type.sub_block, torch.from_numpy(scales.reshape(out_features, -1)),
-                      torch.from_numpy(offsets.reshape(out_features, -1)))
+                      block_type.sub_block, _factored(scales, block_size, block_type.sub_block),
+                      _factored(offsets, block_size, block_type.sub_block))
+
+
+def _factored(factors: Factors, block_size: int, sub_block: int) -> FactoredScales:
+    values, integers = factors
+    rows = values.shape[0]
+    if integers is None:
+        return FactoredScales.plain(torch.from_numpy(values.reshape(rows, -1)), sub_block)
+    return FactoredScales.of_integers(torch.from_numpy(values.reshape(rows, -1)),
+                                      torch.from_numpy(integers.astype(np.int8).reshape(rows, -1)), block_size,
+                                      sub_block)
 
 
 def _structured_blocks(block_type: _BlockType, data: np.ndarray, out_features: int, in_features: int) -> np.ndarray:

@@ -64,11 +64,11 @@ class StoredLinearFactory:
         names = [self.names[id(p)] for p in parameters]
         parts = [self.weights.block_codes(name) for name in names]
         kind = "+".join(dict.fromkeys(self.weights.type_name(name) for name in names))
-        if all(part is not None for part in parts):
-            codes = BlockCodes.concat([part for part in parts if part is not None])
+        stored = [part for part in parts if part is not None]
+        if len(stored) == len(parts):
             self.as_stored[kind] += 1
-            layer = BlockLinear.load(codes) if self.native else None
-            return layer if layer is not None else torch_block_linear(codes, self.dtype)
+            layer = BlockLinear.load_stacked(stored) if self.native else None
+            return layer if layer is not None else torch_block_linear(BlockCodes.concat(stored), self.dtype)
         if not self.dequantized[kind]:
             logger.info("GGUF tensors of type %s have no block product here: dequantized to %s (%s, ...)",
                         kind, str(self.dtype).removeprefix("torch."), names[0])
