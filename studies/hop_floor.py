@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import json
 import multiprocessing
+import signal
 import statistics
 import sys
 import tempfile
@@ -43,6 +44,7 @@ ROUTE = {  # the hub's routing: the stop a message has just left -> (the next pe
 }
 PAYLOAD = b"x" * 100  # about the size of a one-token StepResult
 ANSWER_TIMEOUT_MS = 5000
+STOP_TIMEOUT_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,7 @@ class HopFloorConfig:
 
 def run_hub(address: str) -> None:
     """The scheduler's place: forwards each message to the next stop of its route."""
+    _stop_on_sigterm()
     router = zmq.Context().socket(zmq.ROUTER)
     router.bind(address)
     while True:
@@ -74,9 +77,26 @@ def run_hub(address: str) -> None:
 
 def run_peer(address: str, identity: bytes) -> None:
     """A tokenizer or a worker: hands every message straight back to the hub."""
+    _stop_on_sigterm()
     dealer = _dealer(zmq.Context(), address, identity)
     while True:
         dealer.send_multipart(dealer.recv_multipart())
+
+
+def _stop_on_sigterm() -> None:
+    """A forked process inherits its parent's signal dispositions: one that ignores SIGTERM (or
+    drains on it) would leave `terminate` without effect and the parent's exit waiting on it."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _stop(processes: Sequence[multiprocessing.Process]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(STOP_TIMEOUT_S)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def _dealer(context: zmq.Context, address: str, identity: bytes) -> zmq.Socket:
@@ -109,6 +129,7 @@ def time_route(address: str, config: HopFloorConfig) -> list[float]:
 
 def run_http_server(port: int) -> None:
     """The gateway's place: one SSE event for every POST /generate_stream, at once."""
+    _stop_on_sigterm()
     async def generate_stream(request: web.Request) -> web.StreamResponse:
         await request.json()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -172,7 +193,7 @@ def measure_http(config: HopFloorConfig) -> list[float]:
     try:
         return asyncio.run(_http_times(port, config))
     finally:
-        server.terminate()
+        _stop([server])
 
 
 def measure_route(config: HopFloorConfig) -> list[float]:
@@ -188,8 +209,7 @@ def measure_route(config: HopFloorConfig) -> list[float]:
         try:
             return time_route(address, config)
         finally:
-            for process in processes:
-                process.terminate()
+            _stop(processes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,8 +31,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    leftovers = marked_processes(os.environ[RUN_MARKER])
-    for pid, command in leftovers:
+    leftovers = dict(marked_processes(os.environ[RUN_MARKER]))
+    leftovers.update(descendants(os.getpid()))  # forked, not exec'd: /proc/PID/environ is the parent's first one
+    for pid, command in sorted(leftovers.items()):
+        if "multiprocessing.resource_tracker" in command:
+            continue  # multiprocessing's own helper: it ends when this process does
         sys.stderr.write(f"session_guard: a test left process {pid} running ({command}); killing it\n")
         _kill(pid)
     _exit_even_if_a_thread_hangs(config)
@@ -56,6 +59,29 @@ def marked_processes(marker: str) -> list[tuple[int, str]]:
         if command:  # a zombie has an empty command line and holds nothing open
             found.append((int(name), command[:200]))
     return found
+
+
+def descendants(root: int) -> list[tuple[int, str]]:
+    """The living processes below `root`, from each process's parent in /proc/PID/stat."""
+    parents, commands = {}, {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as file:
+                fields = file.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as file:
+                command = file.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and command:
+            parents[int(name)], commands[int(name)] = int(fields[1]), command[:200]
+    below: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - below
+        below |= frontier
+    return [(pid, commands[pid]) for pid in sorted(below)]
 
 
 def _kill(pid: int) -> None:

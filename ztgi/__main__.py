@@ -1,7 +1,5 @@
 """`python -m ztgi`: the same as the `ztgi` command."""
 
-import sys
+from ztgi.cli import console_main
 
-from ztgi.cli import main
-
-sys.exit(main())
+console_main()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 
-from ztgi.common.early_stop import ignore_stop_signals
+from ztgi.common.early_stop import exit_after
 
 
 def _launch(argv: Sequence[str]) -> int:
@@ -76,11 +76,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(__doc__.strip(), file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    try:
-        return COMMANDS[argv[0]](argv[1:]) or 0
-    finally:
-        ignore_stop_signals()  # the process is ending: a late stop signal must not kill it (early_stop.py)
+    return COMMANDS[argv[0]](argv[1:]) or 0
+
+
+def console_main() -> None:
+    """The `ztgi` command's process: `main`, then deaf to stop signals while it exits (a late stop
+    signal must not kill it half-way, early_stop.py). `main` alone leaves the signals as they are,
+    for a caller that goes on living (a test, a notebook)."""
+    exit_after(main)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

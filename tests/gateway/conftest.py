@@ -20,7 +20,7 @@ from ztgi.common.free_ports import free_port
 from ztgi.common.health_probe import NotHealthyError, wait_until_healthy
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FAST_LIVENESS = ("--heartbeat-interval-ms", "100", "--heartbeat-misses", "5")
+FAST_LIVENESS = ("--heartbeat-interval-ms", "100", "--heartbeat-misses", "15")
 
 
 def new_run_dir() -> str:

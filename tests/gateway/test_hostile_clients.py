@@ -15,7 +15,7 @@ from tests.gateway.scripted_scheduler import ScriptedScheduler
 from ztgi.common.messages import Generate
 
 BODY_READ_TIMEOUT_S = 0.5
-LOG_RATE_LIMIT_S = 1.0
+LOG_RATE_LIMIT_S = 5.0
 MALFORMED = (b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", b"GET /\x00 HTTP/1.1\r\n\r\n",
              b"GET / HTTP/9.9\r\n\r\n")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -72,3 +73,15 @@ def test_no_module_imports_the_repository_folders_bare() -> None:
                 bare += [f"{path}: {name}" for name in names
                          if name.split(".")[0] in ("common", "services", "benchmarks")]
     assert bare == []
+
+
+def test_cli_main_leaves_the_callers_stop_signals_alone(tmp_path) -> None:
+    """`ztgi.cli.main` called from Python returns with SIGTERM, SIGINT and SIGHUP as they were: only
+    the `ztgi` process itself turns deaf to them while it exits. (A caller left ignoring SIGTERM
+    passes that on to every child it forks, which `terminate()` can then no longer stop.)"""
+    from ztgi.cli import main as cli_main
+    from ztgi.common.early_stop import STOP_SIGNALS
+
+    before = [signal.getsignal(signum) for signum in STOP_SIGNALS]
+    assert cli_main(["keygen", str(tmp_path), "scheduler"]) == 0
+    assert [signal.getsignal(signum) for signum in STOP_SIGNALS] == before
