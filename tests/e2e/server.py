@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import requests
 
@@ -50,6 +51,16 @@ class LaunchedServer:
     @property
     def log(self) -> str:
         return "".join(self.log_lines)
+
+    def wait_for_log(self, text: str, timeout_s: float = 10.0) -> bool:
+        """Whether `text` shows up in the log within `timeout_s`: the log is read by a thread, and a
+        service may write a line just after the answer it concerns has left."""
+        deadline = time.monotonic() + timeout_s
+        while text not in self.log:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def post(self, path: str, body: object, **kwargs: object) -> requests.Response:
         return requests.post(self.url + path, json=body, timeout=kwargs.pop("timeout", 120), **kwargs)

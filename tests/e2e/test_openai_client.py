@@ -153,7 +153,7 @@ def test_x_request_id_is_echoed_names_the_answer_and_the_log(client: openai.Open
         client.completions.create(model="any", prompt=[49152], max_tokens=1,
                                   extra_headers={"x-request-id": "bad-ids-1"})
     assert caught.value.response.headers["x-request-id"] == "bad-ids-1"
-    assert "[bad-ids-1] failed" in server.log
+    assert server.wait_for_log("[bad-ids-1] failed"), server.log
     refused = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 1},
                           headers={"x-request-id": "x" * 200, "Authorization": f"Bearer {API_KEY}"})
     assert refused.status_code == 400 and "x-request-id" in refused.json()["error"]["message"]
