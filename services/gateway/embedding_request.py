@@ -18,12 +18,12 @@ from ztgi.common.messages import GenerateParameters, InfoReply
 from ztgi.common.parameters import ValidationError
 from ztgi.services.gateway.errors import HttpError
 from ztgi.services.gateway.schemas import json_type, optional_integer, optional_value
+from ztgi.services.gateway.text_or_token_ids import TextOrTokenIds, text_or_token_ids
 
 ENCODING_FORMATS = ("float", "base64")
 _FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "truncate_prompt_tokens", "add_special_tokens"}
-_MAX_TOKEN_ID = 2**31 - 1
 
-EmbeddingInput = str | list[int]
+EmbeddingInput = TextOrTokenIds
 """One input: text, or token ids."""
 
 
@@ -88,39 +88,11 @@ def check_servable(request: EmbeddingRequest, info: InfoReply) -> None:
 
 
 def _inputs(raw: Any, max_client_batch_size: int) -> list[EmbeddingInput]:
-    """A string, an array of strings, an array of token ids, or an array of arrays of token ids."""
-    if raw is None:
-        raise ValidationError("input", "missing field `input`")
-    if isinstance(raw, list) and raw and all(_is_token_id(item) for item in raw):
-        raw = [raw]  # one token-id input
-    inputs = [raw] if isinstance(raw, str) else raw
-    if not isinstance(inputs, list) or not inputs:
-        raise ValidationError("input", "`input` must be a non-empty string, an array of non-empty strings, "
-                                       "an array of token ids or an array of arrays of token ids")
-    for index, item in enumerate(inputs):
-        _check_input(item, index)
-    if len({isinstance(item, str) for item in inputs}) > 1:
-        raise ValidationError("input", "`input` holds strings or token-id arrays, not a mix")
+    inputs = text_or_token_ids(raw, "input", "inputs")
     if len(inputs) > max_client_batch_size:
         raise ValidationError("input", f"`input` has {len(inputs)} inputs, more than the {max_client_batch_size} "
                                        f"of one request (--max-client-batch-size)")
     return inputs
-
-
-def _check_input(item: Any, index: int) -> None:
-    if isinstance(item, str):
-        if not item:
-            raise ValidationError("input", f"`input[{index}]` cannot be empty")
-        return
-    if not isinstance(item, list) or not item or not all(_is_token_id(value) for value in item):
-        raise ValidationError("input", f"`input[{index}]` must be a non-empty string or a non-empty array of "
-                                       f"token ids (integers >= 0), got {json_type(item)}; the inputs of one "
-                                       f"request are all strings or all token-id arrays")
-
-
-def _is_token_id(value: Any) -> bool:
-    """An integer that may be a token id (the tokenizer checks it against its vocabulary)."""
-    return type(value) is int and 0 <= value <= _MAX_TOKEN_ID
 
 
 def _positive(body: dict[str, Any], name: str) -> int | None:

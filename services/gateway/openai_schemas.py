@@ -27,6 +27,7 @@ from ztgi.common.messages import ChatMessage, GenerateParameters, Grammar, Token
 from ztgi.common.parameters import MAX_SEED, ParameterLimits, ValidationError, validate_parameters
 from ztgi.services.gateway.schemas import json_type, optional_integer, optional_number, optional_value
 from ztgi.services.gateway.structured_output import parse_response_format, parse_tool_use
+from ztgi.services.gateway.text_or_token_ids import TextOrTokenIds, text_or_token_ids
 
 COMPLETION_MAX_NEW_TOKENS = 100
 """TGI's default for /v1/completions when `max_tokens` is not given."""
@@ -36,9 +37,8 @@ _UNSUPPORTED_CHAT_FIELDS = ("functions", "function_call", "audio", "prediction",
 """OpenAI chat fields this server does not implement: refused, never silently ignored (as
 `suffix` on /v1/completions)."""
 
-_MAX_TOKEN_ID = 2**31 - 1
 
-Prompt = str | list[int]
+Prompt = TextOrTokenIds
 """A completion prompt: text, or token ids."""
 
 
@@ -292,39 +292,11 @@ def _content(content: Any, where: str, has_tool_calls: bool) -> str:
 
 
 def _prompts(raw: Any, max_client_batch_size: int) -> list[Prompt]:
-    """A string, an array of strings, an array of token ids, or an array of arrays of token ids."""
-    if raw is None:
-        raise ValidationError("prompt", "missing field `prompt`")
-    if isinstance(raw, list) and raw and all(_is_token_id(item) for item in raw):
-        raw = [raw]  # one token-id prompt
-    prompts = [raw] if isinstance(raw, str) else raw
-    if not isinstance(prompts, list) or not prompts:
-        raise ValidationError("prompt", "`prompt` must be a non-empty string, an array of non-empty strings, "
-                                        "an array of token ids or an array of arrays of token ids")
-    for index, prompt in enumerate(prompts):
-        _check_prompt(prompt, index)
-    if len({isinstance(prompt, str) for prompt in prompts}) > 1:
-        raise ValidationError("prompt", "`prompt` holds strings or token-id arrays, not a mix")
+    prompts = text_or_token_ids(raw, "prompt", "prompts")
     if len(prompts) > max_client_batch_size:
         raise ValidationError("prompt", f"Number of prompts exceeds the maximum allowed batch size of "
                                         f"{max_client_batch_size}")
     return prompts
-
-
-def _check_prompt(prompt: Any, index: int) -> None:
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ValidationError("prompt", f"`prompt[{index}]` cannot be empty")
-        return
-    if not isinstance(prompt, list) or not prompt or not all(_is_token_id(item) for item in prompt):
-        raise ValidationError("prompt", f"`prompt[{index}]` must be a non-empty string or a non-empty array of "
-                                        f"token ids (integers >= 0), got {json_type(prompt)}; the prompts of "
-                                        f"one request are all strings or all token-id arrays")
-
-
-def _is_token_id(value: Any) -> bool:
-    """An integer that may be a token id (the tokenizer checks it against its vocabulary)."""
-    return type(value) is int and 0 <= value <= _MAX_TOKEN_ID
 
 
 def _stop(raw: Any) -> list[str]:
