@@ -6,7 +6,9 @@ non-daemon thread blocked in a test's leftover work keeps the interpreter from e
 the run is reported as a timeout long after every test passed, with nothing in the log to say why.
 
 This plugin marks every process the run starts (`ZTGI_TEST_RUN` in the environment, which children
-inherit), and when the session ends it names and kills the marked processes still alive. If the
+inherit), and when the session ends it names and kills the marked processes still alive and any
+process still below this one (a forked child carries no mark: /proc/PID/environ is the environment
+it was exec'd with). If the
 interpreter then has not exited within `EXIT_GRACE_S` (a thread that never returns), it prints every
 thread's stack and exits with the session's status, so the hang is visible and costs a minute.
 """
