@@ -14,6 +14,8 @@ from ztgi.common.child_process import stop_process
 from ztgi.common.free_ports import free_port
 from ztgi.common.health_probe import NotHealthyError, wait_until_healthy
 
+SERVING_LINE = "ztgi is serving on"
+
 
 class LaunchedServer:
     """`python -m ztgi.services.launcher` with flags; keeps its log; stops it with SIGTERM."""
@@ -42,11 +44,16 @@ class LaunchedServer:
             self.log_lines.append(line)
 
     def _wait_ready(self, timeout_s: float) -> None:
+        """Healthy, and the launcher has seen it too: until it prints that it serves, a child that
+        dies (a test's kill -9) fails the startup instead of being restarted."""
         try:
             wait_until_healthy(self.url, timeout_s, self.process, interval_s=0.2)
         except NotHealthyError as exc:
             self.stop()
             raise RuntimeError(f"launcher not ready ({exc}):\n{self.log}") from None
+        if not self.wait_for_log(SERVING_LINE, timeout_s):
+            self.stop()
+            raise RuntimeError(f"launcher healthy but never said it serves:\n{self.log}")
 
     @property
     def log(self) -> str:
