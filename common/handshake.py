@@ -7,7 +7,8 @@ reads the monitor's handshake events, says what is wrong and what to change, and
 service when the handshake has kept failing for `timeout_s` with no success since: the service
 then exits non-zero, as it would for any other configuration error. A scheduler that is simply
 not up yet fails no handshake (there is no connection), so a peer waits for it as long as it
-takes.
+takes. `connected` says whether the link is up now: a handshake succeeded and no disconnection
+came since (a draining worker stops waiting for a scheduler that is gone).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from zmq.utils.monitor import recv_monitor_message
 SocketT = TypeVar("SocketT", bound=zmq.Socket)
 
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_DISCONNECTED)
 KEYS_HELP = ("--curve-server-public-key-file (the scheduler's NAME.key) and --curve-secret-key-file "
              "(this process's NAME.key_secret, its public key in the scheduler's --curve-client-keys-dir)")
 
@@ -54,11 +55,16 @@ class HandshakeWatch:
         self.clock = clock
         self.failure: str | None = None  # the last failure, while no handshake succeeded since
         self.failing_since: float | None = None
+        self.connected = False
 
     def on_event(self, event: int, value: int) -> str | None:
         """The failure to log now (a new one, not a repeat of the last), or None."""
+        if event == zmq.EVENT_DISCONNECTED:
+            self.connected = False
+            return None
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.failure = self.failing_since = None
+            self.connected = True
             return None
         failure = describe_failure(event, value, self.curve_on)
         if self.failing_since is None:
@@ -74,7 +80,8 @@ class HandshakeWatch:
 
 
 def watch(socket: SocketT) -> SocketT:
-    """A monitor socket of `socket`'s handshake events (before it connects); poll it, then `read_events`."""
+    """A monitor socket of `socket`'s handshake and disconnection events (before it connects); poll
+    it, then `read_events`."""
     return socket.get_monitor_socket(HANDSHAKE_EVENTS)
 
 

@@ -10,6 +10,7 @@
 - `client`: what a client receives (stream events and query replies).
 """
 
+# 11: a draining worker's grace period and the scheduler's `drained` on heartbeats;
 # 10: embedding requests (`embed` in the parameters, Encoded and WorkerRequest; the pooled vector in
 # Generation and FinalDetails; the pooling a worker serves in WorkerInfo and InfoReply);
 # 9: token-id prompts in Generate, prompt positions' top tokens in Generation and FinalDetails, chats and
@@ -18,7 +19,7 @@
 # (speculation), proposed and accepted tokens in Timings; 6: job ids on detokenize jobs, the scheduler nonce on
 # encode jobs, `registered` on heartbeats; 5: cached prompt tokens (prefix caching); 4: grammar in the
 # parameters, tools and tool calls in chats; 3: paged KV blocks and prefill chunks; 2: presence_penalty
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 
 from ztgi.common.messages.batches import *  # noqa: E402,F401,F403
 from ztgi.common.messages.chat import *  # noqa: E402,F401,F403

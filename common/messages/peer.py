@@ -28,7 +28,13 @@ class Heartbeat:
 
     In the scheduler's answer to a worker, `registered` says whether a worker of that boot
     nonce is registered: False tells a worker the scheduler dropped to say Hello again.
+
+    A worker told to stop drains: its heartbeats carry `drain_s_left`, the seconds left of its
+    grace period, and the scheduler admits nothing more to it; `drained` in the answer says no
+    request runs on it any longer and no command is on its way: it may exit.
     """
 
     boot_nonce: str
     registered: bool | None = None
+    drain_s_left: float | None = None
+    drained: bool = False

@@ -82,7 +82,7 @@ class LaunchConfig(LogConfig, RequestLimits):
         "help": "while workers start (none ready yet since the scheduler started, or one registered and "
                 "warming up), a queued request waits this long for one instead of --no-worker-timeout-s"})
     drain_timeout_s: float = dataclasses.field(default=20.0, metadata={
-        "help": "SIGTERM: how long gateways and the scheduler let requests finish"})
+        "help": "SIGTERM: how long gateways, the scheduler and workers let requests finish"})
     health_window_s: float = dataclasses.field(default=30.0, metadata={
         "help": "/health: a worker quiet this long must pass a one-token canary"})
     startup_timeout_s: float = dataclasses.field(default=600.0, metadata={

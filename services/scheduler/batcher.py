@@ -22,6 +22,10 @@ worker starts the next step the moment it answers instead of waiting a round tri
 scheduler. A request that finishes in a step then runs one
 more step before its Filter (the worker leaves stopped requests out of its answers), and a
 Decode of a batch that ended meanwhile gets an empty answer from the worker.
+
+A draining worker (told to stop; its heartbeats carry the grace left) admits nothing more; its
+running requests finish there, except those that could not finish in time: while another worker
+serves, they go back to the queue at once to resume there (`services/worker/drain.py`).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from ztgi.services.scheduler.worker_slot import CommandKind, WorkerSlot
 logger = logging.getLogger(__name__)
 
 CANARY_REQUEST_ID = 0  # the request table numbers real requests from 1
+HAND_BACK_MARGIN_S = 1.0  # a draining worker's requests must end this long before its grace period does
 
 
 class Batcher:
@@ -83,13 +88,52 @@ class Batcher:
         slot = self.workers.remove(identity)
         if slot is None:
             return
-        resumed = [r for r in self.table if r.worker_id == identity and r.status is RequestStatus.RUNNING]
-        logger.warning("worker %s lost (%s): %d requests go back to the queue",
-                       identity.decode(errors="replace"), reason, len(resumed))
+        resumed = self._running_on(slot)
+        logger.log(logging.WARNING if resumed or not slot.draining else logging.INFO,
+                   "worker %s %s (%s): %d requests go back to the queue", identity.decode(errors="replace"),
+                   "left" if slot.draining else "lost", reason, len(resumed))
+        self._requeue_first(resumed)
+        if resumed:
+            self.metrics.requests_requeued.inc(len(resumed), reason="worker_lost")
+
+    def on_drain(self, slot: WorkerSlot, deadline: float) -> bool:
+        """The worker drains until `deadline`: it gets no new requests; whether it is drained (no
+        request runs on it and no command is on its way: it may exit)."""
+        running = self._running_on(slot)
+        if not slot.draining:
+            logger.info("worker %s drains: %d running requests finish there within %.0f s, new ones go elsewhere",
+                        slot.identity.decode(errors="replace"), len(running), deadline - time.monotonic())
+        slot.drain_deadline = deadline
+        return not running and not slot.in_flight
+
+    def _running_on(self, slot: WorkerSlot) -> list[Request]:
+        return [r for r in self.table if r.worker_id == slot.identity and r.status is RequestStatus.RUNNING]
+
+    def _requeue_first(self, requests: list[Request]) -> None:
+        """Running requests (blocks freed) go back to the front of the queue, in arrival order, to
+        resume from their prompt and tokens so far."""
         now = time.monotonic()
-        for request in sorted(resumed, key=lambda r: r.seq_id, reverse=True):
+        for request in sorted(requests, key=lambda r: r.seq_id, reverse=True):
             request.requeue(now)
             self.queue.appendleft(request)
+
+    def _hand_back_late(self, slot: WorkerSlot) -> None:
+        """A draining worker's requests that would not finish before its grace period ends (each
+        remaining token a step of its recent length) go back to the queue now, while another
+        worker can take them; the others finish where their KV is."""
+        assert slot.drain_deadline is not None
+        if not any(other is not slot for other in self.workers.serving()):
+            return
+        time_left = slot.drain_deadline - time.monotonic() - HAND_BACK_MARGIN_S
+        late = [r for r in self._running_on(slot) if (r.remaining_new_tokens + 1) * slot.step_s > time_left]
+        if not late:
+            return
+        logger.info("worker %s drains: %d requests could not finish in its %.1f s left, handed back to resume "
+                    "on another worker", slot.identity.decode(errors="replace"), len(late), max(0.0, time_left))
+        for request in late:
+            self.release_blocks(request)
+        self._requeue_first(late)
+        self.metrics.requests_requeued.inc(len(late), reason="handed_back")
 
     def release_blocks(self, request: Request) -> None:
         """A request leaves its paged worker (finished, cancelled, failed): its blocks are free for
@@ -134,7 +178,7 @@ class Batcher:
 
     def schedule(self) -> None:
         """Moves every idle worker on; empty workers first, each taking a fair share of the queue."""
-        empty = [slot for slot in self.workers.ready() if slot.idle and not slot.batches]
+        empty = [slot for slot in self.workers.serving() if slot.idle and not slot.batches]
         share = -(-len(self.queue) // len(empty)) if len(empty) > 1 else None
         for slot in empty:
             self.advance(slot, share)
@@ -147,15 +191,18 @@ class Batcher:
         if not slot.idle:
             self._pipeline_decode(slot)
             return
+        if slot.draining:
+            self._hand_back_late(slot)
         if self._filter_finished(slot):
             return
         if slot.is_paged:
             self._advance_paged(slot)
             return
         if not slot.batches:
-            self._prefill_empty(slot, share)
+            if not slot.draining:
+                self._prefill_empty(slot, share)
             return
-        if not slot.admission_checked:
+        if not slot.admission_checked and not slot.draining:
             slot.admission_checked = True
             if not self._other_worker_is_empty(slot) and self._admit_into_running(slot):
                 return
@@ -163,7 +210,7 @@ class Batcher:
 
     def _other_worker_is_empty(self, slot: WorkerSlot) -> bool:
         """Data parallelism: newcomers go to an idle, empty replica rather than join a running batch."""
-        return any(other is not slot and other.idle and not other.batches for other in self.workers.ready())
+        return any(other is not slot and other.idle and not other.batches for other in self.workers.serving())
 
     def _filter_finished(self, slot: WorkerSlot) -> bool:
         for batch in slot.batches:
@@ -192,8 +239,8 @@ class Batcher:
         assert slot.allocator is not None, "a paged worker"
         listed = (self.table.get(rid) for batch in slot.batches for rid in batch.seq_ids)
         running = [r for r in listed if r is not None]
-        placement = self._placement(slot)
-        may_admit = placement is not None or not (running and self._other_worker_is_empty(slot))
+        placement = None if slot.draining else self._placement(slot)
+        may_admit = not slot.draining and (placement is not None or not (running and self._other_worker_is_empty(slot)))
         budget = slot.step_token_budget(self.config.max_batch_prefill_tokens)
         step = self.paged.plan(running, slot.allocator, budget, may_admit, placement)
         if step.admitted:
@@ -208,7 +255,7 @@ class Batcher:
     def _placement(self, slot: WorkerSlot) -> PlacementPolicy | None:
         """With several paged workers: `--placement round-robin`, or cache-aware when prefix
         caching is on (off: each worker admits from the queue's head when it has room)."""
-        slots = [s for s in self.workers.ready() if s.is_paged]
+        slots = [s for s in self.workers.serving() if s.is_paged]
         round_robin = self.config.placement == ROUND_ROBIN
         if len(slots) < 2 or not self.queue or not (round_robin or self.config.prefix_caching):
             return None
@@ -222,14 +269,12 @@ class Batcher:
 
     def _preempt(self, slot: WorkerSlot, victims: list[Request]) -> None:
         """Frees the victims' blocks and queues them first; the Filter takes them off the worker."""
-        now = time.monotonic()
         for request in victims:
             logger.info("worker %s is out of KV blocks: request %d preempted after %d tokens",
                         slot.identity.decode(errors="replace"), request.seq_id, len(request.generated_ids))
             self.release_blocks(request)
-            request.requeue(now)
-            self.queue.appendleft(request)
             self.metrics.preemptions.inc()
+        self._requeue_first(victims)
         self._filter_finished(slot)
 
     def _send_paged_step(self, slot: WorkerSlot, step: PagedStep) -> None:

@@ -52,9 +52,10 @@ def assess(workers: Iterable[WorkerSlot], num_tokenizers: int, draining: bool, n
     if draining:
         return Assessment(False, "shutting down")
     workers = list(workers)
-    ready = [slot for slot in workers if slot.ready]
+    ready = [slot for slot in workers if slot.ready and not slot.draining]
     if not ready:
-        return Assessment(False, _not_ready_reason(len(workers), now, last_loss))
+        num_draining = sum(slot.draining for slot in workers)
+        return Assessment(False, _not_ready_reason(len(workers) - num_draining, num_draining, now, last_loss))
     if not num_tokenizers:
         return Assessment(False, "no tokenizer is connected")
     if any(now - slot.last_progress <= window_s for slot in ready):
@@ -69,8 +70,9 @@ def assess(workers: Iterable[WorkerSlot], num_tokenizers: int, draining: bool, n
                              f"the last {window_s:g} s (a command is stuck)", True)
 
 
-def _not_ready_reason(num_warming: int, now: float, last_loss: WorkerLoss | None) -> str:
+def _not_ready_reason(num_warming: int, num_draining: int, now: float, last_loss: WorkerLoss | None) -> str:
     reason = "no worker is ready" + (f" ({num_warming} warming up)" if num_warming else "")
+    reason += f" ({num_draining} draining to stop)" if num_draining else ""
     if last_loss is not None:
         reason += (f"; worker {last_loss.identity.decode(errors='replace')} was lost "
                    f"{now - last_loss.lost_at:.0f} s ago ({last_loss.reason})")

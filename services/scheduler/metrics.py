@@ -122,6 +122,11 @@ class SchedulerMetrics:
             "ztgi_scheduler_request_failure", "counter", "Requests the scheduler ended with an error, by error type")
         self.preemptions = Family(
             "ztgi_preemptions", "counter", "Requests preempted when a paged worker ran out of KV blocks (requeued)")
+        self.requests_requeued = Family(
+            "ztgi_requests_requeued", "counter",
+            "Running requests sent back to the queue to resume on another worker from their prompt and tokens so "
+            "far, by reason: their worker was lost (worker_lost), or it drained and could not finish them in its "
+            "grace period (handed_back)")
         self.prefix_cache_queried_tokens = Family(
             "ztgi_prefix_cache_queried_tokens", "counter",
             "Input tokens of admitted requests looked up in a paged worker's prefix cache")

@@ -249,9 +249,11 @@ class Scheduler:
                     return
                 self.batcher.register(worker_id, msg)
             case Heartbeat():  # from the worker's liveness socket, known by its boot nonce
-                registered = self.batcher.workers.heard_from(worker_id, now, msg.boot_nonce)
+                slot = self.batcher.workers.heard_from(worker_id, now, msg.boot_nonce)
+                drained = slot is not None and msg.drain_s_left is not None and self.batcher.on_drain(
+                    slot, now + msg.drain_s_left)
                 # a worker dropped for silence (frozen, starved) hears it here and says Hello again
-                self.outbox.to_worker(worker_id, Heartbeat(self.boot_nonce, registered))
+                self.outbox.to_worker(worker_id, Heartbeat(self.boot_nonce, slot is not None, drained=drained))
             case _:
                 self.batcher.workers.heard_from(worker_id, now)
                 self.batcher.on_answer(worker_id, msg)
@@ -388,7 +390,7 @@ class Scheduler:
                 del self.clients[client_id]
                 for request in self.table.of_client(client_id):
                     self._cancel(request.key)
-        if not self.batcher.workers.ready():
+        if not self.batcher.workers.serving():
             self._fail_stale_queue(now)
         self.health_monitor.tick(now, self.batcher.workers)
 

@@ -73,7 +73,9 @@ class WorkerAnswers:
     def _on_step(self, slot: WorkerSlot, in_flight: InFlight, result: StepResult) -> None:
         if result.generations or result.batch is not None:  # else a pipelined Decode of a batch that ended: no step ran
             slot.num_steps += 1
-            self.metrics.record_step(in_flight.kind.value, time.monotonic() - in_flight.sent_at, result.timings)
+            step_s = time.monotonic() - in_flight.sent_at
+            slot.record_step_time(step_s)
+            self.metrics.record_step(in_flight.kind.value, step_s, result.timings)
         if slot.is_paged:
             self._on_paged_step(slot, in_flight, result)
         elif in_flight.kind is CommandKind.PREFILL:

@@ -49,8 +49,12 @@ class WorkerPool:
         return list(self._slots.values())
 
     def ready(self) -> list[WorkerSlot]:
-        """The workers that finished their warmup."""
+        """The workers that finished their warmup (draining ones too: they still run their requests)."""
         return [slot for slot in self._slots.values() if slot.ready]
+
+    def serving(self) -> list[WorkerSlot]:
+        """The ready workers that take new requests: not draining."""
+        return [slot for slot in self._slots.values() if slot.ready and slot.drain_deadline is None]
 
     def add(self, identity: bytes, info: WorkerInfo, boot_nonce: str) -> WorkerSlot:
         slot = WorkerSlot(identity=identity, info=info, boot_nonce=boot_nonce)
@@ -62,15 +66,15 @@ class WorkerPool:
     def remove(self, identity: bytes) -> WorkerSlot | None:
         return self._slots.pop(identity, None)
 
-    def heard_from(self, identity: bytes, now: float, boot_nonce: str | None = None) -> bool:
+    def heard_from(self, identity: bytes, now: float, boot_nonce: str | None = None) -> WorkerSlot | None:
         """A worker was heard from: by the identity it registered with, or, for a heartbeat from
-        its liveness socket (another identity), by its boot nonce; whether it is registered."""
+        its liveness socket (another identity), by its boot nonce; its slot when it is registered."""
         slot = self._slots.get(identity)
         if slot is None and boot_nonce is not None:
             slot = next((s for s in self._slots.values() if s.boot_nonce == boot_nonce), None)
         if slot is not None:
             slot.last_seen = now
-        return slot is not None
+        return slot
 
     def awaited_answer(self, identity: bytes, answer: object) -> tuple[WorkerSlot, InFlight, object] | None:
         """The worker, its oldest in-flight command (now answered) and the answer, when this is the

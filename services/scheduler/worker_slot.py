@@ -62,6 +62,8 @@ class WorkerSlot:
     max_step_tokens: int = 0  # paged: the step size the worker measured at warmup
     kv_window: int | None = None  # paged: its model's sliding window, when every layer has one
     canary_block_ids: list[int] = dataclasses.field(default_factory=list)
+    drain_deadline: float | None = None  # draining (it was told to stop): when its grace period ends
+    step_s: float = 0.0  # a moving average of its steps' round trips: how soon a draining worker's requests end
 
     @property
     def is_paged(self) -> bool:
@@ -70,6 +72,13 @@ class WorkerSlot:
     def step_token_budget(self, configured: int | None) -> int:
         """Tokens a paged step may carry: the operator's budget, else what the worker measured."""
         return configured or self.max_step_tokens
+
+    @property
+    def draining(self) -> bool:
+        return self.drain_deadline is not None
+
+    def record_step_time(self, seconds: float) -> None:
+        self.step_s = seconds if not self.step_s else 0.8 * self.step_s + 0.2 * seconds
 
     @property
     def idle(self) -> bool:

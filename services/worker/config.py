@@ -83,6 +83,10 @@ class WorkerConfig(PeerConfig, ReadyFileConfig):
         "help": "on CPU: run one intra-op thread fewer (below --num-threads, or every core) per core that other "
                 "processes keep busy, checked every second, so a busy neighbour does not stall every kernel's "
                 "barrier; off: the thread count stays fixed"})
+    drain_timeout_s: float = dataclasses.field(default=30.0, metadata={
+        "help": "SIGTERM: the worker takes no new requests and finishes its running ones within this many "
+                "seconds (the scheduler hands back at once those that could not finish in time, when another "
+                "worker can take them), then exits; a second signal, or 0, exits at once"})
     watermark_gamma: float = dataclasses.field(default=0.5, metadata={
         "help": "watermark: the green fraction of the vocabulary (TGI's WATERMARK_GAMMA)"})
     watermark_delta: float = dataclasses.field(default=2.0, metadata={
@@ -90,6 +94,7 @@ class WorkerConfig(PeerConfig, ReadyFileConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        require(self.drain_timeout_s >= 0, "--drain-timeout-s must be >= 0")
         require(self.dtype in DTYPES, f"--dtype {self.dtype!r} must be one of {', '.join(DTYPES)}")
         require(self.device in DEVICES, f"--device {self.device!r} must be one of {', '.join(DEVICES)}")
         require(self.backend in BACKENDS, f"--backend {self.backend!r} must be one of {', '.join(BACKENDS)}")

@@ -7,7 +7,8 @@ command and its answer cross no thread. The IO thread owns the liveness socket: 
 with the worker's boot nonce, by which the scheduler knows whose heartbeats they are, so a long
 step never delays one; when the scheduler's answers carry a new nonce (it restarted) or say it
 does not know this worker (it dropped it after a stall: `registration.py`), it tells the engine
-loop over an inproc PAIR to drop every cached batch and say Hello again.
+loop over an inproc PAIR to drop every cached batch and say Hello again. A stop signal starts a
+drain (`drain.py`): the heartbeats carry the grace left until the scheduler answers `drained`.
 
 Handing each command and answer through the IO thread instead put two thread wake-ups on every
 step's path; torch work split over two threads gives OpenMP two thread teams that slow each other
@@ -50,6 +51,7 @@ from ztgi.common.model_source import ModelNotFoundError
 from ztgi.common.ready_file import ReadyFile
 from ztgi.services.worker import thread_governor
 from ztgi.services.worker.config import WorkerConfig
+from ztgi.services.worker.drain import Drain
 from ztgi.services.worker.engine import Engine
 from ztgi.services.worker.model_loader import load_model
 from ztgi.services.worker.models.loading import resolve_device
@@ -63,6 +65,7 @@ COMMANDS = (Warmup, Prefill, Decode, Filter, Clear, HealthCheck)
 SCHEDULER_MESSAGES = (Heartbeat, *COMMANDS)
 MAX_WAIT_MS = 100  # how late a stop signal may be noticed
 STOP_TIMEOUT_S = 5.0  # how long the IO thread may take to notice a stop
+DRAIN_HEARTBEAT_S = 0.2  # the heartbeat interval while draining, at most
 RESET = b"reset"  # IO thread -> engine loop: the scheduler restarted, or dropped this worker
 
 
@@ -172,9 +175,14 @@ class EngineLoop:
 class WorkerService:
     """Both sockets; the IO thread's heartbeats; the engine loop on the calling thread."""
 
-    def __init__(self, config: WorkerConfig, engine: Engine, stop_requested: threading.Event) -> None:
+    def __init__(self, config: WorkerConfig, engine: Engine, stop_requested: threading.Event,
+                 drain: Drain | None = None) -> None:
         self.config = config
         self.stop_requested = stop_requested
+        self.drain = drain or Drain(0.0, stop_requested)
+        self.last_answer_at = time.monotonic()  # the scheduler's last heartbeat answer
+        self.drained = False  # the scheduler said no request runs here (while draining)
+        self.drain_announced = False
         self.identity = new_identity("worker")
         self.boot_nonce = new_boot_nonce()
         self.registration = Registration()
@@ -196,6 +204,7 @@ class WorkerService:
         threads = thread_governor.for_worker(engine.model.device, config.cpu_adaptive_threads)
         self.engine_loop = EngineLoop(engine, self._dealer(self.identity), engine_control, hello, stop_requested,
                                       threads)
+        self.drain.serving = self.engine_loop.warmed_up.is_set
         self.io_thread = threading.Thread(target=self._run_io, name="io", daemon=True)
 
     def _dealer(self, identity: bytes, watched: bool = False) -> zmq.Socket:
@@ -223,17 +232,22 @@ class WorkerService:
             self.stop_requested.set()
 
     def _io_loop(self) -> None:
-        """Heartbeats every interval and the scheduler's answers to them, until a stop signal."""
+        """Heartbeats every interval (at once when a drain starts) and the scheduler's answers to
+        them, until a stop signal or the drain's end."""
         interval_s = self.config.heartbeat_interval_ms / 1000.0
         next_heartbeat = time.monotonic()
         poller = zmq.Poller()
         poller.register(self.liveness, zmq.POLLIN)
         poller.register(self.link_monitor, zmq.POLLIN)
         while not self.stop_requested.is_set():
-            if time.monotonic() >= next_heartbeat:
+            if time.monotonic() >= next_heartbeat or (self.drain.draining and not self.drain_announced):
                 self._send_heartbeat()
-                next_heartbeat = time.monotonic() + interval_s
+                # draining, the scheduler's `drained` is awaited: asked for more often
+                next_heartbeat = time.monotonic() + (min(interval_s, DRAIN_HEARTBEAT_S) if self.drain.draining
+                                                     else interval_s)
                 self._give_up_on_a_failing_handshake()
+            self.drain.check(self.drained, self.handshake.connected, time.monotonic() - self.last_answer_at,
+                             interval_s)
             wait_ms = min(MAX_WAIT_MS, max(0, int((next_heartbeat - time.monotonic()) * 1000)))
             ready = dict(poller.poll(wait_ms))
             if self.link_monitor in ready:
@@ -258,8 +272,11 @@ class WorkerService:
         except MessageError as exc:
             logger.warning("bad frame on the liveness socket: %s", exc)
             return
+        self.last_answer_at = time.monotonic()
         rejoin = self.registration.on_heartbeat(heartbeat.boot_nonce, heartbeat.registered)
-        if rejoin is not None:
+        if self.drain.draining:  # a scheduler that dropped this worker, or a new one, runs nothing here
+            self.drained = heartbeat.drained or rejoin is not None
+        elif rejoin is not None:
             logger.log(logging.INFO if rejoin is Rejoin.SCHEDULER_RESTARTED else logging.WARNING,
                        "%s: dropping cached batches and registering again", rejoin.value)
             self.control.send(RESET)
@@ -267,8 +284,12 @@ class WorkerService:
             self.ready_file.mark_ready()
 
     def _send_heartbeat(self) -> None:
+        drain_s_left = self.drain.seconds_left()
+        if drain_s_left is not None and not self.drain_announced:
+            self.drain_announced = True
+            self.ready_file.clear()  # a pod that drains takes no new requests
         try:
-            self.liveness.send(encode(Heartbeat(self.boot_nonce)), zmq.NOBLOCK)
+            self.liveness.send(encode(Heartbeat(self.boot_nonce, drain_s_left=drain_s_left)), zmq.NOBLOCK)
         except zmq.Again:
             logger.warning("send queue full: a heartbeat was dropped")
 
@@ -304,7 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(WorkerConfig, argv, prog="ztgi worker")
     setup_logging(f"worker[{config.worker_index}]", config.log_level, config.log_rate_limit_s)
     stop_requested = threading.Event()
-    on_stop_signals(stop_requested.set)
+    drain = Drain(config.drain_timeout_s, stop_requested)
+    on_stop_signals(drain.request)
     watermark.configure(config.watermark_gamma, config.watermark_delta)
     try:
         _lower_priority_on_cpu(config)
@@ -322,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if stop_requested.is_set():
         return 0
     engine = Engine(model, config.memory_budget_mb, config.cpu_warmup_prefill_tokens, config.step_target_ms)
-    service = WorkerService(config, engine, stop_requested)
+    service = WorkerService(config, engine, stop_requested, drain)
     serve(service, freeze_startup=False)  # it freezes after warmup instead, with the model loaded
     logger.info("stopped")
     return service.exit_code or service.engine_loop.exit_code

@@ -95,7 +95,7 @@ def test_wrong_type_names_field() -> None:
     with pytest.raises(MessageError, match=r"decode.batch_ids"):
         decode(msgpack.packb(["decode", 1, ["a"], []]))
     with pytest.raises(MessageError, match=r"heartbeat.boot_nonce: expected str"):
-        decode(msgpack.packb(["heartbeat", 5, None]))
+        decode(msgpack.packb(["heartbeat", 5, None, None, False]))
 
 
 def test_bool_is_not_int() -> None:

@@ -239,10 +239,11 @@ def test_peer_probes_read_the_ready_file_the_peer_writes(manifests: list[Manifes
 
 
 def test_the_grace_period_outlasts_each_drain(manifests: list[Manifest]) -> None:
-    """The kubelet's SIGKILL comes after the scheduler's drain and after the gateway's wait for the
-    endpoints to drop it plus its streams' shutdown timeout, as the configs read them."""
+    """The kubelet's SIGKILL comes after the scheduler's and the workers' drains and after the
+    gateway's wait for the endpoints to drop it plus its streams' shutdown timeout, as the configs
+    read them."""
     config_paths = dict(COMMANDS)
-    drains = {"scheduler": "drain_timeout_s", "gateway": "shutdown_timeout_s"}
+    drains = {"scheduler": "drain_timeout_s", "worker": "drain_timeout_s", "gateway": "shutdown_timeout_s"}
     for deployment, container in containers(manifests):
         service = service_of(container)
         if service not in drains:
