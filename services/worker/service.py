@@ -177,7 +177,8 @@ class WorkerService:
         self.stop_requested = stop_requested
         self.identity = new_identity("worker")
         self.boot_nonce = new_boot_nonce()
-        self.registration = Registration()
+        # asking for a Hello again after 10 heartbeats: one behind a long command has had its time
+        self.registration = Registration(retry_after_s=10 * config.heartbeat_interval_ms / 1000.0)
         self.handshake = handshake.HandshakeWatch(config.curve_keys is not None, config.handshake_timeout_s)
         self.exit_code = 0
         self.ready_file = ReadyFile(config.ready_file)
@@ -258,7 +259,7 @@ class WorkerService:
         except MessageError as exc:
             logger.warning("bad frame on the liveness socket: %s", exc)
             return
-        rejoin = self.registration.on_heartbeat(heartbeat.boot_nonce, heartbeat.registered)
+        rejoin = self.registration.on_heartbeat(heartbeat.boot_nonce, heartbeat.registered, time.monotonic())
         if rejoin is not None:
             logger.log(logging.INFO if rejoin is Rejoin.SCHEDULER_RESTARTED else logging.WARNING,
                        "%s: dropping cached batches and registering again", rejoin.value)
