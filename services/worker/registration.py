@@ -6,12 +6,15 @@ nonce. Two things make the worker register again (drop its cached batches, say H
 
 - a new scheduler nonce: the scheduler restarted and knows nothing of this worker;
 - the scheduler does not know this worker: it was silent longer than the heartbeat window
-  (frozen, starved of CPU, a paused VM) and was dropped, its requests requeued. Its old
-  batches are useless then, and nothing would ever bring it back otherwise.
+  (frozen, starved of CPU, a paused VM, a network link down) and was dropped, its requests
+  requeued. Its old batches are useless then, and nothing would ever bring it back otherwise.
 
 A first heartbeat may overtake the Hello (two sockets), so it takes `patience` answers in a
-row that say "unknown"; after asking for a Hello (for either reason), `retry_after` more before
-asking again (a Hello may wait behind a long command).
+row that say "unknown"; after asking for a Hello (for either reason), it asks again only once
+`retry_after_s` has passed (a Hello may wait behind a long command). That wait is a time, not a
+number of answers: when a cut link comes back, the heartbeats queued behind it are answered all
+at once, each with "unknown", and counted answers would ask for a Hello several times over, each
+one a registration and a warmup more.
 """
 
 from __future__ import annotations
@@ -27,23 +30,26 @@ class Rejoin(enum.Enum):
 class Registration:
     """Reads each heartbeat answer; says when the worker must register again."""
 
-    def __init__(self, patience: int = 2, retry_after: int = 10) -> None:
+    def __init__(self, retry_after_s: float, patience: int = 2) -> None:
+        self.retry_after_s = retry_after_s
         self.patience = patience
-        self.retry_after = retry_after
         self.scheduler_nonce: str | None = None
         self.num_unknown = 0  # answers in a row that did not know this worker
+        self.asked_at: float | None = None  # when a Hello was last asked for, until an answer knows the worker
 
-    def on_heartbeat(self, scheduler_nonce: str, registered: bool | None) -> Rejoin | None:
-        """The reason to drop every cached batch and say Hello again, or None."""
+    def on_heartbeat(self, scheduler_nonce: str, registered: bool | None, now: float) -> Rejoin | None:
+        """The reason to drop every cached batch and say Hello again, or None; `now` in seconds."""
         previous, self.scheduler_nonce = self.scheduler_nonce, scheduler_nonce
         if previous is not None and scheduler_nonce != previous:
-            self.num_unknown = self.patience  # a Hello is asked for now: the next only after retry_after
+            self.asked_at = now
             return Rejoin.SCHEDULER_RESTARTED
         if registered is not False:
-            self.num_unknown = 0
+            self.num_unknown, self.asked_at = 0, None
             return None
         self.num_unknown += 1
-        beyond = self.num_unknown - self.patience
-        if beyond >= 0 and beyond % self.retry_after == 0:
-            return Rejoin.UNKNOWN_TO_SCHEDULER
-        return None
+        if self.num_unknown < self.patience:
+            return None
+        if self.asked_at is not None and now - self.asked_at < self.retry_after_s:
+            return None
+        self.asked_at = now
+        return Rejoin.UNKNOWN_TO_SCHEDULER

@@ -185,7 +185,8 @@ class WorkerService:
         self.drain_announced = False
         self.identity = new_identity("worker")
         self.boot_nonce = new_boot_nonce()
-        self.registration = Registration()
+        # asking for a Hello again after 10 heartbeats: one behind a long command has had its time
+        self.registration = Registration(retry_after_s=10 * config.heartbeat_interval_ms / 1000.0)
         self.handshake = handshake.HandshakeWatch(config.curve_keys is not None, config.handshake_timeout_s)
         self.exit_code = 0
         self.ready_file = ReadyFile(config.ready_file)
@@ -273,7 +274,7 @@ class WorkerService:
             logger.warning("bad frame on the liveness socket: %s", exc)
             return
         self.last_answer_at = time.monotonic()
-        rejoin = self.registration.on_heartbeat(heartbeat.boot_nonce, heartbeat.registered)
+        rejoin = self.registration.on_heartbeat(heartbeat.boot_nonce, heartbeat.registered, self.last_answer_at)
         if self.drain.draining:  # a scheduler that dropped this worker, or a new one, runs nothing here
             self.drained = heartbeat.drained or rejoin is not None
         elif rejoin is not None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 from ztgi.common.child_process import stop_process
 from ztgi.common.client.errors import ZtgiError
@@ -18,14 +19,17 @@ LIMITS = ("--max-input-tokens", "32", "--max-total-tokens", "64")
 
 
 class ServiceProcess:
-    """`python -m ztgi.services.<service> ARGS`, its output kept in a temporary file."""
+    """`python -m ztgi.services.<service> ARGS`, its output kept in a temporary file; `prefix` runs
+    it through another command that execs it (`ip netns exec NAMESPACE`)."""
 
-    def __init__(self, service: str, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, service: str, *args: str, env: dict[str, str] | None = None,
+                 prefix: Sequence[str] = ()) -> None:
         self.service = service
         self.log = tempfile.TemporaryFile()  # a pipe nobody reads could fill up and block it
         self.process = subprocess.Popen(
-            [sys.executable, "-m", f"ztgi.services.{service}", *args], cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
-            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+            [*prefix, sys.executable, "-m", f"ztgi.services.{service}", *args], cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
         self._output: str | None = None
 
     @property
@@ -33,10 +37,12 @@ class ServiceProcess:
         return self.process.poll() is None
 
     def output(self) -> str:
+        """Everything written so far. Read at an offset: the process shares the file's position, and
+        a seek while it writes would put its next line over earlier ones."""
         if self._output is not None:
             return self._output
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")
+        fd = self.log.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
 
     def stop(self) -> int:
         """SIGTERM (SIGKILL after 20 s); the exit code. Idempotent."""
