@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -31,8 +32,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 REPLICAS = {"scheduler": 1, "worker": 2, "tokenizer": 2, "gateway": 2, "balancer": 1}
 
 
+def interpolate(value: object) -> str:
+    """`${NAME:-default}` as compose reads it: the variable when set and not empty, else the default."""
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: os.environ.get(m[1]) or m[2], str(value))
+
+
 def local_environment(env: dict, base_port: int, ready_file: pathlib.Path) -> dict[str, str]:
-    out = {key: str(value) for key, value in env.items()}
+    out = {key: interpolate(value) for key, value in env.items()}
     if "ZTGI_READY_FILE" in out:
         out["ZTGI_READY_FILE"] = str(ready_file)
     url = out["ZTGI_SCHEDULER_URL"]
