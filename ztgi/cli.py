@@ -5,6 +5,7 @@
     ztgi tokenizer  one tokenizer replica
     ztgi worker     one model worker
     ztgi gateway    one HTTP gateway replica
+    ztgi balancer   one TCP port in front of every gateway replica (docker-compose.yml's 8080)
     ztgi bench      benchmarks: serve (the load generator, the default), latency, throughput, compare,
                     llama-cpp, static, engine (`ztgi bench --help`)
     ztgi keygen     a CURVE keypair for encrypted links (ztgi keygen DIR NAME)
@@ -44,6 +45,11 @@ def _gateway(argv: Sequence[str]) -> int:
     return main(argv)
 
 
+def _balancer(argv: Sequence[str]) -> int:
+    from ztgi.services.balancer.service import main
+    return main(argv)
+
+
 def _bench(argv: Sequence[str]) -> int:
     from ztgi.bench.commands import main
     return main(argv)
@@ -65,6 +71,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "tokenizer": _tokenizer,
     "worker": _worker,
     "gateway": _gateway,
+    "balancer": _balancer,
     "bench": _bench,
     "keygen": _keygen,
     "probe": _probe,

@@ -11,6 +11,10 @@ binary built for another. The build writes to a temporary name and renames it in
 workers starting together never load a half-written file. torch is imported before any library is
 loaded: a kernel built with `-fopenmp` then binds to the OpenMP runtime torch already loaded (the
 same soname), so its threads are torch's intra-op threads, not a second pool competing for cores.
+
+Where there is no compiler (the Docker image keeps none), a library built ahead of time by
+`prebuild.py` for a named target (`PORTABLE_FLAGS`: every CPU with `PORTABLE_CPU_FLAGS`) and kept
+beside the sources in `prebuilt/` is loaded instead, on a CPU that has those flags.
 """
 
 from __future__ import annotations
@@ -40,6 +44,11 @@ SOURCE_DIR = Path(__file__).with_name("csrc")
 # no -ffast-math: it reorders the hand-written float arithmetic, and results must round where torch's do
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", f"-I{SOURCE_DIR}")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512_bf16")
+# The ahead-of-time build: x86-64-v4 (AVX512 F, BW, CD, DQ, VL) with BF16 and VNNI instead of this machine's -march
+PORTABLE_FLAGS = tuple(flag for flag in FLAGS if flag != "-march=native") + (
+    "-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni")
+PORTABLE_CPU_FLAGS = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_bf16", "avx512_vnni")
+PREBUILT_DIR = SOURCE_DIR.with_name("prebuilt")
 BUILD_TIMEOUT_S = 120
 
 
@@ -88,35 +97,56 @@ def load_or_none(source_name: str, purpose: str,
         return None
 
 
-def load(source_name: str, needs: tuple[str, ...] = REQUIRED_CPU_FLAGS) -> ctypes.CDLL:
-    """`csrc/<source_name>` built for this machine (once; cached) and loaded; BuildError if it cannot be
-    (`needs`: the CPU flags the source's instructions need)."""
+def load(source_name: str, needs: tuple[str, ...] = REQUIRED_CPU_FLAGS,
+         prebuilt_dir: Path = PREBUILT_DIR) -> ctypes.CDLL:
+    """`csrc/<source_name>` built for this machine (once; cached) and loaded, or without a compiler the
+    library prebuilt in `prebuilt_dir`; BuildError if neither can be (`needs`: the CPU flags the
+    source's instructions need)."""
     missing = [flag for flag in needs if flag not in cpu_flags()]
     if platform.machine() not in ("x86_64", "AMD64") or missing:
         raise BuildError(f"it needs an x86 CPU with {', '.join(needs)}")
     source = SOURCE_DIR / source_name
-    compiler = _compiler()
-    target = Path(cache_root()) / "kernels" / f"{source.stem}-{_build_key(source, compiler)}.so"
-    if not target.exists():
-        _build(compiler, source, target)
     try:
-        return ctypes.CDLL(str(target))
+        compiler = find_compiler()
+        target = Path(cache_root()) / "kernels" / f"{source.stem}-{_build_key(source, compiler)}.so"
+    except BuildError:
+        prebuilt = prebuilt_path(source, prebuilt_dir)
+        if not prebuilt.exists() or not set(PORTABLE_CPU_FLAGS) <= cpu_flags():
+            raise
+        return _open(prebuilt)
+    if not target.exists():
+        build(compiler, source, target)
+    return _open(target)
+
+
+def prebuilt_path(source: Path, directory: Path = PREBUILT_DIR) -> Path:
+    """Where `prebuild.py` puts `source` built with `PORTABLE_FLAGS` (keyed by the source, headers and flags)."""
+    return directory / f"{source.stem}-{_source_key(source, PORTABLE_FLAGS)}.so"
+
+
+def _open(library: Path) -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL(str(library))
     except OSError as exc:
-        raise BuildError(f"cannot load {target}: {exc}") from exc
+        raise BuildError(f"cannot load {library}: {exc}") from exc
 
 
-def _compiler() -> str:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
+def find_compiler() -> str:
+    """The C compiler: `CC`, else `cc`, else `gcc`; BuildError when there is none."""
+    found = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not found:
         raise BuildError("no C compiler found (set CC, or install gcc)")
-    return compiler
+    return found
 
 
 def _build_key(source: Path, compiler: str) -> str:
+    return _source_key(source, FLAGS, _compiler_version(compiler), _cpu_identity())
+
+
+def _source_key(source: Path, flags: tuple[str, ...], *more: str) -> str:
     digest = hashlib.sha256()
     headers = [header.read_bytes() for header in sorted(SOURCE_DIR.glob("*.h"))]
-    for part in (source.read_bytes(), *headers, " ".join(FLAGS).encode(), _compiler_version(compiler).encode(),
-                 _cpu_identity().encode()):
+    for part in (source.read_bytes(), *headers, " ".join(flags).encode(), *(text.encode() for text in more)):
         digest.update(part)
     return digest.hexdigest()[:16]
 
@@ -133,9 +163,10 @@ def _cpu_identity() -> str:
     return model + " ".join(sorted(cpu_flags()))
 
 
-def _build(compiler: str, source: Path, target: Path) -> None:
+def build(compiler: str, source: Path, target: Path, flags: tuple[str, ...] = FLAGS) -> None:
+    """`source` compiled with `flags` into `target`, written under a temporary name and renamed into place."""
     partial = target.with_name(f"{target.stem}.{os.getpid()}.partial")
-    command = [compiler, *FLAGS, "-o", str(partial), str(source), "-lm"]
+    command = [compiler, *flags, "-o", str(partial), str(source), "-lm"]
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)

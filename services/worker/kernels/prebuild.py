@@ -1,0 +1,46 @@
+"""Every C kernel built ahead of time for `PORTABLE_FLAGS`, for an install that will have no compiler.
+
+The Docker image runs this in its build stage (which has gcc) and copies the libraries, not the
+compiler, into the runtime stage: `native_library.load` takes them where it finds no compiler, on
+any CPU with `PORTABLE_CPU_FLAGS`. Where a compiler is found, the first start still builds for the
+machine's own CPU (`-march=native`), as before.
+
+    python -m ztgi.services.worker.kernels.prebuild [DIR]   (default: native_library.PREBUILT_DIR)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ztgi.services.worker.kernels.native_library import (
+    PORTABLE_FLAGS,
+    PREBUILT_DIR,
+    SOURCE_DIR,
+    build,
+    find_compiler,
+    prebuilt_path,
+)
+
+
+def prebuild(directory: Path = PREBUILT_DIR) -> list[Path]:
+    """Each `csrc/*.c` compiled with `PORTABLE_FLAGS` into `directory`; the libraries' paths."""
+    compiler = find_compiler()
+    built = []
+    for source in sorted(SOURCE_DIR.glob("*.c")):
+        target = prebuilt_path(source, directory)
+        build(compiler, source, target, PORTABLE_FLAGS)
+        built.append(target)
+    return built
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    for library in prebuild(Path(args[0]) if args else PREBUILT_DIR):
+        print(library)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The kernels built ahead of time (prebuild.py, as the Docker image's build stage runs it) load where
+no compiler is: the runtime image's case, a `CC` that names no program here."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+
+from ztgi.services.worker.kernels import native_library
+from ztgi.services.worker.kernels.prebuild import prebuild
+
+PORTABLE = native_library.PORTABLE_CPU_FLAGS
+needs_portable_cpu = pytest.mark.skipif(not set(PORTABLE) <= native_library.cpu_flags(),
+                                        reason="the prebuilt kernels need " + ", ".join(PORTABLE))
+
+
+@pytest.fixture(scope="module")
+def prebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("prebuilt")
+    built = prebuild(directory)
+    assert {path.name.split("-")[0] for path in built} == {s.stem for s in native_library.SOURCE_DIR.glob("*.c")}
+    return directory
+
+
+@needs_portable_cpu
+def test_without_a_compiler_the_prebuilt_library_loads(prebuilt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    library = native_library.load("paged_decode_attention.c", prebuilt_dir=prebuilt)
+    expected = native_library.prebuilt_path(native_library.SOURCE_DIR / "paged_decode_attention.c", prebuilt)
+    assert library._name == str(expected)
+    kernel = native_library.bind(library, "paged_decode_attention_bf16", [ctypes.c_void_p])
+    assert native_library.address(kernel) != 0
+
+
+def test_without_a_compiler_or_a_prebuilt_library_the_reason_is_the_compiler(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    if not set(native_library.REQUIRED_CPU_FLAGS) <= native_library.cpu_flags():
+        pytest.skip("the kernels need " + ", ".join(native_library.REQUIRED_CPU_FLAGS))
+    with pytest.raises(native_library.BuildError, match="does not run"):
+        native_library.load("paged_decode_attention.c", prebuilt_dir=tmp_path)
+
+
+def test_a_changed_flag_set_is_another_library(prebuilt: Path) -> None:
+    """The key follows the flags: a library built with -march=native never passes for the portable one."""
+    source = native_library.SOURCE_DIR / "layer_ops.c"
+    assert native_library.prebuilt_path(source, prebuilt).exists()
+    assert native_library._source_key(source, native_library.FLAGS) not in native_library.prebuilt_path(source).name
