@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast lint clean
+.PHONY: install run test test-compose test-fast lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -27,10 +27,14 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not docker" $(PYTEST_ARGS)
+	PYTHON=$(BIN)/python .ci/compose-test
+
+test-compose: $(STAMP)
+	PYTHON=$(BIN)/python .ci/compose-test $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not docker" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
