@@ -16,7 +16,6 @@ DOCUMENT = " ".join(f"Fact {i}: the {w} is kept in room {i * 7 % 31}." for i, w 
                                "silk rope", "glass jar", "brass lamp", "paper kite"] * 2))
 QUESTIONS = ["Where is the blue key?", "Where is the tin cup?", "What is in room 0?", "Where is the old map?"]
 MAX_NEW = 12
-FLOAT32 = ("--dtype", "float32", "--quantize", "none")  # float weights: the embedded GGUF dequantized
 
 
 def _answers(server: LaunchedServer) -> list[dict]:
@@ -39,7 +38,7 @@ def test_shared_prefix_answers_equal_uncached_ones_and_report_cached_tokens(tmp_
     the document from the cache (details and OpenAI usage say how much); off, nothing is cached."""
     # float32: a prefill over cached blocks has other shapes than a whole one, and bfloat16's
     # rounding follows the shapes; the claim here is that caching changes nothing else
-    cached_server = LaunchedServer(str(tmp_path / "on"), *FLOAT32, startup_timeout_s=600)
+    cached_server = LaunchedServer(str(tmp_path / "on"), "--dtype", "float32", startup_timeout_s=600)
     try:
         cached = _answers(cached_server)
         with openai.OpenAI(base_url=cached_server.url + "/v1", api_key="-", max_retries=0, timeout=120) as client:
@@ -48,7 +47,8 @@ def test_shared_prefix_answers_equal_uncached_ones_and_report_cached_tokens(tmp_
                       for _ in range(2)]
     finally:
         assert cached_server.stop() == 0, cached_server.log
-    uncached_server = LaunchedServer(str(tmp_path / "off"), "--no-prefix-caching", *FLOAT32, startup_timeout_s=600)
+    uncached_server = LaunchedServer(str(tmp_path / "off"), "--no-prefix-caching", "--dtype", "float32",
+                                     startup_timeout_s=600)
     try:
         uncached = _answers(uncached_server)
     finally:

@@ -74,7 +74,7 @@ def test_kill_worker_streams_resume_on_the_other(tmp_path) -> None:
     # float32: a resumed stream re-prefills its prompt + tokens so far in a chunk, whose logits differ
     # from the decode steps' in the last bits (bfloat16's rounding would part texts far more often)
     server = LaunchedServer(str(tmp_path / "run"), "--num-workers", "2", "--max-batch-prefill-tokens", "4096",
-                            "--dtype", "float32", "--quantize", "none", "--placement", placement)
+                            "--dtype", "float32", "--placement", placement)
     try:
         assert requests.get(server.url + "/info", timeout=10).json()["placement"] == placement
         expected = undisturbed(server)
@@ -91,7 +91,7 @@ def test_frozen_then_killed_tokenizer_streams_are_adopted(tmp_path) -> None:
     """All 8 streams complete, each equal to its undisturbed text, after a tokenizer is frozen
     past the heartbeat window and resumed (its late answers to jobs handed over are dropped),
     and again after kill -9 of a tokenizer."""
-    server = LaunchedServer(str(tmp_path / "run"), "--num-tokenizers", "2", "--dtype", "float32", "--quantize", "none",
+    server = LaunchedServer(str(tmp_path / "run"), "--num-tokenizers", "2", "--dtype", "float32",
                             "--heartbeat-interval-ms", "200",
                             "--heartbeat-misses", "5")
     try:

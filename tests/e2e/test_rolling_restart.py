@@ -33,8 +33,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     # float32: a stream resumed on the other worker re-prefills, whose logits differ from decode's
     # in the last bits only (tests/e2e/test_process_loss.py)
     launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--num-workers", "2", "--dtype", "float32",
-                              "--quantize", "none", "--drain-timeout-s", str(DRAIN_TIMEOUT_S),
-                              "--restart-backoff-s", "0.5")
+                              "--drain-timeout-s", str(DRAIN_TIMEOUT_S), "--restart-backoff-s", "0.5")
     yield launched
     assert launched.stop() == 0, launched.log
 
