@@ -31,11 +31,10 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", 
 MAX_NEW_TOKENS = 100  # long enough that a stream outlives the 1 s heartbeat window and its resumption
 SCHEDULER_PORT = 5550  # the scheduler's namespace is its own: any port is free there
 # what every service reads, wired by environment as docker-compose.yml does; float32, where a
-# resumed stream's re-prefill parts from its decode steps only at a near-tie (float weights: the GGUF
-# dequantized, whose steps are faster in float32 than its blocks); liveness is fast
+# resumed stream's re-prefill parts from its decode steps only at a near-tie; liveness is fast
 # (a silent worker is lost after 5 x 200 ms); round-robin, so both workers hold streams and serve
 SHARED_ENV = {
-    "ZTGI_MODEL_ID": "smollm2", "ZTGI_DTYPE": "float32", "ZTGI_QUANTIZE": "none", "ZTGI_DEVICE": "cpu",
+    "ZTGI_MODEL_ID": "smollm2", "ZTGI_DTYPE": "float32", "ZTGI_DEVICE": "cpu",
     "ZTGI_MAX_INPUT_TOKENS": "512", "ZTGI_MAX_TOTAL_TOKENS": "2048", "ZTGI_MAX_BATCH_PREFILL_TOKENS": "2048",
     "ZTGI_MEMORY_BUDGET_MB": "512", "ZTGI_HEARTBEAT_INTERVAL_MS": "200", "ZTGI_HEARTBEAT_MISSES": "5",
     "ZTGI_PLACEMENT": "round-robin", "ZTGI_LOG_LEVEL": "INFO",
