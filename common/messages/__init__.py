@@ -10,6 +10,8 @@
 - `client`: what a client receives (stream events and query replies).
 """
 
+# 12: LoRA adapters (`adapter_id` and `model` in the parameters, `AdapterRef` on WorkerRequest, LoadAdapter,
+# UnloadAdapter and AdapterReply, the base's LoRA target shapes in WorkerInfo, the adapters in InfoReply);
 # 11: a draining worker's grace period and the scheduler's `drained` on heartbeats;
 # 10: embedding requests (`embed` in the parameters, Encoded and WorkerRequest; the pooled vector in
 # Generation and FinalDetails; the pooling a worker serves in WorkerInfo and InfoReply);
@@ -19,7 +21,7 @@
 # (speculation), proposed and accepted tokens in Timings; 6: job ids on detokenize jobs, the scheduler nonce on
 # encode jobs, `registered` on heartbeats; 5: cached prompt tokens (prefix caching); 4: grammar in the
 # parameters, tools and tool calls in chats; 3: paged KV blocks and prefill chunks; 2: presence_penalty
-PROTOCOL_VERSION = 11
+PROTOCOL_VERSION = 12
 
 from ztgi.common.messages.batches import *  # noqa: E402,F401,F403
 from ztgi.common.messages.chat import *  # noqa: E402,F401,F403

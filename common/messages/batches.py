@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ztgi.common.codec import record
 from ztgi.common.messages.events import FinishReason
 from ztgi.common.messages.parameters import SamplingParameters
 
-__all__ = ["WorkerRequest", "SeqUpdate", "Batch", "CachedBatch", "Generation", "Timings", "WorkerInfo"]
+__all__ = ["AdapterRef", "WorkerRequest", "SeqUpdate", "Batch", "CachedBatch", "Generation", "Timings", "WorkerInfo"]
+
+
+@record
+class AdapterRef:
+    """A LoRA adapter a request generates with: its name, the directory the worker loads it from
+    (PEFT's `adapter_config.json` and `adapter_model.safetensors`) and the scheduler's `generation`
+    of that name (a name unloaded and loaded again is a new generation, never mistaken for the old)."""
+
+    name: str
+    path: str
+    generation: int
 
 
 @record
@@ -36,6 +49,7 @@ class WorkerRequest:
     chunk_len: int | None = None
     num_generated: int = 0
     embed: bool = False  # pool the prompt's final hidden states into `Generation.embedding`
+    adapter: AdapterRef | None = None  # the LoRA adapter it generates with; None: the base model
 
     def __post_init__(self) -> None:
         if isinstance(self.block_ids, tuple):
@@ -136,3 +150,7 @@ class WorkerInfo:
     pooling_error: str | None = None  # why `pooling` is None
     hidden_size: int = 0  # an embedding's length
     matryoshka: bool = False  # the config declares Matryoshka training: a truncated embedding is meaningful
+    # LoRA: each linear an adapter may target, by PEFT's module name, as [in_features, out_features]
+    # (empty: this engine serves no adapters), over `num_layers` decoder layers
+    lora_targets: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    num_layers: int = 0

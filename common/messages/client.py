@@ -9,7 +9,7 @@ from ztgi.common.messages.events import StreamEvent
 
 __all__ = [
     "StreamEvents", "HealthReply", "InfoReply", "StatsReply", "ErrorReply", "MetricSample", "MetricFamily",
-    "MetricKind", "SimpleToken", "TokenizeReply",
+    "MetricKind", "SimpleToken", "TokenizeReply", "AdapterReply",
 ]
 
 MetricKind = Literal["counter", "gauge", "histogram"]
@@ -61,6 +61,13 @@ class InfoReply:
     pooling_error: str | None = None
     hidden_size: int = 0  # an embedding's length
     matryoshka: bool = False  # a truncated embedding (`dimensions`) is meaningful for this model
+    lora_adapters: list[str] = ()  # type: ignore[assignment]  # the LoRA adapters requests may name
+    max_loras: int = 0  # adapters one worker's batch mixes at most (--max-loras)
+    max_lora_rank: int = 0  # the largest adapter rank accepted (--max-lora-rank)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lora_adapters, tuple):
+            object.__setattr__(self, "lora_adapters", list(self.lora_adapters))
 
 
 @record
@@ -134,6 +141,17 @@ class TokenizeReply:
     error: str | None = None
     error_type: str | None = None
     text: str | None = None
+
+
+@message("adapter_reply")
+class AdapterReply:
+    """Answer to LoadAdapter or UnloadAdapter: done, or `error` with its `error_type`: `validation`
+    (a bad path, config or shape: 400), `not_found` (no adapter of that name: 404) or `conflict`
+    (the name is taken, or requests still use it: 409)."""
+
+    query_id: str
+    error: str | None = None
+    error_type: str | None = None
 
 
 @message("error_reply")

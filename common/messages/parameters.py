@@ -45,6 +45,8 @@ class GenerateParameters:
     grammar: Grammar | None = None
     logit_bias: list[TokenBias] | None = None  # OpenAI's
     embed: bool = False  # /v1/embeddings: one prefill whose pooled hidden state is the answer (max_new_tokens 1)
+    adapter_id: str | None = None  # TGI's: the LoRA adapter to generate with, by name (unknown: refused)
+    model: str | None = None  # OpenAI's `model`: an adapter's name selects that adapter; any other, the base model
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, tuple):

@@ -13,7 +13,7 @@ from ztgi.common.messages.parameters import GenerateParameters, SamplingParamete
 __all__ = [
     "Generate", "Cancel", "Query", "Encoded", "Rejected", "ClientOutput", "TextBatch",
     "StepResult", "FilterResult", "WarmupResult", "CommandDone", "CommandFailed", "QueryKind",
-    "TokenizeQuery", "TokenizeDone",
+    "TokenizeQuery", "TokenizeDone", "LoadAdapter", "UnloadAdapter",
 ]
 
 QueryKind = Literal["health", "info", "stats"]
@@ -54,6 +54,25 @@ class Query:
 
     query_id: str
     kind: QueryKind
+
+
+@message("load_adapter")
+class LoadAdapter:
+    """A client registers a LoRA adapter under `name` from the directory `path` (vLLM's
+    /v1/load_lora_adapter): checked against the base model, then usable by requests; answered with
+    AdapterReply."""
+
+    query_id: str
+    name: str
+    path: str
+
+
+@message("unload_adapter")
+class UnloadAdapter:
+    """A client removes the adapter `name` (refused while requests use it); answered with AdapterReply."""
+
+    query_id: str
+    name: str
 
 
 @message("tokenize_query")

@@ -57,6 +57,15 @@ class SchedulerConfig(ServiceConfig):
     speculate: int = dataclasses.field(default=0, metadata={
         "help": "paged workers propose up to this many tokens per request per step (the workers' own "
                 "--speculate): each decoding request gets blocks for them when the pool has them free"})
+    lora_adapters: str | None = dataclasses.field(default=None, metadata={
+        "help": "LoRA adapters served from the start, as name=path[,name=path...] (TGI's flag; PEFT's "
+                "adapter_config.json and adapter_model.safetensors in each directory): requests name one with "
+                "`adapter_id` or OpenAI's `model`; more are loaded at run time with /v1/load_lora_adapter"})
+    max_loras: int = dataclasses.field(default=4, metadata={
+        "help": "LoRA adapters one worker's batch mixes at most: a request for another adapter waits until "
+                "one of them has no running request"})
+    max_lora_rank: int = dataclasses.field(default=64, metadata={
+        "help": "the largest LoRA rank an adapter may have (a larger one is refused when loaded)"})
     heartbeat_interval_ms: int = 1000
     heartbeat_misses: int = 5
     no_worker_timeout_s: float = 30.0
@@ -91,6 +100,8 @@ class SchedulerConfig(ServiceConfig):
         require(self.placement in PLACEMENTS,
                 f"--placement {self.placement!r} must be one of {', '.join(PLACEMENTS)}")
         require(0 <= self.speculate <= 16, f"--speculate must be between 0 and 16, got {self.speculate}")
+        require(self.max_loras > 0, f"--max-loras must be positive, got {self.max_loras}")
+        require(self.max_lora_rank > 0, f"--max-lora-rank must be positive, got {self.max_lora_rank}")
         require(0.0 <= self.waiting_served_ratio, "--waiting-served-ratio must be >= 0")
         require(self.max_waiting_tokens > 0, "--max-waiting-tokens must be positive")
         require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
