@@ -29,8 +29,8 @@ class GatedMLP:
         fused = getattr(mlp, "gate_up_proj", None)
         weight = fused.weight if fused is not None else torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
         self.intermediate_size = weight.shape[0] // 2
-        self.gate_up = PackedLinear(weight)
-        self.down = PackedLinear(mlp.down_proj.weight)
+        self.gate_up: Callable[[torch.Tensor], torch.Tensor] = PackedLinear(weight)
+        self.down: Callable[[torch.Tensor], torch.Tensor] = PackedLinear(mlp.down_proj.weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).split(self.intermediate_size, dim=-1)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ztgi.services.worker.layers.norm import RMSNorm
@@ -18,7 +20,7 @@ class QKVProjection:
         self.sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
         self.head_dim = head_dim
         projections = _projections(attention)
-        self.linear = PackedLinear(torch.cat([p.weight for p in projections]))
+        self.linear: Callable[[torch.Tensor], torch.Tensor] = PackedLinear(torch.cat([p.weight for p in projections]))
         biases = [p.bias for p in projections]
         self.bias = torch.cat(biases).detach().clone() if all(b is not None for b in biases) else None
         q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)

@@ -9,6 +9,7 @@ MLP too), per-layer sliding windows and rotary bases, and optional soft-capping 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -21,6 +22,7 @@ from ztgi.services.worker.layers.packed_linear import PackedLinear
 from ztgi.services.worker.layers.qkv_projection import QKVProjection
 from ztgi.services.worker.layers.rotary import Rotary, rotate
 from ztgi.services.worker.layers.soft_cap import soft_cap
+from ztgi.services.worker.lora.lora_linear import LoraStep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +31,7 @@ class DecoderLayer:
 
     attention_norm: RMSNorm
     qkv: QKVProjection
-    output: PackedLinear
+    output: Callable[[torch.Tensor], torch.Tensor]
     mlp_norm: RMSNorm
     mlp: GatedMLP
     post_attention_norm: RMSNorm | None = None  # Gemma's sandwich norms
@@ -57,6 +59,7 @@ class PagedDecoderForward:
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
         self.attention = decoder.attention
+        self.lora: LoraStep | None = None  # the step's LoRA adapters (lora/attach.py), if any
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
                  pool: KVPool, logit_rows: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from ztgi.services.worker.layers.attention import AttentionInputs, PagedAttentio
 from ztgi.services.worker.layers.kv_pool import KVPool
 from ztgi.services.worker.layers.layer_ops import NativeLayerOps, TorchLayerOps
 from ztgi.services.worker.layers.transformers_module import TransformersModule
+from ztgi.services.worker.lora.lora_linear import LoraStep
 from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack
 from ztgi.services.worker.models.llama_weights import Linear, LlamaLayer, LlamaWeights
 
@@ -34,6 +35,7 @@ class PagedLlamaForward:
         self.attention = PagedAttention(w.num_heads, w.num_kv_heads, w.head_dim)
         self.ops: TorchLayerOps | NativeLayerOps = TorchLayerOps()
         self.stack: NativeDecodeStack | None = None  # every layer in one C call, where all its kernels are ours
+        self.lora: LoraStep | None = None  # the step's LoRA adapters (lora/attach.py), if any
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
                  pool: KVPool, logit_rows: torch.Tensor) -> torch.Tensor:
@@ -48,7 +50,7 @@ class PagedLlamaForward:
         w, ops = self.weights, self.ops
         x = w.embed(input_ids)
         cos, sin = (t[0].unsqueeze(1) for t in w.rotary(x[None], positions[None]))  # [tokens, 1, head_dim]
-        if self.stack is not None and self.stack.accepts(x, inputs):
+        if self.stack is not None and not (self.lora and self.lora.active) and self.stack.accepts(x, inputs):
             x, residual = self.stack.run(x, cos, sin, inputs, pool)
         else:
             x, residual = self._layers(x, cos, sin, inputs, pool)

@@ -69,6 +69,9 @@ class CausalLMBatch:
                       model: BatchModel) -> CausalLMBatch:
         """A batch ready for prefill; raises ValueError naming a bad request and field."""
         validate_requests(requests, batch_id, model)
+        for request in requests:
+            if request.adapter is not None:
+                raise ValueError(f"request {request.seq_id}: this worker (--kv-cache padded) serves no LoRA adapters")
         chooser = chooser_for(requests, model.device, model.vocab_size)
         lengths = [len(r.input_ids) for r in requests]
         max_input_length = max(lengths)

@@ -19,17 +19,25 @@ from typing import Protocol
 
 import torch
 
-from ztgi.common.messages import CachedBatch, SeqUpdate, WorkerRequest
+from ztgi.common.messages import AdapterRef, CachedBatch, SeqUpdate, WorkerRequest
 from ztgi.services.worker.models.request_checks import BatchModel, chooser_for, require_unique, validate_requests
 from ztgi.services.worker.paged.prompt_lookup import PromptLookup
 from ztgi.services.worker.sampling.next_token_chooser import NextTokenChooser
 from ztgi.services.worker.sampling.stopping_criteria import StoppingCriteria
 
 
+class AdapterLoader(Protocol):
+    def require(self, ref: AdapterRef) -> None: ...
+
+
 class PagedBatchModel(BatchModel, Protocol):
-    """What a paged batch reads of its model: a batch model's limits and its pool's block size."""
+    """What a paged batch reads of its model: a batch model's limits, its pool's block size and
+    its LoRA adapters (loaded as requests name them)."""
 
     block_size: int
+
+    @property
+    def lora(self) -> AdapterLoader: ...
 
 
 @dataclasses.dataclass(eq=False)
@@ -109,6 +117,12 @@ class PagedBatch:
         validate_requests(requests, batch_id, model)
         for request in requests:
             _validate_paged(request, model.block_size)
+        for request in requests:
+            if request.adapter is not None:
+                try:
+                    model.lora.require(request.adapter)
+                except ValueError as exc:
+                    raise ValueError(f"request {request.seq_id}: {exc}") from None
         sequences = [Sequence(
             request=r, tokens=list(r.input_ids), prompt_len=len(r.input_ids), block_ids=list(r.block_ids),
             num_computed=r.cache_len, stopping=StoppingCriteria(model.eos_token_ids, r.max_new_tokens, r.ignore_eos),

@@ -15,6 +15,9 @@ from ztgi.services.worker.kernels.native_attention import NativeAttention
 from ztgi.services.worker.layers.kv_pool import KVPool, KVShape
 from ztgi.services.worker.layers.layer_ops import NativeLayerOps
 from ztgi.services.worker.layers.quantization import factory
+from ztgi.services.worker.lora.attach import attach
+from ztgi.services.worker.lora.lora_adapters import LoraAdapters
+from ztgi.services.worker.lora.site_layout import lora_targets
 from ztgi.services.worker.models import families
 from ztgi.services.worker.models.decoder import PagedDecoderForward
 from ztgi.services.worker.models.families import layer_windows, paged_forward
@@ -63,6 +66,8 @@ class PagedModel:
         if native_kernels and self.device.type == "cpu" and self.dtype == torch.bfloat16:
             _use_c_kernels(self.forward_pass)
         logger.info("paged KV cache, %s weights, attention %s", linear.describe(), self._attention())
+        self.lora = LoraAdapters(lora_targets(loaded.module), loaded.num_layers, self.dtype, self.device)
+        attach(self.forward_pass, self.lora)
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
         self.draft_model = self._draft_proposer(draft, speculate) if draft is not None else None
@@ -102,7 +107,8 @@ class PagedModel:
     def info(self) -> WorkerInfo:
         pooling = self.loaded.pooling
         info = dataclasses.replace(self.loaded.info(), pooling=pooling.mode, pooling_error=pooling.error,
-                                   matryoshka=pooling.matryoshka)
+                                   matryoshka=pooling.matryoshka, lora_targets=self.lora.targets,
+                                   num_layers=self.loaded.num_layers)
         if self.draft_model is None:
             return info
         return dataclasses.replace(info, draft_model_id=self.draft_model.loaded.name)
@@ -166,7 +172,11 @@ class PagedModel:
         inputs = build_step_inputs(batch, self.pool, self.pooler)
         if inputs is None:
             return [], batch, Timings()
-        logits = self._forward(batch, inputs)
+        self.lora.begin_step([(batch.sequences[e.index].request.adapter, e.count) for e in inputs.entries])
+        try:
+            logits = self._forward(batch, inputs)
+        finally:
+            self.lora.end_step()
         forward_done = self._synchronize()
         generations = self._advance(batch, inputs, logits)
         next_batch = None if batch.all_stopped else batch

@@ -1,0 +1,74 @@
+"""The paged engine with LoRA adapters: one batch mixing three adapters and the base model gives
+each request the greedy tokens of PEFT's merged model (float32), for a Llama and a Qwen2 model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from transformers import AutoTokenizer
+
+from tests.lora_adapters import RECIPES, merged_greedy, save_adapter
+from tests.worker.engine_helpers import batch_of, request, run_to_end, step, token_ids
+from tests.worker.models.family_models import save_family_model
+from ztgi.common.messages import AdapterRef, SeqUpdate
+from ztgi.services.worker.model_loader import load_model
+
+MAX_NEW_TOKENS = 10
+PROMPTS = [
+    "Once upon a time, in a small village at the edge of a great forest, there lived",
+    "def fibonacci(n):\n    if n < 2:",
+    "The capital of France is",
+    "List three colours:",
+]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma2"])
+def base_dir(request, smollm2, tiny_model_dir, tmp_path_factory) -> str:
+    if request.param == "llama":
+        return tiny_model_dir
+    return save_family_model(request.param, str(tmp_path_factory.mktemp(request.param)), smollm2.path)
+
+
+@pytest.fixture(scope="module")
+def adapters(base_dir, tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("adapters")
+    return {name: save_adapter(base_dir, str(root / name), recipe) for name, recipe in RECIPES.items()}
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(smollm2.path)
+    return [tokenizer(p)["input_ids"] for p in PROMPTS]
+
+
+def test_mixed_batch_equals_merged_models(base_dir, adapters, prompts):
+    """Every prompt under every adapter and the base, 16 requests in one batch (and again in
+    prefill chunks of 5): each equals its merged model's greedy tokens."""
+    model = load_model(base_dir, dtype="float32", device="cpu", kv_cache="paged", block_size=4)
+    model.allocate_pool(1024)
+    names = [None, *adapters]
+    refs = {name: AdapterRef(name, path, 1) for name, path in adapters.items()}
+    expected = {}
+    requests = []
+    for name in names:
+        reference = merged_greedy(base_dir, adapters.get(name), prompts, MAX_NEW_TOKENS)
+        for ids, tokens in zip(prompts, reference, strict=True):
+            seq_id = len(requests)
+            requests.append(dataclasses.replace(request(seq_id, ids, MAX_NEW_TOKENS, ignore_eos=True),
+                                                adapter=refs.get(name)))
+            expected[seq_id] = tokens
+    assert len({tuple(tokens) for tokens in expected.values()}) > len(prompts), "the adapters change answers"
+    assert token_ids(run_to_end(model, batch_of(model, requests))) == expected
+    assert token_ids(_chunked(model, requests, 5)) == expected
+
+
+def _chunked(model, requests, chunk: int) -> dict:
+    """The requests run with prompts prefilled `chunk` tokens a step, as the scheduler chunks them."""
+    batch = batch_of(model, [dataclasses.replace(r, chunk_len=chunk) for r in requests])
+    into: dict = {}
+    while batch is not None:
+        batch = step(model, batch, into)
+        if batch is not None:
+            batch.apply([SeqUpdate(s.seq_id, [], chunk) for s in batch.sequences if s.is_prefilling])
+    return into
