@@ -6,6 +6,8 @@ refusals to 400/404/409; /v1/models and /info list the adapters."""
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -16,16 +18,16 @@ from tests.gateway.scripted_scheduler import ScriptedScheduler, default_script, 
 from tests.gateway.sse_reader import read_events
 from ztgi.common.messages import Generate, LoadAdapter, UnloadAdapter
 
-CHAT = [{"role": "user", "content": "Hi"}]
+CHAT: Any = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture
-def client(gateway: GatewayProcess) -> openai.OpenAI:
+def client(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=10) as client:
         yield client
 
 
-def post(gateway: GatewayProcess, path: str, body: object, **kwargs: object) -> requests.Response:
+def post(gateway: GatewayProcess, path: str, body: Any, **kwargs: Any) -> requests.Response:
     return requests.post(gateway.url + path, json=body, timeout=5, **kwargs)
 
 
@@ -127,9 +129,9 @@ def test_load_list_use_and_unload(gateway: GatewayProcess, client: openai.OpenAI
     assert response.text == "Success: LoRA adapter 'sql' added successfully."
     assert scheduler.messages(LoadAdapter)[-1].name == "sql"
     assert scheduler.messages(LoadAdapter)[-1].path == str(tmp_path)
-    assert [(m.id, m.model_extra["parent"]) for m in client.models.list().data] == [("test/tiny", None),
-                                                                                    ("sql", "test/tiny")]
-    assert client.models.retrieve("sql").model_extra["root"] == "sql"
+    assert [(m.id, (m.model_extra or {})["parent"]) for m in client.models.list().data] == [("test/tiny", None),
+                                                                                            ("sql", "test/tiny")]
+    assert (client.models.retrieve("sql").model_extra or {})["root"] == "sql"
     info = requests.get(gateway.url + "/info", timeout=5).json()
     assert (info["lora_adapters"], info["max_loras"], info["max_lora_rank"]) == (["sql"], 4, 64)
     assert post(gateway, "/generate", {"inputs": "Hi", "parameters": {"adapter_id": "sql"}}).status_code == 200
