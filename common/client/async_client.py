@@ -26,12 +26,14 @@ from ztgi.common.client.stream_observer import ObserverFactory, StreamObserver
 from ztgi.common.curve import CurveKeys
 from ztgi.common.endpoints import DEFAULT_SCHEDULER_URL
 from ztgi.common.messages import (
+    AdapterReply,
     Cancel,
     ChatMessage,
     Generate,
     GenerateParameters,
     HealthReply,
     InfoReply,
+    LoadAdapter,
     Query,
     QueryKind,
     SimpleToken,
@@ -41,6 +43,7 @@ from ztgi.common.messages import (
     TokenizeQuery,
     TokenizeReply,
     Tool,
+    UnloadAdapter,
 )
 
 logger = logging.getLogger(__name__)
@@ -178,6 +181,21 @@ class AsyncZtgiClient:
         """The text token `ids` decode to (vLLM's /detokenize); errors raise ZtgiError."""
         reply = await self._tokenize_query(lambda query_id: TokenizeQuery(query_id, "", ids=ids))
         return reply.text or ""
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Registers the LoRA adapter `name` from the directory `path` (vLLM's /v1/load_lora_adapter);
+        a refusal raises ZtgiError with error_type `validation`, `not_found` or `conflict`."""
+        await self._adapter_query(lambda query_id: LoadAdapter(query_id, name, path), "load_adapter")
+
+    async def unload_adapter(self, name: str) -> None:
+        """Removes the LoRA adapter `name`; a refusal raises ZtgiError (`not_found`, or `conflict`
+        while requests use it)."""
+        await self._adapter_query(lambda query_id: UnloadAdapter(query_id, name), "unload_adapter")
+
+    async def _adapter_query(self, query: Callable[[str], LoadAdapter | UnloadAdapter], kind: str) -> None:
+        reply: AdapterReply = await self._ask(query, kind)
+        if reply.error is not None:
+            raise ZtgiError(reply.error, reply.error_type or "validation")
 
     async def _tokenize_query(self, query: Callable[[str], TokenizeQuery]) -> TokenizeReply:
         reply: TokenizeReply = await self._ask(query, "tokenize")

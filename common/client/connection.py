@@ -28,6 +28,7 @@ from ztgi.common.endpoints import Endpoints
 from ztgi.common.identity import new_boot_nonce, new_identity
 from ztgi.common.messages import (
     PROTOCOL_VERSION,
+    AdapterReply,
     ErrorReply,
     HealthReply,
     Heartbeat,
@@ -40,7 +41,8 @@ from ztgi.common.messages import (
 
 logger = logging.getLogger(__name__)
 
-INBOUND_MESSAGES = (StreamEvents, HealthReply, InfoReply, StatsReply, TokenizeReply, Heartbeat, ErrorReply)
+INBOUND_MESSAGES = (StreamEvents, HealthReply, InfoReply, StatsReply, TokenizeReply, AdapterReply, Heartbeat,
+                    ErrorReply)
 MessageHandler = Callable[[object], None]
 LossHandler = Callable[[str], None]
 

@@ -6,7 +6,15 @@ import asyncio
 import logging
 
 from ztgi.common.client.errors import ZtgiError
-from ztgi.common.messages import HealthReply, InfoReply, StatsReply, StreamEvent, StreamEvents, TokenizeReply
+from ztgi.common.messages import (
+    AdapterReply,
+    HealthReply,
+    InfoReply,
+    StatsReply,
+    StreamEvent,
+    StreamEvents,
+    TokenizeReply,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +53,7 @@ class RequestRouter:
             case StreamEvents():
                 for event in msg.events:
                     self._route_event(event)
-            case HealthReply() | InfoReply() | StatsReply() | TokenizeReply():
+            case HealthReply() | InfoReply() | StatsReply() | TokenizeReply() | AdapterReply():
                 future = self.query_id_to_future.get(msg.query_id)
                 if future is not None and not future.done():
                     future.set_result(msg)

@@ -84,6 +84,12 @@ class ZtgiClient:
                  truncate: int | None = None) -> list[SimpleToken]:
         return self._call(self._client.tokenize(inputs, add_special_tokens, truncate))
 
+    def load_adapter(self, name: str, path: str) -> None:
+        self._call(self._client.load_adapter(name, path))
+
+    def unload_adapter(self, name: str) -> None:
+        self._call(self._client.unload_adapter(name))
+
     def close(self) -> None:
         """Closes the client, stops the loop and joins its thread."""
         if self._loop.is_closed():

@@ -51,7 +51,7 @@ def parse_messages_request(body: Any, limits: ParameterLimits, max_client_batch_
     if max_tokens is None:
         raise ValidationError("max_tokens", "missing field `max_tokens`")
     stop_sequences = _stop_sequences(body.get("stop_sequences"))
-    chat_body: dict[str, Any] = {"messages": _chat_messages(body), "max_tokens": max_tokens,
+    chat_body: dict[str, Any] = {"model": body["model"], "messages": _chat_messages(body), "max_tokens": max_tokens,
                                  "temperature": body.get("temperature"), "top_p": body.get("top_p"),
                                  "stream": body.get("stream"), "stop": stop_sequences or None}
     chat_body.update(_tool_fields(body))

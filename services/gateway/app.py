@@ -17,6 +17,7 @@ from ztgi.services.gateway import (
     api_docs,
     embeddings,
     handlers,
+    lora_adapters,
     openai_handlers,
     responses_handlers,
 )
@@ -80,6 +81,8 @@ def make_app(config: GatewayConfig) -> web.Application:
         web.post("/v1/embeddings", embeddings.embeddings),
         web.get("/v1/models", openai_handlers.models),
         web.get("/v1/models/{model_id:.+}", openai_handlers.model),
+        web.post("/v1/load_lora_adapter", lora_adapters.load_lora_adapter),
+        web.post("/v1/unload_lora_adapter", lora_adapters.unload_lora_adapter),
         web.post("/v1/messages", anthropic_messages.messages),
         web.post("/v1/messages/count_tokens", anthropic_messages.count_tokens),
         web.get("/docs", api_docs.docs),

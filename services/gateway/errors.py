@@ -41,6 +41,7 @@ _ERROR_TYPE_TO_OPENAI_TYPE = {
     "overloaded": "rate_limit_error",
     "model_not_found": "invalid_request_error",
     "not_found": "invalid_request_error",
+    "conflict": "invalid_request_error",
 }
 
 

@@ -1,4 +1,5 @@
-"""OpenAI's HTTP routes: /v1/chat/completions, /v1/completions, /v1/models."""
+"""OpenAI's HTTP routes: /v1/chat/completions, /v1/completions, /v1/models (the base model and its LoRA
+adapters)."""
 
 from __future__ import annotations
 
@@ -82,19 +83,21 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    """GET /v1/models: the one served model."""
-    return web.json_response(render.models_json(await request.app[SERVED_MODEL].info()))
+    """GET /v1/models: the served model, then its LoRA adapters (asked afresh: they come and go)."""
+    return web.json_response(render.models_json(await request.app[CLIENT].info()))
 
 
 async def model(request: web.Request) -> web.Response:
-    """GET /v1/models/{model_id}: the served model, or 404 for any other id (a slash in the id
-    arrives percent-encoded, as the openai SDK sends it)."""
-    info = await request.app[SERVED_MODEL].info()
+    """GET /v1/models/{model_id}: the served model or one of its LoRA adapters, or 404 for any other
+    id (a slash in the id arrives percent-encoded, as the openai SDK sends it)."""
+    info = await request.app[CLIENT].info()
     model_id = request.match_info["model_id"]
-    if model_id != info.model_id:
-        raise HttpError(404, f"The model `{model_id}` does not exist (this server serves `{info.model_id}`)",
-                        "model_not_found")
-    return web.json_response(render.model_json(info))
+    if model_id == info.model_id:
+        return web.json_response(render.model_json(info))
+    if model_id in info.lora_adapters:
+        return web.json_response(render.model_json(info, model_id))
+    raise HttpError(404, f"The model `{model_id}` does not exist (this server serves `{info.model_id}`)",
+                    "model_not_found")
 
 
 # -- helpers -----------------------------------------------------------------------------------

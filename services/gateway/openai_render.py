@@ -157,9 +157,16 @@ def completion_usage_chunk_json(envelope: Envelope, details: list[FinalDetails],
     return envelope.wrap("text_completion", choices=[], usage=usage_json(details, n))
 
 
-def model_json(info: InfoReply) -> dict[str, Any]:
-    return {"id": info.model_id, "object": "model", "created": 0, "owned_by": info.model_id}
+def model_json(info: InfoReply, adapter: str | None = None) -> dict[str, Any]:
+    """The base model's card, or a LoRA adapter's (vLLM's shape: `parent` is the base model; the
+    adapter's path is the scheduler's, so `root` is its name)."""
+    if adapter is None:
+        return {"id": info.model_id, "object": "model", "created": 0, "owned_by": info.model_id,
+                "root": info.model_id, "parent": None}
+    return {"id": adapter, "object": "model", "created": 0, "owned_by": info.model_id, "root": adapter,
+            "parent": info.model_id}
 
 
 def models_json(info: InfoReply) -> dict[str, Any]:
-    return {"object": "list", "data": [model_json(info)]}
+    """The base model, then each LoRA adapter."""
+    return {"object": "list", "data": [model_json(info), *(model_json(info, name) for name in info.lora_adapters)]}

@@ -7,6 +7,7 @@ logits in the worker's chooser; OpenAI fields the server does not implement are 
 `tool` turns are carried back to the template.
 `top_p: 1.0` (OpenAI's "off") is treated as unset, and so is any `top_p` with temperature 0 (as
 vLLM: TGI would sample then).
+`model` names a LoRA adapter to generate with (vLLM's way), any other name the base model (TGI's way).
 `n` choices are `n` requests (choice `j` of a seeded request uses `seed + j`); choices of all
 prompts together are bounded by `max_client_batch_size`. A completion's `best_of` (OpenAI, vLLM)
 generates that many candidates per prompt, the same way, and returns the `n` with the highest
@@ -164,6 +165,7 @@ def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: i
         top_n_tokens=top_n_tokens,
         grammar=grammar,
         logit_bias=_logit_bias(body.get("logit_bias")),
+        model=_model(body),
     )
     validate_parameters(parameters, limits)
     if not parameters.do_sample:
@@ -171,6 +173,12 @@ def _parameters(body: dict[str, Any], limits: ParameterLimits, max_new_tokens: i
         # is the same without it, so greedy stays greedy
         parameters = dataclasses.replace(parameters, top_p=None)
     return parameters
+
+
+def _model(body: dict[str, Any]) -> str | None:
+    """OpenAI's `model`, for the scheduler: a LoRA adapter's name selects it (vLLM's way); any other
+    name, or none, means the base model (TGI's leniency)."""
+    return optional_value(body, "model", str, "a string") or None
 
 
 def _logit_bias(raw: Any) -> list[TokenBias] | None:

@@ -122,6 +122,9 @@ def info_json(info: InfoReply, config: GatewayConfig) -> dict[str, Any]:
         "placement": info.placement,
         "quantize": info.quantize,
         "draft_model_id": info.draft_model_id,
+        "lora_adapters": info.lora_adapters,
+        "max_loras": info.max_loras,
+        "max_lora_rank": info.max_lora_rank,
     }
 
 

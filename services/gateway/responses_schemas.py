@@ -66,7 +66,8 @@ def parse_responses_request(body: Any, limits: ParameterLimits,
                  "response_format": _response_format(text_format),
                  "tools": [_chat_tool(tool) for tool in tools] if tools else None,
                  "tool_choice": _chat_tool_choice(body.get("tool_choice")),
-                 **{name: body.get(name) for name in ("temperature", "top_p", "seed", "stream", "parallel_tool_calls")}}
+                 **{name: body.get(name) for name in ("model", "temperature", "top_p", "seed", "stream",
+                                                       "parallel_tool_calls")}}
     chat = parse_chat_request({k: v for k, v in chat_body.items() if v is not None}, limits)
     store = optional_value(body, "store", bool, "a boolean") or False
     return ResponsesRequest(chat, _echoed(body, text_format, tools, store), turns, store)

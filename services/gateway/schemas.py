@@ -26,7 +26,6 @@ _FLOAT_FIELDS = ("temperature", "top_p", "typical_p", "repetition_penalty", "fre
                  "presence_penalty")  # the last is OpenAI's, accepted here as an extension
 _BOOL_FIELDS = ("do_sample", "watermark", "details", "decoder_input_details", "return_full_text",
                 "ignore_eos")
-_UNSUPPORTED_FIELDS = ("adapter_id",)
 _ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 _MIN_INT, _MAX_INT = -(2**63), 2**64 - 1  # what msgpack carries (seeds are u64)
 
@@ -145,19 +144,13 @@ def parse_parameters(raw: dict[str, Any], limits: ParameterLimits, stream: bool)
             values[name] = value
     values["stop"] = _stop_sequences(raw)
     values["grammar"] = parse_tgi_grammar(raw.get("grammar"))
-    _check_unsupported(raw)
+    values["adapter_id"] = optional_name(raw, "adapter_id")
     parameters = GenerateParameters(**values)
     if stream and parameters.decoder_input_details:
         raise ValidationError("decoder_input_details",
                               "`decoder_input_details` == true is not supported when streaming tokens")
     validate_parameters(parameters, limits)
     return parameters
-
-
-def _check_unsupported(raw: dict[str, Any]) -> None:
-    for name in _UNSUPPORTED_FIELDS:
-        if raw.get(name) is not None:
-            raise ValidationError(name, f"`{name}` is not supported by this server")
 
 
 def _stop_sequences(raw: dict[str, Any]) -> list[str]:
@@ -174,6 +167,15 @@ def optional_value(raw: dict[str, Any], name: str, kind: type, described: str) -
     # bool is an int in Python, never in JSON
     if value is not None and (type(value) is not kind):
         raise ValidationError(name, f"`{name}` must be {described}, got {json_type(value)}")
+    return value
+
+
+def optional_name(raw: dict[str, Any], name: str) -> str | None:
+    """A LoRA adapter's name (TGI's `adapter_id`): a non-empty string, or None when not given."""
+    value = optional_value(raw, name, str, "a string")
+    if value == "":
+        raise ValidationError(name, f"`{name}` must be a non-empty string (an adapter's name), or null for the "
+                                    f"base model")
     return value
 
 

@@ -63,6 +63,14 @@ class LaunchConfig(LogConfig, RequestLimits):
         "help": "decode steps the queue may wait before whatever is waiting joins the running batch"})
     prefix_caching: bool = True  # paged workers reuse the KV blocks of cached prompt prefixes
     placement: str = CACHE_AWARE  # several paged workers: cache-aware or round-robin (the scheduler's flag)
+    lora_adapters: str | None = dataclasses.field(default=None, metadata={
+        "help": "LoRA adapters served from the start, as name=path[,name=path...] (the scheduler's flag; each "
+                "directory readable by the scheduler and every worker): requests name one with `adapter_id` or "
+                "OpenAI's `model`; more are loaded at run time with /v1/load_lora_adapter"})
+    max_loras: int = dataclasses.field(default=4, metadata={
+        "help": "LoRA adapters one worker's batch mixes at most (the scheduler's flag)"})
+    max_lora_rank: int = dataclasses.field(default=64, metadata={
+        "help": "the largest LoRA rank an adapter may have (the scheduler's flag)"})
     pipeline_decode: bool = False  # the scheduler sends a batch's next Decode before the last answer is back
     run_dir: str | None = dataclasses.field(default=None, metadata={
         "help": "directory of the services' ipc:// sockets (none: a fresh temporary one, removed at exit)"})
@@ -109,6 +117,8 @@ class LaunchConfig(LogConfig, RequestLimits):
         require(self.kv_cache in KV_CACHES, f"--kv-cache {self.kv_cache!r} must be one of {', '.join(KV_CACHES)}")
         require(self.placement in PLACEMENTS,
                 f"--placement {self.placement!r} must be one of {', '.join(PLACEMENTS)}")
+        require(self.max_loras > 0, f"--max-loras must be positive, got {self.max_loras}")
+        require(self.max_lora_rank > 0, f"--max-lora-rank must be positive, got {self.max_lora_rank}")
         require(self.startup_timeout_s > 0, "--startup-timeout-s must be positive")
         require(self.heartbeat_interval_ms > 0 and self.heartbeat_misses > 0,
                 "--heartbeat-interval-ms and --heartbeat-misses must be positive")
@@ -130,7 +140,8 @@ class LaunchConfig(LogConfig, RequestLimits):
                  "memory_budget_mb", "max_concurrent_requests",
                  "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",
                  "max_waiting_tokens",
-                 "pipeline_decode", "prefix_caching", "placement", "heartbeat_interval_ms", "heartbeat_misses",
+                 "pipeline_decode", "prefix_caching", "placement", "lora_adapters", "max_loras", "max_lora_rank",
+                 "heartbeat_interval_ms", "heartbeat_misses",
                  "no_worker_timeout_s", "startup_grace_s", "drain_timeout_s", "health_window_s", "api_key_file",
                  "reasoning_parser")
         env = {f"ZTGI_{name.upper()}": str(getattr(self, name)) for name in names

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import pathlib
 import shutil
 import tempfile
 import time
@@ -24,7 +25,9 @@ from ztgi.common.messages import (
     GenerateParameters,
     Hello,
     InfoReply,
+    LoadAdapter,
     StatsReply,
+    UnloadAdapter,
 )
 
 FAST = {"heartbeat_interval_ms": 50, "heartbeat_misses": 4, "query_timeout_s": 1.0}
@@ -180,6 +183,38 @@ def test_queries_resolve_by_query_id(scheduler: ScriptedScheduler, scheduler_url
     assert isinstance(stats, StatsReply) and stats.num_tokenizers == 2
 
 
+def test_adapter_commands_resolve_by_query_id(scheduler: ScriptedScheduler, scheduler_url: str,
+                                              tmp_path: pathlib.Path) -> None:
+    """load_adapter() and unload_adapter() send their commands and return once the scheduler agrees;
+    info() then lists what is loaded."""
+    async def body(client: AsyncZtgiClient) -> tuple[list[str], list[str]]:
+        await asyncio.gather(client.load_adapter("a", str(tmp_path)), client.load_adapter("b", str(tmp_path)))
+        loaded = (await client.info()).lora_adapters
+        await client.unload_adapter("a")
+        return loaded, (await client.info()).lora_adapters
+    loaded, left = run(scheduler_url, body)
+    assert sorted(loaded) == ["a", "b"] and left == ["b"]
+    assert {(m.name, m.path) for m in scheduler.messages(LoadAdapter)} == {("a", str(tmp_path)), ("b", str(tmp_path))}
+    assert [m.name for m in scheduler.messages(UnloadAdapter)] == ["a"]
+
+
+@pytest.mark.parametrize("command,error_type", [
+    (lambda c, path: c.load_adapter("taken", path), "conflict"),
+    (lambda c, path: c.load_adapter("new", path + "/missing"), "validation"),
+    (lambda c, path: c.unload_adapter("unknown"), "not_found"),
+    (lambda c, path: c.unload_adapter("busy"), "conflict"),
+], ids=["name-taken", "bad-path", "unknown-name", "in-use"])
+def test_adapter_refusals_raise_ztgi_error(scheduler: ScriptedScheduler, scheduler_url: str, tmp_path: pathlib.Path,
+                                           command: Callable[[AsyncZtgiClient, str], Awaitable[None]],
+                                           error_type: str) -> None:
+    """A refused adapter command raises ZtgiError with the scheduler's message and error_type."""
+    scheduler.adapter_to_path.update(taken=str(tmp_path), busy=str(tmp_path))
+    scheduler.busy_adapters.add("busy")
+    with pytest.raises(ZtgiError) as caught:
+        run(scheduler_url, lambda c: command(c, str(tmp_path)))
+    assert caught.value.error_type == error_type and caught.value.message
+
+
 def test_unanswered_query_times_out(scheduler: ScriptedScheduler, scheduler_url: str) -> None:
     """A query the scheduler never answers raises TimeoutError after query_timeout_s."""
     scheduler.answer_queries = False
@@ -247,6 +282,11 @@ def test_sync_client_generate_stream_and_queries(scheduler: ScriptedScheduler, s
         texts = [e.token.text for e in client.stream("Hi", parameters=GenerateParameters(max_new_tokens=3))]
         assert client.health().healthy and client.info().model_id == "test/tiny"
         assert client.stats().num_workers == 1
+        client.load_adapter("sync", tempfile.gettempdir())
+        assert client.info().lora_adapters == ["sync"]
+        client.unload_adapter("sync")
+        with pytest.raises(ZtgiError):
+            client.unload_adapter("sync")
     assert result.text == " a b"
     assert texts == [" a", " b", " c"]
 

@@ -4,6 +4,7 @@ route's answers validate against it, and parameters only the pipeline can check 
 from __future__ import annotations
 
 import json
+import pathlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -126,3 +127,28 @@ def test_too_long_input_names_inputs(server: LaunchedServer) -> None:
     """An input over max_input_tokens (with room in the total) is 422 naming `inputs`."""
     response = server.post("/generate", {"inputs": "Hello " * 40, "parameters": {"max_new_tokens": 1}})
     assert response.status_code == 422 and "inputs" in response.json()["error"]
+
+
+
+def test_lora_routes_answer_as_documented(server: LaunchedServer, document: dict[str, Any],
+                                          tmp_path: pathlib.Path) -> None:
+    """With no adapter loaded: /info and /v1/models show none; the scheduler refuses a path with no adapter
+    (400), an unknown name to unload (404) and an unknown `adapter_id` (422); an OpenAI `model` naming no
+    adapter is the base model."""
+    info = server.get("/info").json()
+    assert (info["lora_adapters"], info["max_loras"], info["max_lora_rank"]) == ([], 4, 64)
+    assert len(server.get("/v1/models").json()["data"]) == 1
+    for path in (tmp_path / "missing", tmp_path):  # no directory; a directory with no adapter_config.json
+        response = server.post("/v1/load_lora_adapter", {"lora_name": "no-such-adapter", "lora_path": str(path)})
+        assert response.status_code == 400, response.text
+        check(document, "/v1/load_lora_adapter", "post", response)
+    response = server.post("/v1/unload_lora_adapter", {"lora_name": "no-such-adapter"})
+    assert response.status_code == 404, response.text
+    check(document, "/v1/unload_lora_adapter", "post", response)
+    response = server.post("/generate", {"inputs": "Hello",
+                                         "parameters": {"max_new_tokens": 1, "adapter_id": "no-such-adapter"}})
+    assert response.status_code == 422 and "no-such-adapter" in response.json()["error"], response.text
+    check(document, "/generate", "post", response)
+    response = server.post("/v1/completions", {"model": "no-such-adapter", "prompt": "Hi", "max_tokens": 1})
+    assert response.status_code == 200, response.text
+    check(document, "/v1/completions", "post", response)

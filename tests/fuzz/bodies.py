@@ -14,7 +14,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 TGI_POST_ROUTES = ("/", "/generate", "/generate_stream", "/invocations", "/tokenize")
-OPENAI_POST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
+OPENAI_POST_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings",
+                      "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 GET_ROUTES = ("/health", "/info", "/ping", "/metrics", "/v1/models", "/v1/responses/resp_0")
 ODD_ROUTES = ("/nope", "/v1/nope", "/generate/", "//generate", "/%ff%fe", "/v1/chat/completions/x", "/v1")
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
@@ -92,6 +93,12 @@ def embedding_body() -> st.SearchStrategy[Any]:
                                ("input", "model", "encoding_format", "dimensions", "user", "truncate_prompt_tokens"))
 
 
+def lora_body() -> st.SearchStrategy[Any]:
+    """A load (or unload: the path is then an unknown field) of an adapter in no directory."""
+    return _with_hostile_field({"lora_name": "fuzz", "lora_path": "/nonexistent/fuzz-lora"},
+                               ("lora_name", "lora_path", "lora_int_id", "load_inplace"))
+
+
 def _encode(value: Any, ensure_ascii: bool) -> bytes:
     text = json.dumps(value, allow_nan=True, ensure_ascii=ensure_ascii)
     return text.encode("utf-8", "surrogatepass")  # a lone surrogate becomes invalid UTF-8
@@ -103,7 +110,8 @@ def body(draw: st.DrawFn, route: str) -> bytes:
     near_valid = chat_body() if route.endswith("chat/completions") else (
         completion_body() if route.endswith("/completions") else
         responses_body() if route.endswith("/responses") else
-        embedding_body() if route.endswith("/embeddings") else tgi_body())
+        embedding_body() if route.endswith("/embeddings") else
+        lora_body() if route.endswith("_lora_adapter") else tgi_body())
     kind = draw(st.sampled_from(["near_valid", "near_valid", "json", "raw", "broken", "deep", "big"]))
     if kind == "near_valid":
         return _encode(draw(near_valid), draw(st.booleans()))

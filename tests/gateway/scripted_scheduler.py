@@ -3,12 +3,16 @@
 It binds `Endpoints(url).bind("frontend")` in a thread, answers Hello/Heartbeat with its boot
 nonce and queries with canned replies, and plays each `Generate` through `script`: a list of
 steps, one `StreamEvents` message per step, `step_delay_s` apart. A `Cancel` stops a playback.
-Everything it receives is recorded for the test to inspect.
+LoadAdapter and UnloadAdapter are answered as the scheduler would, on a registry of names: a
+taken name, or an adapter in `busy_adapters`, is a conflict; a path that is not a directory a
+validation error; an unknown name not found. Everything it receives is recorded for the test to
+inspect.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +24,7 @@ from ztgi.common.codec import decode, encode
 from ztgi.common.endpoints import Endpoints
 from ztgi.common.identity import new_boot_nonce
 from ztgi.common.messages import (
+    AdapterReply,
     Cancel,
     FinalDetails,
     Generate,
@@ -27,6 +32,7 @@ from ztgi.common.messages import (
     Heartbeat,
     Hello,
     InfoReply,
+    LoadAdapter,
     Query,
     SimpleToken,
     StatsReply,
@@ -35,6 +41,7 @@ from ztgi.common.messages import (
     Token,
     TokenizeQuery,
     TokenizeReply,
+    UnloadAdapter,
 )
 
 Steps = list[list[StreamEvent]]
@@ -97,6 +104,8 @@ class ScriptedScheduler:
         self.health = (True, "ok")
         self.answer_queries = True
         self.generation_prompt = GENERATION_PROMPT
+        self.adapter_to_path: dict[str, str] = {}
+        self.busy_adapters: set[str] = set()  # adapters requests still use: unloading them is a conflict
         self.received: list[tuple[bytes, Any]] = []
         self._playbacks: list[_Playback] = []
         self._condition = threading.Condition()
@@ -125,6 +134,8 @@ class ScriptedScheduler:
             self.health = (True, "ok")
             self.answer_queries = True
             self.generation_prompt = GENERATION_PROMPT
+            self.adapter_to_path.clear()
+            self.busy_adapters.clear()
             self.received.clear()
 
     def wait_for(self, predicate: Callable[[Any], bool], timeout_s: float = 5.0) -> Any:
@@ -172,6 +183,8 @@ class ScriptedScheduler:
                     self._send(socket, client_id, self._reply(msg))
                 case TokenizeQuery() if self.answer_queries:
                     self._send(socket, client_id, self._tokenize(msg))
+                case LoadAdapter() | UnloadAdapter() if self.answer_queries:
+                    self._send(socket, client_id, self._adapter_reply(msg))
                 case Generate():
                     steps = self.script(msg)
                     if steps:  # no steps: a request the scheduler sits on
@@ -203,6 +216,22 @@ class ScriptedScheduler:
             text += self.generation_prompt
         return TokenizeReply(query.query_id, [SimpleToken(0, text, 0, len(text))])
 
+    def _adapter_reply(self, msg: LoadAdapter | UnloadAdapter) -> AdapterReply:
+        """The scheduler's answers to adapter commands, on a registry of names."""
+        if isinstance(msg, LoadAdapter):
+            if msg.name in self.adapter_to_path:
+                return AdapterReply(msg.query_id, f"the adapter `{msg.name}` is already loaded", "conflict")
+            if not os.path.isdir(msg.path):
+                return AdapterReply(msg.query_id, f"`{msg.path}` is not a directory", "validation")
+            self.adapter_to_path[msg.name] = msg.path
+        elif msg.name not in self.adapter_to_path:
+            return AdapterReply(msg.query_id, f"no adapter named `{msg.name}`", "not_found")
+        elif msg.name in self.busy_adapters:
+            return AdapterReply(msg.query_id, f"requests still use the adapter `{msg.name}`", "conflict")
+        else:
+            del self.adapter_to_path[msg.name]
+        return AdapterReply(msg.query_id)
+
     def _reply(self, query: Query) -> Any:
         match query.kind:
             case "health":
@@ -214,7 +243,7 @@ class ScriptedScheduler:
                     max_stop_sequences=4, max_input_tokens=4095, max_total_tokens=4096,
                     max_batch_total_tokens=16384, max_batch_prefill_tokens=4096, max_waiting_tokens=20,
                     max_batch_size=None, waiting_served_ratio=0.3, num_workers=1, num_tokenizers=2,
-                    version="0.1.0")
+                    version="0.1.0", lora_adapters=list(self.adapter_to_path), max_loras=4, max_lora_rank=64)
             case _:
                 return StatsReply(query_id=query.query_id, num_queued=0, num_running=len(self._playbacks),
                                   num_workers=1, num_tokenizers=2, worker_batch_sizes={"w0": 0},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import re
 
 import pytest
@@ -17,7 +18,8 @@ from ztgi.services.gateway.api_docs import OPENAPI_PATH
 
 ROUTES = ["/", "/generate", "/generate_stream", "/invocations", "/tokenize", "/detokenize", "/health", "/info", "/ping",
           "/metrics", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/{response_id}",
-          "/v1/embeddings", "/v1/models", "/v1/models/{model_id}", "/v1/messages", "/v1/messages/count_tokens", "/docs",
+          "/v1/embeddings", "/v1/models", "/v1/models/{model_id}", "/v1/load_lora_adapter",
+          "/v1/unload_lora_adapter", "/v1/messages", "/v1/messages/count_tokens", "/docs",
           "/api-doc/openapi.json"]
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
@@ -110,6 +112,31 @@ def test_openai_answers_match_the_document(gateway: GatewayProcess, scheduler: S
     bad = post(gateway, "/v1/completions", {"prompt": "a", "temperature": -1})
     assert bad.status_code == 422
     validate_response(document, "/v1/completions", "post", 422, bad.json())
+
+
+def test_lora_answers_match_the_document(gateway: GatewayProcess, scheduler: ScriptedScheduler, document: dict,
+                                        tmp_path: pathlib.Path) -> None:
+    """Load and unload answers and errors, the model list and Info with an adapter validate against our document."""
+    for path, body, status in (("/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(tmp_path)}, 200),
+                               ("/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(tmp_path)}, 409),
+                               ("/v1/load_lora_adapter", {"lora_name": "sql"}, 400)):
+        response = post(gateway, path, body)
+        assert response.status_code == status, response.text
+        media_type = "text/plain" if status == 200 else "application/json"
+        validate_response(document, path, "post", status, response.text if status == 200 else response.json(),
+                          media_type)
+    models = requests.get(gateway.url + "/v1/models", timeout=5).json()
+    assert [model["id"] for model in models["data"]] == ["test/tiny", "sql"]
+    validate_response(document, "/v1/models", "get", 200, models)
+    validate_response(document, "/v1/models/{model_id}", "get", 200,
+                      requests.get(gateway.url + "/v1/models/sql", timeout=5).json())
+    validate_response(document, "/info", "get", 200, requests.get(gateway.url + "/info", timeout=5).json())
+    for body, status in (({"lora_name": "sql"}, 200), ({"lora_name": "sql"}, 404), ({}, 400)):
+        response = post(gateway, "/v1/unload_lora_adapter", body)
+        assert response.status_code == status, response.text
+        validate_response(document, "/v1/unload_lora_adapter", "post", status,
+                          response.text if status == 200 else response.json(),
+                          "text/plain" if status == 200 else "application/json")
 
 
 def test_errors_in_streams_match_the_document(gateway: GatewayProcess, scheduler: ScriptedScheduler,

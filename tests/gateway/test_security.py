@@ -13,7 +13,7 @@ from tests.gateway.conftest import GatewayProcess
 from tests.gateway.scripted_scheduler import ScriptedScheduler
 from tests.gateway.sse_reader import read_events
 from ztgi.common.config import ConfigError, parse_config
-from ztgi.common.messages import Generate
+from ztgi.common.messages import Generate, LoadAdapter, UnloadAdapter
 from ztgi.services.gateway.config import GatewayConfig
 
 API_KEY = "s3cret-key"
@@ -21,7 +21,7 @@ ALLOWED = "https://app.example.com"
 DENIED = "https://evil.example.com"
 PROTECTED = [("POST", "/"), ("POST", "/generate"), ("POST", "/generate_stream"), ("POST", "/invocations"),
              ("POST", "/tokenize"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
-             ("GET", "/v1/models")]
+             ("GET", "/v1/models"), ("POST", "/v1/load_lora_adapter"), ("POST", "/v1/unload_lora_adapter")]
 OPEN = ["/health", "/info", "/ping", "/docs", "/api-doc/openapi.json"]
 GENERATE = {"inputs": "Hi", "parameters": {"max_new_tokens": 2}}
 
@@ -65,6 +65,19 @@ def test_right_key_is_served(secured: GatewayProcess, scheduler: ScriptedSchedul
     assert response.status_code == 200
     refused = requests.post(secured.url + "/generate", json=GENERATE, timeout=5).json()
     assert refused["error_type"] == "authentication"
+
+
+def test_adapter_commands_need_the_key(secured: GatewayProcess, scheduler: ScriptedScheduler,
+                                      tmp_path: pathlib.Path) -> None:
+    """Loading and unloading LoRA adapters needs the key: without it nothing reaches the scheduler."""
+    load = {"lora_name": "sql", "lora_path": str(tmp_path)}
+    for path, body in (("/v1/load_lora_adapter", load), ("/v1/unload_lora_adapter", {"lora_name": "sql"})):
+        assert requests.post(secured.url + path, json=body, timeout=5).status_code == 401
+    assert not scheduler.messages(LoadAdapter) and not scheduler.messages(UnloadAdapter)
+    for path, body in (("/v1/load_lora_adapter", load), ("/v1/unload_lora_adapter", {"lora_name": "sql"})):
+        response = requests.post(secured.url + path, json=body, headers=bearer(API_KEY), timeout=5)
+        assert response.status_code == 200, response.text
+    assert [m.name for m in scheduler.messages(UnloadAdapter)] == ["sql"]
 
 
 def test_openai_client_with_and_without_the_key(secured: GatewayProcess, scheduler: ScriptedScheduler) -> None:

@@ -57,3 +57,22 @@ def test_reasoning_parser_reaches_the_gateways() -> None:
     assert env["ZTGI_REASONING_PARSER"] == "qwen3"
     assert config_from_namespace(GatewayConfig, argparse.Namespace(), env).reasoning_parser == "qwen3"
     assert "ZTGI_REASONING_PARSER" not in parse_config(LaunchConfig, []).shared_environment("ipc:///tmp/x")
+
+
+def test_lora_settings_reach_the_scheduler_and_bad_limits_are_refused() -> None:
+    """`--lora-adapters`, `--max-loras` and `--max-lora-rank` travel as ZTGI_* variables the scheduler's
+    config reads; no adapters sends none; a limit below 1 is refused by the launcher, naming the flag."""
+    import argparse
+
+    from ztgi.common.config import config_from_namespace
+    from ztgi.services.scheduler.config import SchedulerConfig
+
+    flags = ["--lora-adapters", "sql=/adapters/sql,chat=/adapters/chat", "--max-loras", "2", "--max-lora-rank", "16"]
+    env = parse_config(LaunchConfig, flags).shared_environment("ipc:///tmp/x")
+    scheduler = config_from_namespace(SchedulerConfig, argparse.Namespace(), env)
+    assert (scheduler.lora_adapters, scheduler.max_loras, scheduler.max_lora_rank) == (
+        "sql=/adapters/sql,chat=/adapters/chat", 2, 16)
+    assert "ZTGI_LORA_ADAPTERS" not in parse_config(LaunchConfig, []).shared_environment("ipc:///tmp/x")
+    for flag in ("--max-loras", "--max-lora-rank"):
+        with pytest.raises(ConfigError, match=f"{flag} must be positive, got 0"):
+            parse_config(LaunchConfig, [flag, "0"])
