@@ -23,6 +23,7 @@ except importlib.metadata.PackageNotFoundError:  # run from a source tree that w
 _EXPORTS = {
     "LLM": ("ztgi.llm", "LLM"),
     "SamplingParams": ("ztgi.sampling_params", "SamplingParams"),
+    "LoRARequest": ("ztgi.lora_request", "LoRARequest"),
     "RequestOutput": ("ztgi.outputs", "RequestOutput"),
     "CompletionOutput": ("ztgi.outputs", "CompletionOutput"),
     "Logprob": ("ztgi.outputs", "Logprob"),

@@ -13,8 +13,9 @@ from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS
 
 SCHEDULER_OPTIONS = ("max_input_tokens", "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
                      "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode",
-                     "prefix_caching")
-SWITCHES = ("pipeline_decode", "prefix_caching")  # True or False, nothing that merely reads as one
+                     "prefix_caching", "lora_adapters", "max_loras", "max_lora_rank")
+SWITCHES = ("pipeline_decode", "prefix_caching", "enable_lora")  # True or False, nothing that merely reads as one
+ALWAYS_ON = ("enable_lora",)  # vLLM's switches for what is always on here: accepted, nothing to turn on
 WORKER_OPTIONS = ("kv_cache", "block_size", "step_target_ms", "memory_budget_mb", "cpu_warmup_prefill_tokens",
                   "speculate", "draft_model_id", "quantize", "quantized_max_rows")
 VLLM_NAMES = {"max_model_len": "max_total_tokens", "max_num_seqs": "max_batch_size",
@@ -45,13 +46,15 @@ class EngineOptions:
         a bool (both before any model is loaded)."""
         named = {ALIASES.get(name, name): value for name, value in options.items()}
         unknown = sorted(name for name in options
-                         if ALIASES.get(name, name) not in SCHEDULER_OPTIONS + WORKER_OPTIONS)
+                         if ALIASES.get(name, name) not in SCHEDULER_OPTIONS + WORKER_OPTIONS + ALWAYS_ON)
         if unknown:
             known = ", ".join(SCHEDULER_OPTIONS + WORKER_OPTIONS + tuple(ALIASES))
             raise TypeError(f"unknown engine option {', '.join(map(repr, unknown))}; known: {known}")
         for name, value in options.items():  # named as the caller named it
             if ALIASES.get(name, name) in SWITCHES and not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
+        for name in ALWAYS_ON:
+            named.pop(name, None)
         worker = {name: named.pop(name) for name in WORKER_OPTIONS if name in named}
         return cls(named, **worker)
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from ztgi.common.gc_freeze import freeze_startup_objects
 from ztgi.common.messages import (
+    AdapterRef,
     Encoded,
     Generate,
     GenerateParameters,
@@ -38,6 +39,7 @@ from ztgi.common.model_source import DEFAULT_MODEL_ID
 from ztgi.common.parameters import ParameterLimits, ValidationError
 from ztgi.engine_options import EngineOptions
 from ztgi.local_engine import LocalEngine
+from ztgi.lora_request import LoRARequest
 from ztgi.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestMetrics, RequestOutput
 from ztgi.progress import Progress
 from ztgi.prompts import Prompt, as_conversations, as_prompts, per_prompt
@@ -113,18 +115,21 @@ class LLM:
         return self.tokenizer
 
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                 ) -> list[RequestOutput]:
         """One result per prompt, in order. `prompts`: a string, token ids, or a list of either
         (or of vLLM's {"prompt": ...} / {"prompt_token_ids": ...} dicts); `sampling_params`: one
-        for all, or one per prompt (default: SamplingParams()). Every prompt and value is checked
-        before any work starts: ValueError names the prompt and the value."""
-        return self._run(as_prompts(prompts), sampling_params, use_tqdm)
+        for all, or one per prompt (default: SamplingParams()); `lora_request`: the LoRA adapter to
+        generate with, one for all or one per prompt (None: the base model), as vLLM takes it. Every
+        prompt and value is checked before any work starts: ValueError names the prompt and the value."""
+        return self._run(as_prompts(prompts), sampling_params, use_tqdm, lora_request)
 
     def chat(self, messages: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True) -> list[RequestOutput]:
+             use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+             ) -> list[RequestOutput]:
         """`generate` for conversations: one ([{"role": ..., "content": ...}, ...]) or a list of them,
         each rendered by the model's chat template with the assistant's turn to come."""
-        return self._run(as_conversations(messages), sampling_params, use_tqdm)
+        return self._run(as_conversations(messages), sampling_params, use_tqdm, lora_request)
 
     def embed(self, prompts: Any, truncate_prompt_tokens: int | None = None) -> list[EmbeddingRequestOutput]:
         """Each prompt's embedding, in order (what /v1/embeddings answers): the final hidden state
@@ -165,10 +170,12 @@ class LLM:
 
     # -- one run -------------------------------------------------------------------------------
 
-    def _run(self, prompts: list[Prompt], sampling_params: Any, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, prompts: list[Prompt], sampling_params: Any, use_tqdm: bool,
+             lora_request: Any = None) -> list[RequestOutput]:
         requests = [self._request(index, prompt, params)
                     for index, (prompt, params) in enumerate(zip(prompts, per_prompt(sampling_params, len(prompts))))]
-        sequences = self._start(requests)
+        adapters = self._adapters(lora_request, len(prompts))
+        sequences = self._start(requests, adapters)
         progress = Progress(len(requests), use_tqdm)
         try:
             while self.engine.has_unfinished():
@@ -213,15 +220,35 @@ class LLM:
             return self.encoder.render_chat(prompt.messages)
         return prompt.text
 
-    def _start(self, requests: list[_Request]) -> dict[int, tuple[_Request, GeneratedSequence]]:
-        """Every sequence queued in the engine at once, its decode state with the detokenizer."""
+    def _adapters(self, lora_request: Any, num_prompts: int) -> list[AdapterRef | None]:
+        """Each prompt's adapter, registered with the engine (checked against the model) the first
+        time it is named; ValueError for a request that is not a LoRARequest or an adapter that
+        cannot be served."""
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            lora_requests: list[Any] = [lora_request] * num_prompts
+        elif isinstance(lora_request, Sequence) and len(lora_request) == num_prompts:
+            lora_requests = list(lora_request)
+        else:
+            raise ValueError(f"lora_request must be a LoRARequest, None, or a list of one per prompt ({num_prompts})")
+        refs: list[AdapterRef | None] = []
+        for index, item in enumerate(lora_requests):
+            if item is not None and not isinstance(item, LoRARequest):
+                raise ValueError(f"prompt {index}: lora_request must be a LoRARequest or None, "
+                                 f"got {type(item).__name__}")
+            refs.append(None if item is None else self.engine.adapter(item.lora_name, item.lora_path))
+        return refs
+
+    def _start(self, requests: list[_Request],
+               adapters: list[AdapterRef | None]) -> dict[int, tuple[_Request, GeneratedSequence]]:
+        """Every sequence queued in the engine at once (with its prompt's adapter), its decode
+        state with the detokenizer."""
         sequences = {}
-        for request in requests:
+        for request, adapter in zip(requests, adapters, strict=True):
             request.num_unfinished = len(request.sequences)
             request.metrics.arrival_time = time.monotonic()
             for sequence in request.sequences:
                 self.detokenizer.start(sequence.encoded, sequence.parameters)
-                sequences[self.engine.add(sequence.encoded)] = request, sequence
+                sequences[self.engine.add(sequence.encoded, adapter)] = request, sequence
         return sequences
 
     def _advance(self, request: _Request, sequence: GeneratedSequence, generation: Generation,

@@ -22,8 +22,10 @@ import dataclasses
 import logging
 import time
 
+from ztgi.common.lora_adapter import AdapterError
 from ztgi.common.messages import (
     PROTOCOL_VERSION,
+    AdapterRef,
     Clear,
     CommandFailed,
     Decode,
@@ -35,6 +37,7 @@ from ztgi.common.messages import (
     Prefill,
     Warmup,
 )
+from ztgi.services.scheduler.adapter_registry import AdapterRefusal, AdapterRegistry, BaseLinears
 from ztgi.services.scheduler.batcher import Batcher
 from ztgi.services.scheduler.config import SchedulerConfig
 from ztgi.services.scheduler.outbox import Outbox
@@ -89,6 +92,13 @@ class LocalEngine:
         self._failure: EngineError | None = None
         self._hello = Hello(role="worker", protocol_version=PROTOCOL_VERSION, boot_nonce="local",
                             worker=model.info())
+        info = model.info()
+        self.base = BaseLinears(info.lora_targets, info.num_layers)
+        self.adapters = AdapterRegistry(config.lora_adapters, config.max_lora_rank)
+        try:
+            self.adapters.check_base(self.base)
+        except AdapterError as exc:
+            raise ValueError(f"lora_adapters: {exc}") from None
         self.batcher.register(WORKER_ID, self._hello)  # sends the Warmup, as to a worker that says Hello
         try:
             self._run(self.outbox.take())
@@ -106,10 +116,27 @@ class LocalEngine:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def add(self, encoded: Encoded) -> int:
-        """Queues an encoded request, as the scheduler queues a tokenizer's answer; its integer id."""
+    def adapter(self, name: str, path: str) -> AdapterRef:
+        """The LoRA adapter `name` from `path`, registered (checked against the model) unless it is
+        already; one registered under that name from another path is replaced. ValueError when it
+        cannot be served."""
+        known = self.adapters.ref(name)
+        if known is not None and known.path == path:
+            return known
+        try:
+            if known is not None:
+                using = sum(1 for r in self.table if r.adapter is not None and r.adapter.name == name)
+                self.adapters.unload(name, using)
+            return self.adapters.load(name, path, self.base)
+        except AdapterRefusal as refusal:
+            raise ValueError(f"LoRA adapter {name!r}: {refusal.message}") from None
+
+    def add(self, encoded: Encoded, adapter: AdapterRef | None = None) -> int:
+        """Queues an encoded request, as the scheduler queues a tokenizer's answer, generating with
+        `adapter` (None: the base model); its integer id."""
         request = self.table.create(encoded.key)
         request.encoded = encoded
+        request.adapter = adapter
         request.status = RequestStatus.QUEUED
         request.queued_at = time.monotonic()
         self.queue.append(request)

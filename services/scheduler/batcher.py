@@ -265,7 +265,7 @@ class Batcher:
                 running.setdefault(request.worker_id, []).append(request)
         if round_robin:
             return RoundRobinPlacement(slot, slots, running, self.config.max_batch_size)
-        return Placement(slot, slots, running)
+        return Placement(slot, slots, running, self.config.max_loras)
 
     def _preempt(self, slot: WorkerSlot, victims: list[Request]) -> None:
         """Frees the victims' blocks and queues them first; the Filter takes them off the worker."""

@@ -70,12 +70,13 @@ class BlockAllocator:
 
     # -- prefix caching ------------------------------------------------------------------------
 
-    def match(self, tokens: list[int]) -> list[int]:
-        """Cached blocks holding the longest prefix of `tokens`, leaving at least the last token to
-        compute (its logits choose the next token). Not yet referenced: `acquire` them."""
+    def match(self, tokens: list[int], salt: int = 0) -> list[int]:
+        """Cached blocks holding the longest prefix of `tokens` (computed under `salt`: the
+        request's adapter), leaving at least the last token to compute (its logits choose the next
+        token). Not yet referenced: `acquire` them."""
         if self.cache is None or len(tokens) < 2:
             return []
-        return self.cache.match(tokens, (len(tokens) - 1) // self.block_size)
+        return self.cache.match(tokens, (len(tokens) - 1) // self.block_size, salt)
 
     def num_unheld(self, block_ids: list[int]) -> int:
         """How many of these cached blocks no request holds (they count as free until acquired)."""
@@ -89,8 +90,8 @@ class BlockAllocator:
             assert self.cache is not None
             self.cache.acquire(block_ids)
 
-    def index(self, tokens: list[int], block_ids: list[int], num_computed: int) -> None:
+    def index(self, tokens: list[int], block_ids: list[int], num_computed: int, salt: int = 0) -> None:
         """A request's blocks filled up to `num_computed` of `tokens`: its full ones become cached.
         The partial last block is never indexed (it is still being written)."""
         if self.cache is not None:
-            self.cache.insert(tokens, block_ids, min(num_computed // self.block_size, len(block_ids)))
+            self.cache.insert(tokens, block_ids, min(num_computed // self.block_size, len(block_ids)), salt)

@@ -68,7 +68,8 @@ class PagedBatcher:
             return step
         used = self._chunks(step, running, budget, used)
         if may_admit:
-            self._admit(step, len(running), allocator, budget, used, placement)
+            adapters = {r.adapter.name for r in running if r.adapter is not None}
+            self._admit(step, len(running), allocator, budget, used, placement, adapters)
         return step
 
     def _decodes(self, step: PagedStep, running: list[Request], allocator: BlockAllocator) -> int:
@@ -111,10 +112,11 @@ class PagedBatcher:
         return used
 
     def _admit(self, step: PagedStep, size: int, allocator: BlockAllocator, budget: int, used: int,
-               placement: PlacementPolicy | None) -> None:
+               placement: PlacementPolicy | None, adapters: set[str]) -> None:
         """From the front of the queue while tokens, blocks and the batch size allow (skipping the
-        requests `placement` keeps for another worker). A request takes the blocks of its whole
-        input at once, so its later chunks never wait for blocks."""
+        requests `placement` keeps for another worker, and those of a LoRA adapter when the worker
+        runs --max-loras others: `adapters` are the ones it runs). A request takes the blocks of its
+        whole input at once, so its later chunks never wait for blocks."""
         reserve = int(allocator.num_blocks * RESERVE_FRACTION) if size else 0
         max_size = self.config.max_batch_size
         prefilling = [r for r in step.running if r.seq_id in step.chunks]  # prompts being computed
@@ -123,11 +125,14 @@ class PagedBatcher:
         for request in (queued if placement is None else placement.candidates(queued)):
             if used >= budget or (max_size is not None and size >= max_size):
                 return
+            adapter = request.adapter.name if request.adapter is not None else None
+            if adapter is not None and adapter not in adapters and len(adapters) >= self.config.max_loras:
+                continue  # waits until one of the worker's adapters has no running request
             prefill_len = request.input_length
             reuses = allocator.cache is not None and self._may_reuse(request)
             tokens = request.tokens
-            hit = allocator.match(tokens) if reuses else []
-            if reuses and _computing_its_prefix(tokens, len(hit), prefilling, allocator.block_size):
+            hit = allocator.match(tokens, request.cache_salt) if reuses else []
+            if reuses and _computing_its_prefix(request, len(hit), prefilling, allocator.block_size):
                 num_waiting += 1
                 if num_waiting > MAX_WAITING_SKIPPED:  # a long queue behind one prefix: look no further
                     return
@@ -149,6 +154,8 @@ class PagedBatcher:
             step.num_new[request.seq_id] = chunk
             used += chunk
             size += 1
+            if adapter is not None:
+                adapters.add(adapter)
 
     @staticmethod
     def _may_reuse(request: Request) -> bool:
@@ -158,12 +165,14 @@ class PagedBatcher:
         return not ((request.encoded.prefill_logprobs or request.encoded.embed) and not request.generated_ids)
 
 
-def _computing_its_prefix(tokens: list[int], num_hit: int, prefilling: list[Request], block_size: int) -> bool:
-    """Whether one of the `prefilling` requests is computing the next MIN_SHARED_BLOCKS blocks of
-    a newcomer's `tokens` after its `num_hit` cached ones: the same tokens from the start, in blocks
-    of its prompt not yet cached. Waiting a step or two for them then saves computing them twice."""
+def _computing_its_prefix(newcomer: Request, num_hit: int, prefilling: list[Request], block_size: int) -> bool:
+    """Whether one of the `prefilling` requests (of the newcomer's adapter) is computing the next
+    MIN_SHARED_BLOCKS blocks of a newcomer's tokens after its `num_hit` cached ones: the same tokens
+    from the start, in blocks of its prompt not yet cached. Waiting a step or two for them then saves
+    computing them twice."""
+    tokens, salt = newcomer.tokens, newcomer.cache_salt
     end = (num_hit + MIN_SHARED_BLOCKS) * block_size
     if end > len(tokens) - 1:  # match() leaves the last token to compute: nothing to share
         return False
-    return any(other.num_indexed_blocks * block_size < end <= other.prefill_len and other.tokens[:end] == tokens[:end]
-               for other in prefilling)
+    return any(other.cache_salt == salt and other.num_indexed_blocks * block_size < end <= other.prefill_len
+               and other.tokens[:end] == tokens[:end] for other in prefilling)

@@ -32,10 +32,14 @@ class PlacementPolicy:
     """For one worker's admission, over the ready paged workers (and the requests each runs):
     which queued requests are this worker's. A policy says whose each request is (`owner`)."""
 
-    def __init__(self, slot: WorkerSlot, slots: list[WorkerSlot], running: dict[bytes, list[Request]]) -> None:
+    def __init__(self, slot: WorkerSlot, slots: list[WorkerSlot], running: dict[bytes, list[Request]],
+                 max_loras: int = 0) -> None:
         self.slot = slot
         self.slots = slots
         self.running = running
+        self.max_loras = max_loras
+        self.adapters = {s.identity: {r.adapter.name for r in running.get(s.identity, ()) if r.adapter is not None}
+                         for s in slots}
         self.loads = {s.identity: len(running.get(s.identity, ())) for s in slots}
         self._matches: dict[int, dict[bytes, int]] = {}  # seq_id -> worker -> blocks of its prefix held
 
@@ -44,7 +48,7 @@ class PlacementPolicy:
         matches = self._matches.get(request.seq_id)
         if matches is None:
             matches = self._matches[request.seq_id] = {
-                s.identity: num_matched_blocks(s, request.tokens, self.running) for s in self.slots}
+                s.identity: num_matched_blocks(s, request, self.running) for s in self.slots}
         return matches
 
     def candidates(self, queue: Iterable[Request]) -> Iterator[Request]:
@@ -60,6 +64,14 @@ class PlacementPolicy:
     def owner(self, request: Request) -> WorkerSlot:
         raise NotImplementedError
 
+    def may_take(self, slot: WorkerSlot, request: Request) -> bool:
+        """Whether `slot` may run the request's LoRA adapter now: it runs it already, or fewer
+        than --max-loras others."""
+        if request.adapter is None or not self.max_loras:
+            return True
+        running = self.adapters[slot.identity]
+        return request.adapter.name in running or len(running) < self.max_loras
+
 
 class Placement(PlacementPolicy):
     """Cache-aware: the holder of the longest prefix, unless much busier."""
@@ -68,8 +80,9 @@ class Placement(PlacementPolicy):
         """The worker that should run `request` now."""
         matches = self.matches(request)
         load = self.loads
-        least_busy = min(self.slots, key=lambda s: (load[s.identity], s is not self.slot))
-        holder = max(self.slots, key=lambda s: (matches[s.identity], -load[s.identity], s is self.slot))
+        slots = [s for s in self.slots if self.may_take(s, request)] or self.slots
+        least_busy = min(slots, key=lambda s: (load[s.identity], s is not self.slot))
+        holder = max(slots, key=lambda s: (matches[s.identity], -load[s.identity], s is self.slot))
         if matches[holder.identity] == 0 or self._much_busier(load[holder.identity], load[least_busy.identity]):
             return least_busy
         return holder
@@ -89,14 +102,17 @@ def placement_outcome(request: Request, chosen: WorkerSlot, policy: PlacementPol
     return "holder" if matches.get(chosen.identity, 0) == best else "not_holder"
 
 
-def num_matched_blocks(slot: WorkerSlot, tokens: list[int], running: dict[bytes, list[Request]]) -> int:
-    """Whole blocks of `tokens` the worker holds: cached, or in a request it runs now."""
+def num_matched_blocks(slot: WorkerSlot, request: Request, running: dict[bytes, list[Request]]) -> int:
+    """Whole blocks of the request's tokens the worker holds (under its adapter): cached, or in a
+    request of the same adapter it runs now."""
     allocator = slot.allocator
     assert allocator is not None
-    best = len(allocator.match(tokens))
+    tokens, salt = request.tokens, request.cache_salt
+    best = len(allocator.match(tokens, salt))
     size = allocator.block_size
     for other in running.get(slot.identity, ()):
-        best = max(best, _common_blocks(tokens, other.tokens, size, best))
+        if other.cache_salt == salt:
+            best = max(best, _common_blocks(tokens, other.tokens, size, best))
     return best
 
 

@@ -6,7 +6,9 @@ root spells a token prefix. Children are keyed by the tuple of their tokens, so 
 compares the tokens themselves (a dict compares keys for equality after hashing), never a hash
 alone. Requests hold references to nodes; a node nobody holds stays cached until the pool needs
 its block, and only leaves are evicted (least recently used first), so every cached node stays
-reachable from the root.
+reachable from the root. Blocks computed under a LoRA adapter hang from a root of their own (its
+`salt`, the adapter's generation; 0 for the base model): the same tokens under two adapters never
+share keys and values.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class PrefixCache:
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.root = Node(-1, (), None)
+        self.roots: dict[int, Node] = {}  # salt -> the root of the blocks computed under it
         self.block_to_node: dict[int, Node] = {}
         self.num_unreferenced = 0
         self._clock = itertools.count(1)
@@ -45,9 +47,16 @@ class PrefixCache:
         size = self.block_size
         return (tuple(tokens[i * size:(i + 1) * size]) for i in range(count))
 
-    def match(self, tokens: list[int], max_blocks: int) -> list[int]:
-        """Block ids of the longest cached prefix of `tokens`, in whole blocks, at most `max_blocks`."""
-        node, block_ids = self.root, []
+    def _root(self, salt: int) -> Node:
+        root = self.roots.get(salt)
+        if root is None:
+            root = self.roots[salt] = Node(-1, (), None)
+        return root
+
+    def match(self, tokens: list[int], max_blocks: int, salt: int = 0) -> list[int]:
+        """Block ids of the longest prefix of `tokens` cached under `salt`, in whole blocks, at most
+        `max_blocks`."""
+        node, block_ids = self._root(salt), []
         for key in self._blocks(tokens, min(max_blocks, len(tokens) // self.block_size)):
             child = node.children.get(key)
             if child is None:
@@ -77,11 +86,11 @@ class PrefixCache:
         if not node.children:
             heapq.heappush(self._evictable, (node.last_used, node.block_id))
 
-    def insert(self, tokens: list[int], block_ids: list[int], num_full: int) -> None:
+    def insert(self, tokens: list[int], block_ids: list[int], num_full: int, salt: int = 0) -> None:
         """Indexes the first `num_full` blocks of a request (`block_ids` hold `tokens`). A block
         whose content is already cached under another id stays the request's own; the chain goes
         on under the cached node. A newly indexed block is referenced by its writer."""
-        node = self.root
+        node = self._root(salt)
         for index, key in enumerate(self._blocks(tokens, num_full)):
             child = node.children.get(key)
             if child is None:
@@ -105,7 +114,7 @@ class PrefixCache:
             del parent.children[node.tokens]
             del self.block_to_node[block_id]
             self.num_unreferenced -= 1
-            if parent is not self.root and not parent.children and parent.num_refs == 0:
+            if parent.parent is not None and not parent.children and parent.num_refs == 0:
                 heapq.heappush(self._evictable, (parent.last_used, parent.block_id))
             return block_id
         return None

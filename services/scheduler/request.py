@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import time
 
-from ztgi.common.messages import Encoded, GenerateParameters, RequestKey, WorkerRequest
+from ztgi.common.messages import AdapterRef, Encoded, GenerateParameters, RequestKey, WorkerRequest
 
 
 class RequestStatus(enum.Enum):
@@ -41,6 +41,13 @@ class Request:
     num_cached_tokens: int = 0  # prefix cache: input tokens its (re)start took from cached blocks
     num_indexed_blocks: int = 0  # prefix cache: its full blocks already given to the cache
     num_dropped_blocks: int = 0  # sliding-window workers: its first blocks, freed (sliding_window.py)
+    adapter: AdapterRef | None = None  # the LoRA adapter it generates with (None: the base model)
+
+    @property
+    def cache_salt(self) -> int:
+        """What its cached blocks are keyed by besides their tokens: the adapter's generation (0:
+        the base), so that KV computed under one adapter is never reused under another."""
+        return self.adapter.generation if self.adapter is not None else 0
 
     @property
     def tokens(self) -> list[int]:
@@ -109,4 +116,5 @@ class Request:
             chunk_len=chunk_len,
             num_generated=len(self.generated_ids),
             embed=encoded.embed,
+            adapter=self.adapter,
         )

@@ -13,8 +13,10 @@ import logging
 import time
 
 from ztgi.common.codec import MessageError, decode, encode
+from ztgi.common.lora_adapter import AdapterError
 from ztgi.common.messages import (
     PROTOCOL_VERSION,
+    AdapterReply,
     Adopt,
     Cancel,
     CommandDone,
@@ -29,6 +31,7 @@ from ztgi.common.messages import (
     Heartbeat,
     Hello,
     InfoReply,
+    LoadAdapter,
     Query,
     Rejected,
     RequestKey,
@@ -40,8 +43,11 @@ from ztgi.common.messages import (
     TokenizeDone,
     TokenizeQuery,
     TokenStep,
+    UnloadAdapter,
     WarmupResult,
+    WorkerInfo,
 )
+from ztgi.services.scheduler.adapter_registry import AdapterRefusal, AdapterRegistry, BaseLinears
 from ztgi.services.scheduler.batcher import Batcher
 from ztgi.services.scheduler.config import SchedulerConfig
 from ztgi.services.scheduler.health import Assessment, HealthMonitor, WorkerLoss, assess
@@ -56,7 +62,7 @@ from ztgi.services.scheduler.worker_slot import WorkerSlot
 logger = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
-CLIENT_MESSAGES = (Generate, Cancel, Query, TokenizeQuery, Hello, Heartbeat)
+CLIENT_MESSAGES = (Generate, Cancel, Query, TokenizeQuery, Hello, Heartbeat, LoadAdapter, UnloadAdapter)
 TOKENIZER_MESSAGES = (Hello, Heartbeat, TextBatch, TokenizeDone)
 WORKER_MESSAGES = (Hello, Heartbeat, StepResult, FilterResult, WarmupResult, CommandDone, CommandFailed)
 
@@ -88,6 +94,7 @@ class Scheduler:
                                self._on_generations, self._fail_requests, self.health_monitor.on_canary)
         self.metrics = self.batcher.metrics
         self.tokenize_router = TokenizeRouter(self.outbox)
+        self.adapters = AdapterRegistry(config.lora_adapters, config.max_lora_rank)
 
     # -- clients (frontend) --------------------------------------------------------------------
 
@@ -111,6 +118,8 @@ class Scheduler:
                 self._answer_health(client_id, msg.query_id)
             case Query():
                 self.outbox.to_client(client_id, encode(self._answer_query(msg)))
+            case LoadAdapter() | UnloadAdapter():
+                self.outbox.to_client(client_id, encode(self._adapter_command(msg)))
             case Hello() | Heartbeat():
                 self.outbox.to_client(client_id, encode(Heartbeat(self.boot_nonce)))
 
@@ -125,9 +134,15 @@ class Scheduler:
         if len(self.table) >= self.config.max_concurrent_requests:
             self._send_error(key, "Model is overloaded", "overloaded")
             return
+        try:
+            adapter = self.adapters.resolve(generate.parameters)
+        except AdapterRefusal as refusal:
+            self._send_error(key, refusal.message, refusal.error_type)
+            return
         request = self.table.create(key)
         request.encode_job = encode(EncodeJob(key, generate, self.boot_nonce))
         request.parameters = generate.parameters
+        request.adapter = adapter
         self.outbox.to_tokenizer_pool(request.encode_job)
 
     def _cancel(self, key: RequestKey) -> None:
@@ -247,6 +262,8 @@ class Scheduler:
                     logger.error("worker %r speaks protocol %d, not %d; ignored", worker_id,
                                  msg.protocol_version, PROTOCOL_VERSION)
                     return
+                if msg.worker is not None and not self._adapters_fit(worker_id, msg.worker):
+                    return
                 self.batcher.register(worker_id, msg)
             case Heartbeat():  # from the worker's liveness socket, known by its boot nonce
                 slot = self.batcher.workers.heard_from(worker_id, now, msg.boot_nonce)
@@ -299,6 +316,42 @@ class Scheduler:
 
     # -- queries -------------------------------------------------------------------------------
 
+    def _adapters_fit(self, worker_id: bytes, info: WorkerInfo) -> bool:
+        """Whether the registered adapters fit a worker's base model. At start (no worker ready
+        yet) an adapter of --lora-adapters that does not fit stops the scheduler; later, such a
+        worker is ignored."""
+        if not self.adapters.names():
+            return True
+        try:
+            self.adapters.check_base(BaseLinears(info.lora_targets, info.num_layers))
+        except AdapterError as exc:
+            if not self.had_ready_worker:
+                raise SystemExit(f"ztgi scheduler: {exc}") from None
+            logger.error("worker %r serves %s, which the loaded adapters do not fit (%s): ignored", worker_id,
+                         info.model_id, exc)
+            return False
+        return True
+
+    def _adapter_command(self, command: LoadAdapter | UnloadAdapter) -> AdapterReply:
+        """Registers or forgets an adapter (vLLM's /v1/load_lora_adapter and unload)."""
+        try:
+            if isinstance(command, LoadAdapter):
+                self.adapters.load(command.name, command.path, self._base_linears())
+            else:
+                using = sum(1 for r in self.table if r.adapter is not None and r.adapter.name == command.name)
+                self.adapters.unload(command.name, using)
+        except AdapterRefusal as refusal:
+            return AdapterReply(command.query_id, refusal.message, refusal.error_type)
+        return AdapterReply(command.query_id)
+
+    def _base_linears(self) -> BaseLinears | None:
+        """The base model's adaptable linears, from a ready worker (None before one is)."""
+        workers = self.batcher.workers.ready()
+        if not workers:
+            return None
+        info = workers[0].info
+        return BaseLinears(info.lora_targets, info.num_layers)
+
     def _answer_query(self, query: Query) -> object:
         match query.kind:
             case "info":
@@ -350,6 +403,9 @@ class Scheduler:
             pooling_error=info.pooling_error if info else None,
             hidden_size=info.hidden_size if info else 0,
             matryoshka=info.matryoshka if info else False,
+            lora_adapters=self.adapters.names(),
+            max_loras=config.max_loras,
+            max_lora_rank=config.max_lora_rank,
         )
 
     def _prefill_token_budget(self, workers: list[WorkerSlot]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import sys
 import time
 from collections.abc import Sequence
 
@@ -17,6 +18,7 @@ from ztgi.common.config import parse_config
 from ztgi.common.identity import new_boot_nonce
 from ztgi.common.lifecycle import on_stop_signals, serve
 from ztgi.common.logs import setup_logging
+from ztgi.common.lora_adapter import AdapterError
 from ztgi.services.scheduler.config import SchedulerConfig
 from ztgi.services.scheduler.peer_connections import PeerConnections
 from ztgi.services.scheduler.scheduler import Scheduler
@@ -215,7 +217,12 @@ class SchedulerService:
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(SchedulerConfig, argv, prog="ztgi scheduler")
     setup_logging("scheduler", config.log_level, config.log_rate_limit_s)
-    service = SchedulerService(config)
+    try:
+        service = SchedulerService(config)
+    except AdapterError as exc:  # --lora-adapters names one that cannot be served
+        logger.error("%s", exc)
+        print(f"ztgi scheduler: {exc}", file=sys.stderr)
+        return 2
     on_stop_signals(service.drain)
     serve(service)
     return 0
