@@ -48,7 +48,8 @@ def test_adapter_replaced_under_its_name(llm, tiny_model_dir, adapters):
     ids = [llm.get_tokenizer()(PROMPTS[2])["input_ids"]]
     llm.generate(PROMPTS[2], params, use_tqdm=False, lora_request=LoRARequest("poet", 1, adapters["poet"]))
     replaced = llm.generate(PROMPTS[2], params, use_tqdm=False, lora_request=LoRARequest("poet", 1, adapters["coder"]))
-    assert list(replaced[0].outputs[0].token_ids) == merged_greedy(tiny_model_dir, adapters["coder"], ids, MAX_TOKENS)[0]
+    expected = merged_greedy(tiny_model_dir, adapters["coder"], ids, MAX_TOKENS)[0]
+    assert list(replaced[0].outputs[0].token_ids) == expected
 
 
 def test_bad_adapters_are_refused(llm, adapters, tmp_path):
