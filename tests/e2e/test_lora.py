@@ -106,9 +106,20 @@ def test_openai_model_selects_the_adapter(server):
         assert response.json()["choices"][0]["text"] == tgi
 
 
+def test_structured_output_under_an_adapter(server):
+    """A grammar constrains an adapter's tokens as it does the base model's."""
+    body = {"inputs": PROMPTS[3], "parameters": {"adapter_id": "coder", "max_new_tokens": 12,
+                                                 "grammar": {"type": "regex", "value": "(red|green|blue), (red|green)"}}}
+    response = server.post("/generate", body)
+    assert response.status_code == 200, response.text
+    assert response.json()["generated_text"] in {f"{a}, {b}" for a in ("red", "green", "blue") for b in ("red", "green")}
+
+
 def test_prefix_cache_is_keyed_by_adapter(server, tiny_model_dir, adapters):
     """One long prompt under coder then sage: each its merged model's answer (sage never reads
     coder's blocks); again under sage: most of it from the cache, the same answer."""
+    loaded = server.post("/v1/load_lora_adapter", {"lora_name": "sage", "lora_path": adapters["sage"]})
+    assert loaded.status_code in (200, 409), loaded.text  # 409: an earlier test loaded it
     ids = AutoTokenizer.from_pretrained(tiny_model_dir)(LONG_PROMPT)["input_ids"]
     assert len(ids) > 64
     for name in ("coder", "sage", "sage"):

@@ -67,3 +67,16 @@ def test_bad_adapters_are_refused(llm, adapters, tmp_path):
     with pytest.raises(ValueError, match="must be a LoRARequest"):
         llm.generate("hi", params, use_tqdm=False, lora_request="poet")
     assert llm.generate("hi", params, use_tqdm=False)[0].outputs[0].token_ids  # the engine still serves
+
+
+def test_requests_wait_for_an_adapter_slot(tiny_model_dir, adapters):
+    """max_loras=1: three adapters' requests run one adapter at a time (the others wait in the
+    queue, none fails), each equal to its merged model."""
+    llm = LLM(tiny_model_dir, dtype="float32", kv_cache="paged", max_loras=1)
+    names = list(adapters)
+    requests = [LoRARequest(name, index, adapters[name]) for index, name in enumerate(names) for _ in PROMPTS]
+    ids = [llm.get_tokenizer()(p)["input_ids"] for p in PROMPTS]
+    expected = [tokens for name in names for tokens in merged_greedy(tiny_model_dir, adapters[name], ids, MAX_TOKENS)]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outputs = llm.generate(PROMPTS * len(names), params, use_tqdm=False, lora_request=requests)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == expected

@@ -72,3 +72,29 @@ def _chunked(model, requests, chunk: int) -> dict:
         if batch is not None:
             batch.apply([SeqUpdate(s.seq_id, [], chunk) for s in batch.sequences if s.is_prefilling])
     return into
+
+
+def test_speculation_with_adapters_equals_merged_models(tiny_model_dir, tmp_path_factory, prompts):
+    """--speculate 4 (prompt lookup on repetitive prompts, so proposals are made and verified under
+    each request's adapter): the tokens are still each merged model's."""
+    root = tmp_path_factory.mktemp("spec-adapters")
+    adapters = {name: save_adapter(tiny_model_dir, str(root / name), recipe) for name, recipe in RECIPES.items()}
+    model = load_model(tiny_model_dir, dtype="float32", device="cpu", kv_cache="paged", block_size=4, speculate=4)
+    model.allocate_pool(1024)
+    repetitive = [ids * 3 for ids in prompts[2:]]
+    requests, expected = [], {}
+    for name in [None, *adapters]:
+        ref = AdapterRef(name, adapters[name], 1) if name else None
+        for ids, tokens in zip(repetitive, merged_greedy(tiny_model_dir, adapters.get(name), repetitive, 16),
+                               strict=True):
+            requests.append(dataclasses.replace(request(len(requests), ids, 16 + 8, ignore_eos=True), adapter=ref,
+                                                max_new_tokens=16))
+            expected[len(requests) - 1] = tokens
+    batch, got, num_proposed = batch_of(model, requests), {}, 0
+    while batch is not None:
+        generations, batch, timings = model.generate_token(batch)
+        num_proposed += timings.num_proposed
+        for generation in generations:
+            got.setdefault(generation.seq_id, []).append(generation)
+    assert token_ids(got) == expected
+    assert num_proposed > 0
