@@ -27,6 +27,9 @@ class BenchConfig:
         "API to call: tgi (/generate_stream), openai-completions, openai-chat"))
     url: str = dataclasses.field(default="http://127.0.0.1:8080", metadata=_help("server base URL"))
     model: str = dataclasses.field(default="tgi", metadata=_help("`model` sent to the OpenAI APIs"))
+    lora_adapters: str | None = dataclasses.field(default=None, metadata=_help(
+        "LoRA adapter names, comma-separated: request i asks for name i mod n (`base`: the base model), as TGI's "
+        "adapter_id or OpenAI's model"))
     dataset: str | None = dataclasses.field(default=None, metadata=_help(
         "JSONL file of {prompt, max_new_tokens}, or a built-in set: `mixed`, `prefill-heavy` (64 documents of 20-740 "
         "tokens, each with a short-answer instruction), `shared-prefix` (32 questions on one "

@@ -66,6 +66,8 @@ class TgiBackend(HttpBackend):
             parameters.update(do_sample=True, temperature=self.config.temperature, seed=self.config.seed)
         if self.config.ignore_eos:
             parameters["ignore_eos"] = True
+        if prompt.adapter is not None:
+            parameters["adapter_id"] = prompt.adapter
         return {"inputs": prompt.text, "parameters": parameters}
 
     def parse_event(self, event: dict[str, Any]) -> StreamChunk:
@@ -88,7 +90,7 @@ class OpenAICompletionsBackend(HttpBackend):
 
     def _common(self, prompt: Prompt) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.config.model, "max_tokens": prompt.max_new_tokens, "stream": True,
+            "model": prompt.adapter or self.config.model, "max_tokens": prompt.max_new_tokens, "stream": True,
             "temperature": self.config.temperature, "stream_options": {"include_usage": True},
         }
         if self.config.temperature > 0:

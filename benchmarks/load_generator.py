@@ -61,6 +61,8 @@ class LoadGenerator:
         self.prompts = prompts
         self.backend = make_backend(config)
         self.num_requests = config.num_requests or (None if config.duration_s else len(prompts))
+        names = [name.strip() for name in (config.lora_adapters or "").split(",") if name.strip()]
+        self.adapters: list[str | None] = [None if name == "base" else name for name in names]
 
     async def run(self, concurrency: int | None) -> RunResult:
         """Runs one load level in a session of its own."""
@@ -120,6 +122,8 @@ class LoadGenerator:
                     slots: asyncio.Semaphore | None, bar: tqdm) -> None:
         try:
             prompt = self.prompts[record.request_id % len(self.prompts)]
+            if self.adapters:
+                prompt = dataclasses.replace(prompt, adapter=self.adapters[record.request_id % len(self.adapters)])
             await send_request(session, self.config.url.rstrip("/"), self.backend, prompt, record)
             if record.error is not None:
                 logger.debug("request %d failed: %s", record.request_id, record.error)

@@ -53,6 +53,7 @@ class Prompt:
     text: str
     max_new_tokens: int
     input_tokens: int | None = None
+    adapter: str | None = None  # the LoRA adapter it asks for (--lora-adapters); None: the base model
 
 
 def build_workload(config: BenchConfig) -> list[Prompt]:

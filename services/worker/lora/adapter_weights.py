@@ -1,5 +1,5 @@
 """An adapter's tensors, loaded for the worker's model: per adapted linear, `A` and `B` with PEFT's
-scale folded into `B`, in the model's dtype."""
+scale folded into `B`, `B` transposed (`[rank, out]`: what both products read), in the model's dtype."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ztgi.common.lora_adapter import WEIGHTS_FILE, AdapterError, AdapterSpec
 
 @dataclasses.dataclass(frozen=True)
 class AdapterWeights:
-    """(layer, module) -> (A `[rank, in]`, scale * B `[out, rank]`)."""
+    """(layer, module) -> (A `[rank, in]`, (scale * B)^T `[rank, out]`)."""
 
     spec: AdapterSpec
     tensors: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
@@ -39,7 +39,7 @@ def load_adapter_weights(spec: AdapterSpec, dtype: torch.dtype) -> AdapterWeight
                         tuple(b.shape) != (module.out_features, module.rank):
                     raise AdapterError(f"{path} changed since it was loaded: {a_name} is {list(a.shape)}")
                 scaled_b = (b.double() * module.scale).to(dtype) if module.scale != 1.0 else b.to(dtype)
-                tensors[key] = (a.to(dtype).contiguous(), scaled_b.contiguous())
+                tensors[key] = (a.to(dtype).contiguous(), scaled_b.T.contiguous())
     except (SafetensorError, OSError) as exc:
         raise AdapterError(f"{path} cannot be read: {exc}") from None
     return AdapterWeights(spec, tensors)

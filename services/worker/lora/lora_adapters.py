@@ -19,6 +19,7 @@ from ztgi.common.lora_adapter import AdapterError, check_fits, read_adapter
 from ztgi.common.messages import AdapterRef
 from ztgi.services.worker.lora.adapter_weights import AdapterWeights, load_adapter_weights
 from ztgi.services.worker.lora.lora_linear import LoraLinear, LoraStep
+from ztgi.services.worker.lora.native_lora import NativeLora
 from ztgi.services.worker.lora.site_layout import site_layouts
 from ztgi.services.worker.lora.stacked_adapters import stack
 
@@ -40,7 +41,7 @@ class LoraAdapters:
         self.num_layers = num_layers
         self.dtype = dtype
         self.device = device
-        self.step = LoraStep()
+        self.step = LoraStep(native=NativeLora.load(self.layouts, dtype, device))
         self._loaded: collections.OrderedDict[AdapterKey, AdapterWeights] = collections.OrderedDict()
         self._stacked: list[AdapterKey] = []
         self._sites: dict = {}
@@ -78,18 +79,21 @@ class LoraAdapters:
         keys = [(ref.name, ref.generation) if ref is not None else None for ref, _ in row_adapters]
         used = list(dict.fromkeys(key for key in keys if key is not None))
         if not used:
-            self.step.masks = {}
+            self.end_step()
             return
         if not set(used) <= set(self._stacked):
             self._restack(used)
         slot_of = {key: slot for slot, key in enumerate(self._stacked, 1)}
         slots = [slot_of[key] if key is not None else 0 for key in keys]
-        row_slots = torch.repeat_interleave(torch.tensor(slots, dtype=torch.int64),
+        row_slots = torch.repeat_interleave(torch.tensor(slots, dtype=torch.int32),
                                             torch.tensor([count for _, count in row_adapters])).to(self.device)
-        self.step.masks = {name: (row_slots[:, None] == site.column_slots[None, :]).to(self.dtype)
-                           for name, site in self.step.sites.items()}
+        self.step.row_slots = row_slots
+        if self.step.native is None:
+            self.step.masks = {name: (row_slots[:, None] == site.column_slots[None, :]).to(self.dtype)
+                               for name, site in self.step.sites.items() if site.column_slots is not None}
 
     def end_step(self) -> None:
+        self.step.row_slots = None
         self.step.masks = {}
 
     def _restack(self, used: list[AdapterKey]) -> None:
@@ -98,4 +102,4 @@ class LoraAdapters:
             raise ValueError(f"adapters {missing} are not loaded (their requests' Prefill loads them)")
         self._stacked = used
         self.step.sites = stack([self._loaded[key] for key in used], self.layouts, self.num_layers, self.dtype,
-                                self.device)
+                                self.device, native=self.step.native is not None)
