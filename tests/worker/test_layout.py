@@ -3,7 +3,7 @@
 The worker's root holds the service and what only it uses (engine, batch cache, config, registration,
 threads); below it each folder has one role, and imports flow one way:
 
-    kernels  <  layers  <  models  <  paged, padded  <  the root
+    kernels  <  layers  <  lora  <  models  <  paged, padded  <  the root
     sampling <  models
 
 A folder below the root imports no module of the root but the protocols (`backend.py`), and the
@@ -28,8 +28,9 @@ MAY_IMPORT = {
     "kernels": set(),
     "sampling": set(),
     "layers": {"kernels"},
-    "models": {"kernels", "layers", "sampling"},
-    "paged": {"kernels", "layers", "sampling", "models"},
+    "lora": {"kernels", "layers"},
+    "models": {"kernels", "layers", "lora", "sampling"},
+    "paged": {"kernels", "layers", "lora", "sampling", "models"},
     "padded": {"kernels", "layers", "sampling", "models"},
 }
 

@@ -59,7 +59,7 @@ class PagedDecoderForward:
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
         self.attention = decoder.attention
-        self.lora: LoraStep | None = None  # the step's LoRA adapters (lora/attach.py), if any
+        self.lora: LoraStep | None = None  # the step's LoRA adapters (paged/lora_attach.py), if any
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
                  pool: KVPool, logit_rows: torch.Tensor) -> torch.Tensor:

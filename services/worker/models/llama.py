@@ -35,7 +35,7 @@ class PagedLlamaForward:
         self.attention = PagedAttention(w.num_heads, w.num_kv_heads, w.head_dim)
         self.ops: TorchLayerOps | NativeLayerOps = TorchLayerOps()
         self.stack: NativeDecodeStack | None = None  # every layer in one C call, where all its kernels are ours
-        self.lora: LoraStep | None = None  # the step's LoRA adapters (lora/attach.py), if any
+        self.lora: LoraStep | None = None  # the step's LoRA adapters (paged/lora_attach.py), if any
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
                  pool: KVPool, logit_rows: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,6 @@ from ztgi.services.worker.kernels.native_attention import NativeAttention
 from ztgi.services.worker.layers.kv_pool import KVPool, KVShape
 from ztgi.services.worker.layers.layer_ops import NativeLayerOps
 from ztgi.services.worker.layers.quantization import factory
-from ztgi.services.worker.lora.attach import attach
 from ztgi.services.worker.lora.lora_adapters import LoraAdapters
 from ztgi.services.worker.lora.site_layout import lora_targets
 from ztgi.services.worker.models import families
@@ -26,6 +25,7 @@ from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack
 from ztgi.services.worker.models.loading import LoadedModel
 from ztgi.services.worker.paged.batch import PagedBatch, Sequence
 from ztgi.services.worker.paged.draft_proposer import DraftProposer
+from ztgi.services.worker.paged.lora_attach import attach
 from ztgi.services.worker.paged.pooler import Pooler
 from ztgi.services.worker.paged.speculator import Speculator
 from ztgi.services.worker.paged.step_inputs import StepInputs, build_step_inputs
