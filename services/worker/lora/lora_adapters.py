@@ -5,13 +5,14 @@ The scheduler registers adapters (checking them against the base model) and send
 The worker loads an adapter's tensors when a request first names it and keeps the last
 `MAX_LOADED_ADAPTERS` loaded; each step stacks the adapters its rows use (`stacked_adapters.py`),
 restacking only when one joins that the stack lacks. The model's four products per layer are
-wrapped (`LoraLinear`) when the model is built, and add nothing in a step without adapters.
+wrapped (`LoraLinear`) when the first adapter is loaded, and add nothing in a step without adapters.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -35,8 +36,11 @@ class LoraAdapters:
     """Loaded adapters and the current step's stack."""
 
     def __init__(self, targets: dict[str, list[int]], num_layers: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, attach: Callable[[LoraAdapters], None] | None = None) -> None:
+        """`attach` wraps the model's products when the first adapter is loaded (a model that never
+        serves one keeps its plain products)."""
         self.targets = targets
+        self._attach = attach
         self.layouts = site_layouts(targets)
         self.num_layers = num_layers
         self.dtype = dtype
@@ -62,6 +66,9 @@ class LoraAdapters:
             weights = load_adapter_weights(spec, self.dtype)
         except AdapterError as exc:
             raise ValueError(f"adapter {ref.name!r}: {exc}") from None
+        if self._attach is not None:
+            self._attach(self)
+            self._attach = None
         self._loaded[key] = weights
         logger.info("adapter %r loaded from %s (rank %d, %s)", ref.name, ref.path, spec.rank,
                     ", ".join(sorted(spec.targets)))

@@ -66,8 +66,8 @@ class PagedModel:
         if native_kernels and self.device.type == "cpu" and self.dtype == torch.bfloat16:
             _use_c_kernels(self.forward_pass)
         logger.info("paged KV cache, %s weights, attention %s", linear.describe(), self._attention())
-        self.lora = LoraAdapters(lora_targets(loaded.module), loaded.num_layers, self.dtype, self.device)
-        attach(self.forward_pass, self.lora)
+        self.lora = LoraAdapters(lora_targets(loaded.module), loaded.num_layers, self.dtype, self.device,
+                                 attach=lambda adapters: attach(self.forward_pass, adapters))
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
         self.draft_model = self._draft_proposer(draft, speculate) if draft is not None else None
