@@ -30,6 +30,15 @@ RECIPES = {
 }
 
 
+FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+         "up_proj": "gate_up_proj"}  # Phi-3 stores these fused, and PEFT targets them by those names
+
+
+def fused_recipe(recipe: AdapterRecipe) -> AdapterRecipe:
+    """The recipe for a model with Phi-3's fused projections."""
+    return dataclasses.replace(recipe, targets=tuple(dict.fromkeys(FUSED.get(t, t) for t in recipe.targets)))
+
+
 def save_adapter(base_dir: str, adapter_dir: str, recipe: AdapterRecipe) -> str:
     """An adapter of `recipe` for the model in `base_dir`, its A and B random (PEFT's own init
     would leave B at zero: an adapter that changes nothing), saved in PEFT's format."""

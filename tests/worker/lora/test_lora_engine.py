@@ -4,11 +4,13 @@ each request the greedy tokens of PEFT's merged model (float32), for a Llama and
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 import pytest
 from transformers import AutoTokenizer
 
-from tests.lora_adapters import RECIPES, merged_greedy, save_adapter
+from tests.lora_adapters import RECIPES, fused_recipe, merged_greedy, save_adapter
 from tests.worker.engine_helpers import batch_of, request, run_to_end, step, token_ids
 from tests.worker.models.family_models import save_family_model
 from ztgi.common.messages import AdapterRef, SeqUpdate
@@ -23,7 +25,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma2", "phi3"])
 def base_dir(request, smollm2, tiny_model_dir, tmp_path_factory) -> str:
     if request.param == "llama":
         return tiny_model_dir
@@ -33,7 +35,10 @@ def base_dir(request, smollm2, tiny_model_dir, tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def adapters(base_dir, tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("adapters")
-    return {name: save_adapter(base_dir, str(root / name), recipe) for name, recipe in RECIPES.items()}
+    with open(os.path.join(base_dir, "config.json")) as file:
+        fused = json.load(file)["model_type"] == "phi3"  # Phi-3's fused q/k/v and gate/up are adapted whole
+    return {name: save_adapter(base_dir, str(root / name), fused_recipe(recipe) if fused else recipe)
+            for name, recipe in RECIPES.items()}
 
 
 @pytest.fixture(scope="module")
