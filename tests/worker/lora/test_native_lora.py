@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from ztgi.services.worker.lora.native_lora import NativeLora
 from ztgi.services.worker.lora.site_layout import SiteLayout
 from ztgi.services.worker.lora.stacked_adapters import stack
 
+NEAR_TIE = 0.25  # logprob gap: a few bfloat16 steps at this model's logits (as test_kernel_fallback.py)
 LAYOUT = SiteLayout("qkv", 96, ("q_proj", "k_proj", "v_proj"), (96, 32, 48))
 
 
@@ -46,3 +49,39 @@ def test_c_products_equal_the_masked_product():
     assert torch.equal(got[row_slots == 0], base[row_slots == 0])
     assert torch.allclose(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
     assert (got != base).any(dim=1)[row_slots != 0].all()
+
+
+def test_embedded_gguf_with_an_adapter_same_tokens_on_both_paths(smollm2, tmp_path):
+    """The default launch's model (SmolLM2's GGUF blocks as stored, bfloat16) with an adapter on
+    every projection: the adapter changes the answer, and the C products and the masked torch
+    product give the same greedy tokens, up to a bfloat16 near-tie (their dot products round
+    apart by an ulp now and then)."""
+    from tests.lora_adapters import ATTENTION, MLP, AdapterRecipe, save_adapter
+    from tests.worker.engine_helpers import batch_of, request, run_to_end
+    from ztgi.bench.greedy_parity import GreedyStream, greedy_difference
+    from ztgi.common.messages import AdapterRef
+    from ztgi.services.worker.model_loader import load_model
+
+    recipe = AdapterRecipe(8, tuple(ATTENTION + MLP), alpha=4.0, seed=3)
+    ref = AdapterRef("a", save_adapter(smollm2.path, str(tmp_path / "adapter"), recipe), 1)
+    model = load_model("smollm2", dtype="bfloat16", device="cpu", kv_cache="paged")
+    if model.lora.step.native is None:
+        pytest.skip("the C kernels cannot run on this CPU")
+    model.allocate_pool(256)
+    prompt = list(range(1000, 1040))
+    requests = [dataclasses.replace(request(i, prompt, 12, ignore_eos=True, top_n_tokens=2), adapter=adapter)
+                for i, adapter in enumerate([None, None, ref, ref])]
+
+    def streams() -> list[GreedyStream]:
+        runs = run_to_end(model, batch_of(model, requests))
+        return [GreedyStream(ids=[g.token_id for g in runs[i]], texts=[str(g.token_id) for g in runs[i]],
+                             top2=[list(zip(g.top_ids, g.top_logprobs, strict=True)) for g in runs[i]])
+                for i in range(len(requests))]
+
+    native = streams()
+    model.lora.step.native = None
+    model.lora._stacked = []  # restacked for the masked product at the next step
+    masked = streams()
+    for one, other in zip(native, masked, strict=True):
+        assert greedy_difference(one, other, NEAR_TIE) is None, greedy_difference(one, other, NEAR_TIE)
+    assert native[0].ids == native[1].ids and native[2].ids == native[3].ids and native[0].ids != native[2].ids
