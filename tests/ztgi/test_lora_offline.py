@@ -11,7 +11,7 @@ import pytest
 from tests.lora_adapters import RECIPES, merged_greedy, save_adapter
 from ztgi import LLM, LoRARequest, SamplingParams
 
-PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time"]
+PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time", "List three colours:"]
 MAX_TOKENS = 8
 
 
@@ -27,6 +27,7 @@ def llm(tiny_model_dir) -> LLM:
 
 
 def test_mixed_adapters_equal_merged_models(llm, tiny_model_dir, adapters):
+    """16 prompts in one run: four under each of three adapters and four on the base model."""
     names = [None, *adapters]
     prompts = [prompt for _ in names for prompt in PROMPTS]
     requests = [LoRARequest(name, index, adapters[name]) if name else None
