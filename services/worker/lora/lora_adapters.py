@@ -82,16 +82,19 @@ class LoraAdapters:
                 del self._loaded[key]
 
     def begin_step(self, row_adapters: list[tuple[AdapterRef | None, int]]) -> None:
-        """The step's rows, in order, as (adapter, row count) runs: stacks and masks for them."""
-        keys = [(ref.name, ref.generation) if ref is not None else None for ref, _ in row_adapters]
-        used = list(dict.fromkeys(key for key in keys if key is not None))
-        if not used:
+        """The step's rows, in order, as (adapter, row count) runs: stacks and masks for them (an
+        adapter dropped from the loaded set since its request's Prefill is loaded again)."""
+        refs = {(ref.name, ref.generation): ref for ref, _ in row_adapters if ref is not None}
+        if not refs:
             self.end_step()
             return
+        for ref in refs.values():
+            self.require(ref)
+        used = list(refs)
         if not set(used) <= set(self._stacked):
             self._restack(used)
         slot_of = {key: slot for slot, key in enumerate(self._stacked, 1)}
-        slots = [slot_of[key] if key is not None else 0 for key in keys]
+        slots = [slot_of[(ref.name, ref.generation)] if ref is not None else 0 for ref, _ in row_adapters]
         row_slots = torch.repeat_interleave(torch.tensor(slots, dtype=torch.int32),
                                             torch.tensor([count for _, count in row_adapters])).to(self.device)
         self.step.row_slots = row_slots
@@ -104,9 +107,6 @@ class LoraAdapters:
         self.step.masks = {}
 
     def _restack(self, used: list[AdapterKey]) -> None:
-        missing = [key for key in used if key not in self._loaded]
-        if missing:
-            raise ValueError(f"adapters {missing} are not loaded (their requests' Prefill loads them)")
         self._stacked = used
         self.step.sites = stack([self._loaded[key] for key in used], self.layouts, self.num_layers, self.dtype,
                                 self.device, native=self.step.native is not None)
