@@ -19,7 +19,7 @@ import torch
 from ztgi.common.lora_adapter import AdapterError, check_fits, read_adapter
 from ztgi.common.messages import AdapterRef
 from ztgi.services.worker.lora.adapter_weights import AdapterWeights, load_adapter_weights
-from ztgi.services.worker.lora.lora_linear import LoraLinear, LoraStep
+from ztgi.services.worker.lora.lora_linear import Linear, LoraLinear, LoraStep
 from ztgi.services.worker.lora.native_lora import NativeLora
 from ztgi.services.worker.lora.site_layout import site_layouts
 from ztgi.services.worker.lora.stacked_adapters import stack
@@ -41,18 +41,17 @@ class LoraAdapters:
         serves one keeps its plain products)."""
         self.targets = targets
         self._attach = attach
-        self.layouts = site_layouts(targets)
+        self.layouts = site_layouts(targets) if targets else []
         self.num_layers = num_layers
         self.dtype = dtype
         self.device = device
-        self.step = LoraStep(native=NativeLora.load(self.layouts, dtype, device))
+        self.step = LoraStep()
         self._loaded: collections.OrderedDict[AdapterKey, AdapterWeights] = collections.OrderedDict()
         self._stacked: list[AdapterKey] = []
-        self._sites: dict = {}
 
-    def wrap(self, base: object, site: str, layer: int) -> LoraLinear:
+    def wrap(self, base: Linear, site: str, layer: int) -> LoraLinear:
         """`base`, one of layer `layer`'s products, with the step's adapters added."""
-        return LoraLinear(base, self.step, site, layer)  # type: ignore[arg-type]
+        return LoraLinear(base, self.step, site, layer)
 
     def require(self, ref: AdapterRef) -> None:
         """Loads the adapter unless it is loaded; ValueError when it cannot be."""
@@ -66,7 +65,8 @@ class LoraAdapters:
             weights = load_adapter_weights(spec, self.dtype)
         except AdapterError as exc:
             raise ValueError(f"adapter {ref.name!r}: {exc}") from None
-        if self._attach is not None:
+        if self._attach is not None:  # the first adapter: the products wrapped, the C kernel built
+            self.step.native = NativeLora.load(self.layouts, self.dtype, self.device)
             self._attach(self)
             self._attach = None
         self._loaded[key] = weights

@@ -40,7 +40,8 @@ class SiteLayout:
 
 
 def lora_targets(module: TransformersModule) -> dict[str, list[int]]:
-    """Every linear of a decoder layer an adapter may target: PEFT's module name -> [in, out]."""
+    """Every linear of a decoder layer an adapter may target: PEFT's module name -> [in, out];
+    empty where the layers lack one of the four products' modules (no adapters served)."""
     block = module.model.layers[0]
     found = {}
     for parent in (block.self_attn, block.mlp):
@@ -49,6 +50,10 @@ def lora_targets(module: TransformersModule) -> dict[str, list[int]]:
             weight = getattr(linear, "weight", None)
             if weight is not None:
                 found[name] = [int(weight.shape[1]), int(weight.shape[0])]
+    try:
+        site_layouts(found)
+    except TypeError:
+        return {}
     return found
 
 
