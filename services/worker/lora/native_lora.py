@@ -30,11 +30,6 @@ class NativeLora:
         library = native_library.load_or_none("lora.c", "LoRA products")
         return cls(library) if library is not None else None
 
-    @staticmethod
-    def accepts(x: torch.Tensor, y: torch.Tensor) -> bool:
-        return (x.dtype is torch.bfloat16 and y.dtype is torch.bfloat16 and x.dim() == 2 and x.is_contiguous()
-                and y.dim() == 2 and y.stride(1) == 1 and x.device.type == "cpu")
-
     def add(self, x: torch.Tensor, y: torch.Tensor, row_slots: torch.Tensor, tables: LayerTables,
             layout: LayoutTables) -> None:
         status = self._add(x.data_ptr(), x.shape[0], x.shape[1], row_slots.data_ptr(), tables.num_slots,
