@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from ztgi.common.messages import Generation, SamplingParameters, WorkerRequest
+from ztgi.common.messages import Generation, SamplingParameters, SeqUpdate, WorkerRequest
 from ztgi.services.worker.padded.batch import CausalLMBatch
 from ztgi.services.worker.padded.model import PaddedModel as Model
 
@@ -74,3 +74,15 @@ def alone(model: Model, requests: Iterable[WorkerRequest]) -> dict[int, list[int
     for r in requests:
         result.update(token_ids(run_to_end(model, batch_of(model, [r]))))
     return result
+
+
+def run_chunked(model: Model, requests: Iterable[WorkerRequest], chunk: int) -> dict[int, list[Generation]]:
+    """Every prompt prefilled `chunk` tokens a step (as the scheduler's SeqUpdates ask), then
+    decoded to the end; request id -> its generations in order."""
+    batch = batch_of(model, [dataclasses.replace(r, chunk_len=chunk) for r in requests])
+    into: dict[int, list[Generation]] = {}
+    while batch is not None:
+        batch = step(model, batch, into)
+        if batch is not None:
+            batch.apply([SeqUpdate(s.seq_id, [], chunk) for s in batch.sequences if s.is_prefilling])
+    return into

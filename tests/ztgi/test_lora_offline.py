@@ -81,3 +81,21 @@ def test_requests_wait_for_an_adapter_slot(tiny_model_dir, adapters):
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outputs = llm.generate(PROMPTS * len(names), params, use_tqdm=False, lora_request=requests)
     assert [list(o.outputs[0].token_ids) for o in outputs] == expected
+
+
+def test_preempted_requests_resume_under_their_adapters(tiny_model_dir, adapters):
+    """A pool of 96 tokens for eight 44-token requests of three adapters and the base: the
+    scheduler preempts, each preempted request resumes (prompt and tokens so far) under its own
+    adapter, and every answer still equals its merged model's."""
+    llm = LLM(tiny_model_dir, dtype="float32", kv_cache="paged", block_size=4, max_total_tokens=64,
+              max_input_tokens=63, max_batch_total_tokens=96)
+    names = [None, *adapters, None, *adapters]
+    prompts = [PROMPTS[index % len(PROMPTS)] for index in range(len(names))]
+    requests = [LoRARequest(name, 1, adapters[name]) if name else None for name in names]
+    tokenizer = llm.get_tokenizer()
+    expected = [merged_greedy(tiny_model_dir, adapters.get(name), [tokenizer(prompt)["input_ids"]], 36)[0]
+                for name, prompt in zip(names, prompts, strict=True)]
+    params = SamplingParams(temperature=0, max_tokens=36, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False, lora_request=requests)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == expected
+    assert llm.engine.batcher.metrics.preemptions.to_message().samples[0].value > 0

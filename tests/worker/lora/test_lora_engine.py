@@ -11,9 +11,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.lora_adapters import RECIPES, fused_recipe, merged_greedy, save_adapter
-from tests.worker.engine_helpers import batch_of, request, run_to_end, step, token_ids
+from tests.worker.engine_helpers import batch_of, request, run_chunked, run_to_end, token_ids
 from tests.worker.models.family_models import save_family_model
-from ztgi.common.messages import AdapterRef, SeqUpdate
+from ztgi.common.messages import AdapterRef
 from ztgi.services.worker.model_loader import load_model
 
 MAX_NEW_TOKENS = 10
@@ -65,18 +65,8 @@ def test_mixed_batch_equals_merged_models(base_dir, adapters, prompts):
             expected[seq_id] = tokens
     assert len({tuple(tokens) for tokens in expected.values()}) > len(prompts), "the adapters change answers"
     assert token_ids(run_to_end(model, batch_of(model, requests))) == expected
-    assert token_ids(_chunked(model, requests, 5)) == expected
+    assert token_ids(run_chunked(model, requests, 5)) == expected
 
-
-def _chunked(model, requests, chunk: int) -> dict:
-    """The requests run with prompts prefilled `chunk` tokens a step, as the scheduler chunks them."""
-    batch = batch_of(model, [dataclasses.replace(r, chunk_len=chunk) for r in requests])
-    into: dict = {}
-    while batch is not None:
-        batch = step(model, batch, into)
-        if batch is not None:
-            batch.apply([SeqUpdate(s.seq_id, [], chunk) for s in batch.sequences if s.is_prefilling])
-    return into
 
 
 def test_speculation_with_adapters_equals_merged_models(tiny_model_dir, tmp_path_factory, prompts):

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.worker.engine_helpers import batch_of, request, run_to_end, step, token_ids
+from tests.worker.engine_helpers import batch_of, request, run_chunked, run_to_end, token_ids
 from tests.worker.models.family_models import WINDOW, save_family_model
-from ztgi.common.messages import SeqUpdate
 from ztgi.services.worker.model_loader import load_model, resolve_kv_cache
 from ztgi.services.worker.models.families import FAMILIES, layer_windows
 
@@ -44,15 +41,6 @@ def _reference(directory: str, prompts: list[list[int]]) -> dict[int, list[int]]
     return out
 
 
-def _chunked(model, requests, chunk: int) -> dict:
-    batch = batch_of(model, [dataclasses.replace(r, chunk_len=chunk) for r in requests])
-    into: dict = {}
-    while batch is not None:
-        batch = step(model, batch, into)
-        if batch is not None:
-            batch.apply([SeqUpdate(s.seq_id, [], chunk) for s in batch.sequences if s.is_prefilling])
-    return into
-
 
 def test_greedy_equals_transformers_generate(family_dir, prompts):
     """Three prompts (5 to 24 tokens, past the window of 8) in one paged batch, whole and in chunks
@@ -63,7 +51,7 @@ def test_greedy_equals_transformers_generate(family_dir, prompts):
     requests = [request(i, ids, MAX_NEW_TOKENS) for i, ids in enumerate(prompts)]
     expected = _reference(family_dir, prompts)
     assert token_ids(run_to_end(model, batch_of(model, requests))) == expected
-    assert token_ids(_chunked(model, requests, 5)) == expected
+    assert token_ids(run_chunked(model, requests, 5)) == expected
 
 
 def test_sliding_window_changes_the_answer(family_dir, prompts):

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tests.worker.engine_helpers import batch_of, request, run_to_end, step, token_ids, with_blocks
+from tests.worker.engine_helpers import batch_of, request, run_chunked, run_to_end, token_ids, with_blocks
 from ztgi.common.messages import Batch, CommandFailed, Decode, Prefill, SeqUpdate, StepResult, Warmup, WarmupResult
 from ztgi.services.worker.engine import Engine
 
@@ -18,23 +18,13 @@ def _requests(**kwargs) -> list:
     return [request(rid, ids, 6, ignore_eos=True, **kwargs) for rid, ids in PROMPTS.items()]
 
 
-def _chunked_run(model, requests, chunk: int) -> dict:
-    """Every prompt prefilled `chunk` tokens a step (the scheduler's SeqUpdates), then decoded."""
-    batch = batch_of(model, [dataclasses.replace(r, chunk_len=chunk) for r in requests])
-    into: dict = {}
-    while batch is not None:
-        batch = step(model, batch, into)
-        if batch is not None:
-            batch.apply([SeqUpdate(s.seq_id, [], chunk) for s in batch.sequences if s.is_prefilling])
-    return into
-
 
 @pytest.mark.parametrize("chunk", [1, 5, 16])
 def test_chunked_prefill_equals_whole_prefill(tiny_paged_model, chunk):
     """Prompts prefilled in chunks give the same tokens and the same prompt logprobs as in one step."""
     requests = _requests(prefill_logprobs=True)
     whole = run_to_end(tiny_paged_model, batch_of(tiny_paged_model, requests))
-    chunked = _chunked_run(tiny_paged_model, requests, chunk)
+    chunked = run_chunked(tiny_paged_model, requests, chunk)
     assert token_ids(chunked) == token_ids(whole)
     for rid in PROMPTS:
         assert chunked[rid][0].prefill_ids == PROMPTS[rid]
@@ -45,7 +35,7 @@ def test_chunked_prefill_equals_whole_prefill(tiny_paged_model, chunk):
 def test_chunked_prefill_equals_padded_backend(tiny_paged_model, tiny_model):
     """The paged engine with chunks gives the padded backend's greedy tokens."""
     requests = _requests()
-    assert token_ids(_chunked_run(tiny_paged_model, requests, 4)) == token_ids(
+    assert token_ids(run_chunked(tiny_paged_model, requests, 4)) == token_ids(
         run_to_end(tiny_model, batch_of(tiny_model, requests)))
 
 
