@@ -14,6 +14,10 @@ from ztgi.services.worker.models import families
 from ztgi.services.worker.models.loading import LoadedModel, load
 from ztgi.services.worker.padded.model import PaddedModel
 from ztgi.services.worker.paged.model import PagedModel
+from ztgi.services.worker.shards.module_sharding import shard_module
+from ztgi.services.worker.shards.shard_group import ShardGroup
+from ztgi.services.worker.shards.shard_plan import ShardPlan
+from ztgi.services.worker.shards.shard_rank import ShardRank
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +40,9 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
                kv_cache: str = "auto", block_size: int = 16, quantize: str = "none", speculate: int = 0,
                float32_decode_attention: bool = False, draft_model_id: str | None = None,
                quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS,
-               native_kernels: bool = True) -> Model:
+               native_kernels: bool = True, group: ShardGroup | None = None) -> Model:
     """The model behind the layout `kv_cache` picks; ValueError/TypeError/ModelNotFoundError.
+    With `group` (this rank's worker group) the paged model holds the rank's share of the weights.
     `speculate` (proposed tokens per step) needs the paged layout, and so does a draft model
     (`draft_model_id`, loaded like the model, on its device and dtype), which needs `speculate`."""
     if draft_model_id is not None and not speculate:
@@ -45,13 +50,20 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
                          "per step (4 is a common choice)")
     if draft_model_id is not None:
         _draft_source(draft_model_id)  # a missing draft fails before the model loads
-    loaded = load(model_id, dtype, device, quantize, quantized_max_rows, native_forward=backend != "transformers")
+    num_shard = group.size if group is not None else 1
+    loaded = load(model_id, dtype, device, quantize, quantized_max_rows, native_forward=backend != "transformers",
+                  num_shard=num_shard)
     if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
         draft = (_load_draft(draft_model_id, dtype, device, quantize, quantized_max_rows)
                  if draft_model_id is not None else None)
-        paged = PagedModel(loaded, block_size, speculate, float32_decode_attention, draft, native_kernels)
+        rank = _shard(loaded, group) if group is not None else None
+        paged = PagedModel(loaded, block_size, speculate, float32_decode_attention, draft, native_kernels, rank)
         _release_load_memory(loaded, draft)
         return paged
+    if group is not None:
+        raise ValueError(f"--num-shard {num_shard} needs the paged KV cache and ztgi's native forward: this model "
+                         "runs on the padded one (--kv-cache padded, --backend transformers, or an architecture "
+                         f"the native forward does not serve: {', '.join(families.SUPPORTED)})")
     if draft_model_id is not None:
         raise ValueError("--draft-model-id needs the paged KV cache, and this model runs on the padded one "
                          "(--kv-cache padded, or a model the paged forward cannot serve)")
@@ -63,6 +75,16 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
     padded = PaddedModel(loaded, backend)
     _release_load_memory(loaded)
     return padded
+
+
+def _shard(loaded: LoadedModel, group: ShardGroup) -> ShardRank:
+    """The rank's share of `loaded`'s weights, cut in place; ValueError where the model does not split."""
+    plan = ShardPlan.for_rank(loaded.config, group.rank, group.size)
+    shard_module(loaded.module, plan)
+    logger.info("rank %d of %d: %d of %d query heads, %d KV head(s) from %d, vocabulary rows %d-%d", group.rank,
+                group.size, plan.num_heads, plan.sizes.num_heads, plan.num_kv_heads, plan.first_kv_head,
+                plan.vocab.start, plan.vocab.stop)
+    return ShardRank(group, plan)
 
 
 def _release_load_memory(*models: LoadedModel | None) -> None:

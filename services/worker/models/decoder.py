@@ -44,11 +44,11 @@ class DecoderLayer:
 class Decoder:
     """The whole model's parts."""
 
-    embedding: Embedding
+    embedding: Embedding | Callable[[torch.Tensor], torch.Tensor]  # a shard's: vocab-parallel
     rotary: Rotary
     layers: list[DecoderLayer]
     norm: RMSNorm
-    lm_head: PackedLinear
+    lm_head: PackedLinear | Callable[[torch.Tensor], torch.Tensor]  # a shard's: its logits gathered
     attention: PagedAttention
     final_softcap: float | None = None
 

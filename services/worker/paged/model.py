@@ -30,6 +30,8 @@ from ztgi.services.worker.paged.pooler import Pooler
 from ztgi.services.worker.paged.speculator import Speculator
 from ztgi.services.worker.paged.step_inputs import StepInputs, build_step_inputs
 from ztgi.services.worker.paged.warmup import warm_up
+from ztgi.services.worker.shards.parallel_layers import parallelize
+from ztgi.services.worker.shards.shard_rank import ShardRank
 from ztgi.services.worker.sampling.generations import failed, step_rows, top_of_row
 from ztgi.services.worker.sampling.top_tokens import row_top_tokens
 
@@ -45,7 +47,7 @@ class PagedModel:
 
     def __init__(self, loaded: LoadedModel, block_size: int = 16, speculate: int = 0,
                  float32_decode_attention: bool = False, draft: LoadedModel | None = None,
-                 native_kernels: bool = True) -> None:
+                 native_kernels: bool = True, shard: ShardRank | None = None) -> None:
         if block_size < 1:
             raise ValueError(f"--block-size must be >= 1, got {block_size}")
         self.loaded = loaded
@@ -57,16 +59,21 @@ class PagedModel:
         self.eos_token_ids = loaded.eos_token_ids
         self.block_size = block_size
         self.kv_shape = KVShape(loaded.num_layers, block_size, loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
+        self.shard = shard  # this process's rank of a tensor-parallel group, if the model is sharded
         with torch.inference_mode():
-            linear = factory.factory(loaded.quantize, loaded.module, loaded.gguf_file, "native",
+            # a shard's weights are slices: never matched to the file's blocks by name
+            gguf_file = loaded.gguf_file if shard is None else None
+            linear = factory.factory(loaded.quantize, loaded.module, gguf_file, "native",
                                               self.device, self.dtype, loaded.quantized_max_rows, native_kernels,
                                               loaded.checkpoint)
             self.forward_pass = paged_forward(loaded.module, linear)
         self.forward_pass.attention.float32_decode = float32_decode_attention
         if native_kernels and self.device.type == "cpu" and self.dtype == torch.bfloat16:
             _use_c_kernels(self.forward_pass)
+        if shard is not None:
+            parallelize(self.forward_pass, shard.group, shard.plan)
         logger.info("paged KV cache, %s weights, attention %s", linear.describe(), self._attention())
-        self.lora = LoraAdapters(lora_targets(loaded.module), loaded.num_layers, self.dtype, self.device,
+        self.lora = LoraAdapters(lora_targets(loaded.module) if shard is None else {}, loaded.num_layers, self.dtype, self.device,
                                  attach=lambda adapters: attach(self.forward_pass, adapters))
         self.pool: KVPool | None = None
         self.max_step_tokens = 0

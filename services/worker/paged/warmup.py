@@ -25,6 +25,7 @@ from ztgi.services.worker.models.warmup_limits import (
     validate_warmup,
 )
 from ztgi.services.worker.paged.batch import PagedBatch, PagedBatchModel
+from ztgi.services.worker.shards.shard_rank import ShardRank
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class WarmupModel(PagedBatchModel, Protocol):
     """What the warmup runs, measures and sets of a paged model."""
 
     max_step_tokens: int
+    shard: ShardRank | None
 
     @property
     def bytes_per_block(self) -> int: ...
@@ -66,6 +68,8 @@ def warm_up(model: WarmupModel, command: Warmup, memory_budget_mb: int, cpu_pref
     seconds = _timed_chunk(model, min(TIMED_CHUNK_TOKENS, input_len), blocks_each)
     max_step_tokens = _max_step_tokens(min(TIMED_CHUNK_TOKENS, input_len) / seconds, step_target_ms)
     num_blocks = _pool_blocks(model, command, memory_budget_mb)
+    if model.shard is not None:  # one block table addresses every rank's pool: the smallest one's size
+        num_blocks, max_step_tokens = model.shard.group.min_ints(num_blocks, max_step_tokens)
     require_room_for_one_request(num_blocks * model.block_size, command)
     model.allocate_pool(num_blocks)
     model.max_step_tokens = max_step_tokens

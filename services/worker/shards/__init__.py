@@ -1,0 +1,1 @@
+"""Tensor-parallel worker groups: one model served by `--num-shard N` rank processes."""

@@ -1,0 +1,75 @@
+"""A tensor-parallel group's collectives, on torch.distributed (gloo on CPU, NCCL on CUDA).
+
+Every rank runs the same steps in the same order, so each collective meets its peers at once; one
+that waits past the group's timeout means a rank hung or died, and the group cannot go on: the
+collective raises `ShardGroupLost`, which no command handler catches, and the rank exits for the
+group to be started again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+class ShardGroupLost(BaseException):
+    """A collective failed or timed out: a peer is gone. A BaseException, like SystemExit, so that the
+    engine's per-command error handling (which answers a failed request and goes on) lets it through."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupAddress:
+    """Where rank 0's rendezvous store listens (torch's `MASTER_ADDR`/`MASTER_PORT`)."""
+
+    host: str
+    port: int
+
+
+class ShardGroup:
+    """This process's rank in a group of `size`, joined at construction."""
+
+    def __init__(self, rank: int, size: int, address: GroupAddress, timeout_s: float, device: torch.device) -> None:
+        self.rank = rank
+        self.size = size
+        self.device = device
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        try:
+            dist.init_process_group(backend, init_method=f"tcp://{address.host}:{address.port}", rank=rank,
+                                    world_size=size, timeout=datetime.timedelta(seconds=timeout_s))
+        except Exception as exc:  # torch raises RuntimeError or DistStoreError for an unreachable peer
+            raise ShardGroupLost(f"rank {rank} of {size} could not join the group at "
+                                 f"{address.host}:{address.port} within {timeout_s:g} s: {exc}") from None
+        logger.info("rank %d of %d joined the %s group at %s:%d", rank, size, backend, address.host, address.port)
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks, in place."""
+        self._run("all_reduce", dist.all_reduce, tensor)
+        return tensor
+
+    def all_gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Each rank's `tensor` side by side along the last dimension, rank 0 first."""
+        parts = [torch.empty_like(tensor) for _ in range(self.size)]
+        self._run("all_gather", dist.all_gather, parts, tensor.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    def min_ints(self, *values: int) -> list[int]:
+        """Each value's minimum over the ranks (what every rank can meet)."""
+        tensor = torch.tensor(values, dtype=torch.int64)
+        self._run("all_reduce", dist.all_reduce, tensor, op=dist.ReduceOp.MIN)
+        return [int(v) for v in tensor.tolist()]
+
+    def _run(self, name: str, collective: object, *args: object, **kwargs: object) -> None:
+        try:
+            collective(*args, **kwargs)  # type: ignore[operator]
+        except Exception as exc:
+            raise ShardGroupLost(f"{name} failed on rank {self.rank} of {self.size}: {exc}") from None
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
