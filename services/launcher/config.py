@@ -29,6 +29,9 @@ class LaunchConfig(LogConfig, RequestLimits):
         "help": "the HTTP port the gateways listen on (several gateways share it)"})
     num_workers: int = dataclasses.field(default=1, metadata={
         "help": "model worker processes (each holds the model and its own KV cache)"})
+    num_shard: int = dataclasses.field(default=1, metadata={
+        "help": "tensor parallelism: each worker serves the model from this many rank processes (TGI's "
+                "--num-shard), each holding its share of the weights and KV cache"})
     num_tokenizers: int = dataclasses.field(default=1, metadata={
         "help": "tokenizer processes"})
     num_gateways: int = dataclasses.field(default=1, metadata={
@@ -107,7 +110,7 @@ class LaunchConfig(LogConfig, RequestLimits):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.check_limits()
-        for name in ("num_workers", "num_tokenizers", "num_gateways", "block_size", "step_target_ms"):
+        for name in ("num_workers", "num_shard", "num_tokenizers", "num_gateways", "block_size", "step_target_ms"):
             require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         require(0 < self.port < 65536, f"--port {self.port} is not a TCP port")
         require(self.draft_model_id is None or self.speculate > 0,
@@ -135,7 +138,7 @@ class LaunchConfig(LogConfig, RequestLimits):
         """ZTGI_* variables for every child: the settings more than one service reads."""
         shared_bases = (f.name for base in (LogConfig, RequestLimits) for f in dataclasses.fields(base))
         names = (*shared_bases, "model_id", "dtype", "device", "backend", "kv_cache", "quantize", "block_size",
-                 "quantized_max_rows", "step_target_ms", "speculate", "draft_model_id", "float32_decode_attention",
+                 "quantized_max_rows", "num_shard", "step_target_ms", "speculate", "draft_model_id", "float32_decode_attention",
                  "native_kernels",
                  "memory_budget_mb", "max_concurrent_requests",
                  "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",

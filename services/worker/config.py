@@ -68,6 +68,15 @@ class WorkerConfig(PeerConfig, ReadyFileConfig):
                 "compiler is found (torch's ops elsewhere); off: torch's ops always"})
     worker_index: int = dataclasses.field(default=0, metadata={
         "help": "this worker's number among the workers of one model (its log lines and metrics carry it)"})
+    num_shard: int = dataclasses.field(default=1, metadata={
+        "help": "tensor parallelism: serve the model from this many rank processes (TGI's --num-shard), each "
+                "holding its share of every layer's heads and weights and of each KV block, on torch.distributed "
+                "(gloo on CPU, NCCL on CUDA); the scheduler sees one worker; on CPU each rank takes its own run "
+                "of the cores; the query heads, KV heads (or ranks, where fewer) and intermediate size must "
+                "divide by it"})
+    shard_timeout_s: float = dataclasses.field(default=300.0, metadata={
+        "help": "with --num-shard N > 1: how long a rank waits for its peers at start and in any collective "
+                "before the group gives up and exits (a rank that hung or died)"})
     memory_budget_mb: int = 4096
     cpu_warmup_prefill_tokens: int | None = dataclasses.field(default=512, metadata={
         "help": "on CPU, cap the warmup batch at this many prompt tokens (none: TGI's full-size warmup)"})
@@ -108,6 +117,8 @@ class WorkerConfig(PeerConfig, ReadyFileConfig):
                 "--draft-model-id needs --speculate N > 0: the number of tokens the draft proposes per step")
         require(self.step_target_ms >= 1, "--step-target-ms must be >= 1")
         require(self.worker_index >= 0, "--worker-index must be >= 0")
+        require(self.num_shard >= 1, f"--num-shard must be >= 1, got {self.num_shard}")
+        require(self.shard_timeout_s > 0, "--shard-timeout-s must be positive")
         require(self.memory_budget_mb > 0, "--memory-budget-mb (KV cache budget on CPU) must be positive")
         require(self.cpu_warmup_prefill_tokens is None or self.cpu_warmup_prefill_tokens > 0,
                 "--cpu-warmup-prefill-tokens must be positive, or none for TGI's full-size warmup")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -36,20 +37,17 @@ from ztgi.common.lifecycle import on_stop_signals, serve
 from ztgi.common.logs import setup_logging
 from ztgi.common.messages import (
     PROTOCOL_VERSION,
-    Clear,
     CommandFailed,
-    Decode,
-    Filter,
-    HealthCheck,
     Heartbeat,
     Hello,
-    Prefill,
     Warmup,
     WarmupResult,
 )
 from ztgi.common.model_source import ModelNotFoundError
 from ztgi.common.ready_file import ReadyFile
 from ztgi.services.worker import thread_governor
+from ztgi.services.worker.backend import Model
+from ztgi.services.worker.commands import COMMANDS, run_command
 from ztgi.services.worker.config import WorkerConfig
 from ztgi.services.worker.drain import Drain
 from ztgi.services.worker.engine import Engine
@@ -57,11 +55,15 @@ from ztgi.services.worker.model_loader import load_model
 from ztgi.services.worker.models.loading import resolve_device
 from ztgi.services.worker.registration import Registration, Rejoin
 from ztgi.services.worker.sampling import grammar, watermark
+from ztgi.services.worker.shards.command_relay import CommandRelay
+from ztgi.services.worker.shards.follower_loop import FollowerLoop
+from ztgi.services.worker.shards.rank_processes import own_rank
+from ztgi.services.worker.shards.shard_group import ShardGroup, ShardGroupLost
+from ztgi.services.worker.shards.worker_group import GroupLeader, follower
 from ztgi.services.worker.thread_governor import ThreadGovernor
 
 logger = logging.getLogger(__name__)
 
-COMMANDS = (Warmup, Prefill, Decode, Filter, Clear, HealthCheck)
 SCHEDULER_MESSAGES = (Heartbeat, *COMMANDS)
 MAX_WAIT_MS = 100  # how late a stop signal may be noticed
 STOP_TIMEOUT_S = 5.0  # how long the IO thread may take to notice a stop
@@ -75,8 +77,10 @@ class EngineLoop:
     a look at the machine's load for the intra-op thread count (`ThreadGovernor.tick`)."""
 
     def __init__(self, engine: Engine, commands: zmq.Socket, control: zmq.Socket, hello: Hello,
-                 stop_requested: threading.Event, threads: ThreadGovernor | None = None) -> None:
+                 stop_requested: threading.Event, threads: ThreadGovernor | None = None,
+                 relay: CommandRelay | None = None) -> None:
         self.engine = engine
+        self.relay = relay  # a worker group's rank 0: every command goes to the other ranks first
         self.threads = threads
         self.commands = commands
         self.control = control
@@ -111,34 +115,23 @@ class EngineLoop:
             logger.warning("bad frame from the scheduler: %s", exc)
             self._send(CommandFailed(command_id=-1, error=f"malformed message: {exc}", seq_ids=[]))
             return
+        if self.relay is not None:
+            self.relay.send(frames)
         self._send(self.execute(command))
 
     def execute(self, command: object) -> object:
         """One verb, one engine call, one answer."""
         logger.debug("command %s", type(command).__name__)
         try:
-            match command:
-                case Warmup():
-                    return self._warmup(command)
-                case Prefill():
-                    return self.engine.prefill(command)
-                case Decode():
-                    return self.engine.decode(command)
-                case Filter():
-                    return self.engine.filter(command)
-                case Clear():
-                    return self.engine.clear(command)
-                case HealthCheck():
-                    return self.engine.health_check(command)
+            return self._warmup(command) if isinstance(command, Warmup) else run_command(self.engine, command)
         except Exception as exc:  # the engine answers its own failures; this is the last resort
             logger.exception("command %s failed", type(command).__name__)
             return CommandFailed(getattr(command, "command_id", -1), f"{type(exc).__name__}: {exc}", [])
-        raise AssertionError(f"not a command: {command!r}")
 
     def _warmup(self, command: Warmup) -> object:
         if self.threads is not None:  # warmup's timed step sets the step budget: time it with the right threads
             self.threads.settle()
-        answer = self.engine.warmup(command)
+        answer = run_command(self.engine, command)
         if isinstance(answer, WarmupResult):
             self.warmed_up.set()
             freeze_startup_objects()  # the model and everything alive now stay out of later collections
@@ -163,6 +156,8 @@ class EngineLoop:
                     break
         self.warmed_up.clear()  # the scheduler warms a worker up again when it registers
         self.engine.cache.clear()
+        if self.relay is not None:
+            self.relay.reset()
         self._send(self.hello)
 
     def _send(self, msg: object) -> None:
@@ -176,7 +171,7 @@ class WorkerService:
     """Both sockets; the IO thread's heartbeats; the engine loop on the calling thread."""
 
     def __init__(self, config: WorkerConfig, engine: Engine, stop_requested: threading.Event,
-                 drain: Drain | None = None) -> None:
+                 drain: Drain | None = None, relay: CommandRelay | None = None) -> None:
         self.config = config
         self.stop_requested = stop_requested
         self.drain = drain or Drain(0.0, stop_requested)
@@ -202,9 +197,10 @@ class WorkerService:
         engine_control.connect(control_address)
         hello = Hello(role="worker", protocol_version=PROTOCOL_VERSION, boot_nonce=self.boot_nonce,
                       worker=engine.model.info())
-        threads = thread_governor.for_worker(engine.model.device, config.cpu_adaptive_threads)
+        # a group's ranks step together on cores of their own: none adapts its threads alone
+        threads = thread_governor.for_worker(engine.model.device, config.cpu_adaptive_threads and relay is None)
         self.engine_loop = EngineLoop(engine, self._dealer(self.identity), engine_control, hello, stop_requested,
-                                      threads)
+                                      threads, relay)
         self.drain.serving = self.engine_loop.warmed_up.is_set
         self.io_thread = threading.Thread(target=self._run_io, name="io", daemon=True)
 
@@ -323,32 +319,76 @@ def _lower_priority_on_cpu(config: WorkerConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(argv) if argv is not None else sys.argv[1:]
     config = parse_config(WorkerConfig, argv, prog="ztgi worker")
-    setup_logging(f"worker[{config.worker_index}]", config.log_level, config.log_rate_limit_s)
+    rank = own_rank()
+    setup_logging(f"worker[{config.worker_index}]" + (f" rank {rank}" if rank else ""), config.log_level,
+                  config.log_rate_limit_s)
+    watermark.configure(config.watermark_gamma, config.watermark_delta)
+    if rank:
+        return _serve_as_rank(config, rank)
     stop_requested = threading.Event()
     drain = Drain(config.drain_timeout_s, stop_requested)
     on_stop_signals(drain.request)
-    watermark.configure(config.watermark_gamma, config.watermark_delta)
+    leader = None
     try:
         _lower_priority_on_cpu(config)
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
-        model = load_model(config.model_id, config.dtype, config.device, config.backend, config.kv_cache,
-                           config.block_size, config.quantize, config.speculate,
-                           float32_decode_attention=config.float32_decode_attention,
-                           native_kernels=config.native_kernels,
-                           draft_model_id=config.draft_model_id, quantized_max_rows=config.quantized_max_rows)
-        grammar.configure(config.model_id, sorted(model.eos_token_ids))
-    except (ModelNotFoundError, ValueError, TypeError) as exc:
+        if config.num_shard > 1:
+            leader = GroupLeader(config, argv)
+        model = _load(config, leader.group if leader is not None else None)
+        if leader is not None:
+            leader.wait_for_ranks()
+    except (ModelNotFoundError, ValueError, TypeError, ShardGroupLost) as exc:
         logger.error("cannot load %s: %s", config.model_id, exc)
+        if leader is not None:
+            leader.stop()
         return 1
-    if stop_requested.is_set():
-        return 0
-    engine = Engine(model, config.memory_budget_mb, config.cpu_warmup_prefill_tokens, config.step_target_ms)
-    service = WorkerService(config, engine, stop_requested, drain)
-    serve(service, freeze_startup=False)  # it freezes after warmup instead, with the model loaded
+    try:
+        if stop_requested.is_set():
+            return 0
+        engine = _engine(config, model)
+        service = WorkerService(config, engine, stop_requested, drain, leader.relay if leader is not None else None)
+        serve(service, freeze_startup=False)  # it freezes after warmup instead, with the model loaded
+    except ShardGroupLost as exc:
+        logger.error("the worker group cannot go on: %s; exiting", exc)
+        return 1
+    finally:
+        if leader is not None:
+            leader.stop()
     logger.info("stopped")
     return service.exit_code or service.engine_loop.exit_code
+
+
+def _serve_as_rank(config: WorkerConfig, rank: int) -> int:
+    """A rank rank 0 started: joins the group, loads its share, runs what rank 0 relays until stopped."""
+    try:
+        _lower_priority_on_cpu(config)
+        group, commands = follower(config, rank)
+        engine = _engine(config, _load(config, group))
+        FollowerLoop(engine, commands).run()
+    except (ModelNotFoundError, ValueError, TypeError) as exc:
+        logger.error("cannot load %s: %s", config.model_id, exc)
+    except ShardGroupLost as exc:
+        logger.error("the worker group cannot go on: %s; exiting", exc)
+    return 1
+
+
+def _load(config: WorkerConfig, group: ShardGroup | None) -> Model:
+    model = load_model(config.model_id, config.dtype, config.device, config.backend, config.kv_cache,
+                       config.block_size, config.quantize, config.speculate,
+                       float32_decode_attention=config.float32_decode_attention,
+                       native_kernels=config.native_kernels, draft_model_id=config.draft_model_id,
+                       quantized_max_rows=config.quantized_max_rows, group=group)
+    grammar.configure(config.model_id, sorted(model.eos_token_ids))
+    return model
+
+
+def _engine(config: WorkerConfig, model: Model) -> Engine:
+    """The engine; a group's ranks share the KV budget (each holds its share of every block)."""
+    return Engine(model, max(1, config.memory_budget_mb // config.num_shard), config.cpu_warmup_prefill_tokens,
+                  config.step_target_ms)
 
 
 def _consistent(command: Warmup) -> bool:

@@ -30,10 +30,10 @@ from ztgi.services.worker.paged.pooler import Pooler
 from ztgi.services.worker.paged.speculator import Speculator
 from ztgi.services.worker.paged.step_inputs import StepInputs, build_step_inputs
 from ztgi.services.worker.paged.warmup import warm_up
-from ztgi.services.worker.shards.parallel_layers import parallelize
-from ztgi.services.worker.shards.shard_rank import ShardRank
 from ztgi.services.worker.sampling.generations import failed, step_rows, top_of_row
 from ztgi.services.worker.sampling.top_tokens import row_top_tokens
+from ztgi.services.worker.shards.parallel_layers import parallelize
+from ztgi.services.worker.shards.shard_rank import ShardRank
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,8 @@ class PagedModel:
         if shard is not None:
             parallelize(self.forward_pass, shard.group, shard.plan)
         logger.info("paged KV cache, %s weights, attention %s", linear.describe(), self._attention())
-        self.lora = LoraAdapters(lora_targets(loaded.module) if shard is None else {}, loaded.num_layers, self.dtype, self.device,
+        targets = lora_targets(loaded.module) if shard is None else {}  # a group's ranks take no adapters yet
+        self.lora = LoraAdapters(targets, loaded.num_layers, self.dtype, self.device,
                                  attach=lambda adapters: attach(self.forward_pass, adapters))
         self.pool: KVPool | None = None
         self.max_step_tokens = 0

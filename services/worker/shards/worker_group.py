@@ -1,0 +1,92 @@
+"""Setting up a worker group (`--num-shard N`): rank 0 checks the split, starts the other ranks and
+relays to them; every rank joins the collectives and takes its share of the cores.
+
+Ranks are processes of one host, as TGI's shards are: rank 0 binds the rendezvous
+(`MASTER_ADDR`/`MASTER_PORT`, TGI's variables; a free port by default) and the command relay, starts
+ranks 1 .. N-1 with the same flags, and joins the group with them before anyone loads the model, so
+a rank that cannot reach its peers fails at start within the timeout, not at the first step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+import torch
+import zmq
+from transformers import AutoConfig
+
+from ztgi.common.free_ports import free_port
+from ztgi.common.model_source import resolve_model
+from ztgi.services.worker.config import WorkerConfig
+from ztgi.services.worker.models.loading import resolve_device
+from ztgi.services.worker.shards.command_relay import CommandRelay, RelayedCommands
+from ztgi.services.worker.shards.rank_processes import RELAY_ENV, RankProcesses, die_with_parent
+from ztgi.services.worker.shards.shard_group import GroupAddress, ShardGroup
+from ztgi.services.worker.shards.shard_plan import check_num_shard
+from ztgi.services.worker.thread_governor import usable_cpus
+
+logger = logging.getLogger(__name__)
+
+
+class GroupLeader:
+    """Rank 0: the relay, the other ranks' processes, the group."""
+
+    def __init__(self, config: WorkerConfig, argv: Sequence[str]) -> None:
+        size = config.num_shard
+        source = resolve_model(config.model_id)
+        check_num_shard(AutoConfig.from_pretrained(source.path).get_text_config(decoder=True), size)
+        address = group_address()
+        self.context = zmq.Context()
+        self.relay = CommandRelay(self.context, "127.0.0.1")
+        self.ranks = RankProcesses(argv, size, address, self.relay.endpoint)
+        logger.info("worker group of %d ranks: rendezvous at %s:%d", size, address.host, address.port)
+        try:
+            self.group = join(config, 0, address)
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_for_ranks(self) -> None:
+        self.relay.wait_for_ranks(self.group.size - 1)
+
+    def stop(self) -> None:
+        self.ranks.stop()
+        self.context.destroy(linger=0)
+
+
+def follower(config: WorkerConfig, rank: int) -> tuple[ShardGroup, RelayedCommands]:
+    """A rank other than 0: its group and the relay it listens to."""
+    die_with_parent()
+    group = join(config, rank, group_address())
+    return group, RelayedCommands(zmq.Context(), os.environ[RELAY_ENV], rank)
+
+
+def join(config: WorkerConfig, rank: int, address: GroupAddress) -> ShardGroup:
+    device = resolve_device(config.device)
+    if device.type == "cpu":
+        share_cores(rank, config.num_shard, config.num_threads)
+    return ShardGroup(rank, config.num_shard, address, config.shard_timeout_s, device)
+
+
+def group_address() -> GroupAddress:
+    """`MASTER_ADDR`/`MASTER_PORT` as TGI sets them; rank 0 picks a free port when none is set (and
+    passes it to the ranks it starts)."""
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("MASTER_PORT", "0")) or free_port()
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, str(port)
+    return GroupAddress(host, port)
+
+
+def share_cores(rank: int, size: int, num_threads: int | None) -> None:
+    """The rank's own run of the usable cores (as one NUMA node each would be) and as many intra-op
+    threads (`--num-threads` where given); where there are fewer cores than ranks, one thread each."""
+    cpus = sorted(usable_cpus())
+    each = len(cpus) // size
+    if each >= 1:
+        os.sched_setaffinity(0, cpus[rank * each:(rank + 1) * each])
+    threads = num_threads or max(1, each)
+    torch.set_num_threads(threads)
+    logger.info("rank %d: %d intra-op thread(s)%s", rank, threads,
+                f" on cores {cpus[rank * each:(rank + 1) * each]}" if each >= 1 else "")
