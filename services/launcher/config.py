@@ -138,8 +138,8 @@ class LaunchConfig(LogConfig, RequestLimits):
         """ZTGI_* variables for every child: the settings more than one service reads."""
         shared_bases = (f.name for base in (LogConfig, RequestLimits) for f in dataclasses.fields(base))
         names = (*shared_bases, "model_id", "dtype", "device", "backend", "kv_cache", "quantize", "block_size",
-                 "quantized_max_rows", "num_shard", "step_target_ms", "speculate", "draft_model_id", "float32_decode_attention",
-                 "native_kernels",
+                 "quantized_max_rows", "num_shard", "step_target_ms", "speculate", "draft_model_id",
+                 "float32_decode_attention", "native_kernels",
                  "memory_budget_mb", "max_concurrent_requests",
                  "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",
                  "max_waiting_tokens",

@@ -36,8 +36,9 @@ class Launcher:
         config = self.config
         env = config.shared_environment(self.scheduler_url)
         children = [Child("scheduler", "scheduler", [], env)]
-        # CPU workers (and their ranks) on one host share its cores instead of each spinning a thread per core
-        num_threads = max(1, (os.cpu_count() or 1) // (config.num_workers * config.num_shard))
+        # CPU workers on one host share its cores instead of each spinning a thread per core (a group
+        # of --num-shard ranks splits its worker's share)
+        num_threads = max(1, (os.cpu_count() or 1) // config.num_workers)
         children += [Child(f"worker[{i}]", "worker", ["--worker-index", str(i), "--num-threads", str(num_threads)], env)
                      for i in range(config.num_workers)]
         children += [Child(f"tokenizer[{i}]", "tokenizer", ["--tokenizer-index", str(i)], env)

@@ -72,8 +72,8 @@ class WorkerConfig(PeerConfig, ReadyFileConfig):
         "help": "tensor parallelism: serve the model from this many rank processes (TGI's --num-shard), each "
                 "holding its share of every layer's heads and weights and of each KV block, on torch.distributed "
                 "(gloo on CPU, NCCL on CUDA); the scheduler sees one worker; on CPU each rank takes its own run "
-                "of the cores; the query heads, KV heads (or ranks, where fewer) and intermediate size must "
-                "divide by it"})
+                "of the cores and its share of --num-threads; the query heads, KV heads (or ranks, where fewer) "
+                "and intermediate size must divide by it"})
     shard_timeout_s: float = dataclasses.field(default=300.0, metadata={
         "help": "with --num-shard N > 1: how long a rank waits for its peers at start and in any collective "
                 "before the group gives up and exits (a rank that hung or died)"})

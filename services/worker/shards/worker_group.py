@@ -67,6 +67,8 @@ def join(config: WorkerConfig, rank: int, address: GroupAddress) -> ShardGroup:
     device = resolve_device(config.device)
     if device.type == "cpu":
         share_cores(rank, config.num_shard, config.num_threads)
+    else:  # one GPU per rank: "cuda" means the rank's own from here on
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     return ShardGroup(rank, config.num_shard, address, config.shard_timeout_s, device)
 
 
@@ -80,13 +82,13 @@ def group_address() -> GroupAddress:
 
 
 def share_cores(rank: int, size: int, num_threads: int | None) -> None:
-    """The rank's own run of the usable cores (as one NUMA node each would be) and as many intra-op
-    threads (`--num-threads` where given); where there are fewer cores than ranks, one thread each."""
+    """The rank's own run of the usable cores (as one NUMA node each would be) and its share of the
+    worker's intra-op threads (`--num-threads`, else one per usable core); at least one each."""
     cpus = sorted(usable_cpus())
     each = len(cpus) // size
     if each >= 1:
         os.sched_setaffinity(0, cpus[rank * each:(rank + 1) * each])
-    threads = num_threads or max(1, each)
+    threads = max(1, (num_threads or len(cpus)) // size)
     torch.set_num_threads(threads)
     logger.info("rank %d: %d intra-op thread(s)%s", rank, threads,
                 f" on cores {cpus[rank * each:(rank + 1) * each]}" if each >= 1 else "")
