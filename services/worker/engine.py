@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 R = TypeVar("R")
+COMMANDS = (Warmup, Prefill, Decode, Filter, Clear, HealthCheck)  # the scheduler's verbs
 
 class CommandError(Exception):
     """A command failed; `seq_ids` are the requests it takes down."""
@@ -56,6 +57,23 @@ class Engine:
         self.step_target_ms = step_target_ms
         self.cache: BatchCache[Batch] = BatchCache()
         self.heap = HeapTrimmer()  # told by every command that frees a batch's memory
+
+    def run(self, command: object) -> object:
+        """The answer to any of the verbs (`COMMANDS`)."""
+        match command:
+            case Warmup():
+                return self.warmup(command)
+            case Prefill():
+                return self.prefill(command)
+            case Decode():
+                return self.decode(command)
+            case Filter():
+                return self.filter(command)
+            case Clear():
+                return self.clear(command)
+            case HealthCheck():
+                return self.health_check(command)
+        raise AssertionError(f"not a command: {command!r}")
 
     def warmup(self, command: Warmup) -> WarmupResult | CommandFailed:
         def run() -> WarmupResult:

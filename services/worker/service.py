@@ -47,20 +47,18 @@ from ztgi.common.model_source import ModelNotFoundError
 from ztgi.common.ready_file import ReadyFile
 from ztgi.services.worker import thread_governor
 from ztgi.services.worker.backend import Model
-from ztgi.services.worker.commands import COMMANDS, run_command
 from ztgi.services.worker.config import WorkerConfig
 from ztgi.services.worker.drain import Drain
-from ztgi.services.worker.engine import Engine
+from ztgi.services.worker.engine import COMMANDS, Engine
 from ztgi.services.worker.model_loader import load_model
 from ztgi.services.worker.models.loading import resolve_device
 from ztgi.services.worker.registration import Registration, Rejoin
 from ztgi.services.worker.sampling import grammar, watermark
 from ztgi.services.worker.shards.command_relay import CommandRelay
-from ztgi.services.worker.shards.follower_loop import FollowerLoop
 from ztgi.services.worker.shards.rank_processes import own_rank
 from ztgi.services.worker.shards.shard_group import ShardGroup, ShardGroupLost
-from ztgi.services.worker.shards.worker_group import GroupLeader, follower
 from ztgi.services.worker.thread_governor import ThreadGovernor
+from ztgi.services.worker.worker_group import FollowerLoop, GroupLeader, follower
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +121,7 @@ class EngineLoop:
         """One verb, one engine call, one answer."""
         logger.debug("command %s", type(command).__name__)
         try:
-            return self._warmup(command) if isinstance(command, Warmup) else run_command(self.engine, command)
+            return self._warmup(command) if isinstance(command, Warmup) else self.engine.run(command)
         except Exception as exc:  # the engine answers its own failures; this is the last resort
             logger.exception("command %s failed", type(command).__name__)
             return CommandFailed(getattr(command, "command_id", -1), f"{type(exc).__name__}: {exc}", [])
@@ -131,7 +129,7 @@ class EngineLoop:
     def _warmup(self, command: Warmup) -> object:
         if self.threads is not None:  # warmup's timed step sets the step budget: time it with the right threads
             self.threads.settle()
-        answer = run_command(self.engine, command)
+        answer = self.engine.run(command)
         if isinstance(answer, WarmupResult):
             self.warmed_up.set()
             freeze_startup_objects()  # the model and everything alive now stay out of later collections

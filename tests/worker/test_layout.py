@@ -1,9 +1,9 @@
 """The worker's layout by role, read from the source's import statements (`ast`, TYPE_CHECKING ones included).
 
 The worker's root holds the service and what only it uses (engine, batch cache, config, registration,
-threads); below it each folder has one role, and imports flow one way:
+threads, a worker group's processes); below it each folder has one role, and imports flow one way:
 
-    kernels  <  layers  <  lora  <  models  <  paged, padded  <  the root
+    kernels  <  layers  <  lora  <  models  <  shards  <  paged, padded  <  the root
     sampling <  models
 
 A folder below the root imports no module of the root but the protocols (`backend.py`), and the
@@ -21,7 +21,7 @@ import ztgi
 
 PACKAGE_ROOT = Path(ztgi.__file__).parent
 WORKER = "ztgi.services.worker"
-MAX_ROOT_FILES = 12
+MAX_ROOT_FILES = 13
 PROTOCOLS = {f"{WORKER}.backend"}
 # a folder may import the folders listed after it, and its own
 MAY_IMPORT = {
@@ -30,7 +30,8 @@ MAY_IMPORT = {
     "layers": {"kernels"},
     "lora": {"kernels", "layers"},
     "models": {"kernels", "layers", "lora", "sampling"},
-    "paged": {"kernels", "layers", "lora", "sampling", "models"},
+    "shards": {"kernels", "layers", "lora", "sampling", "models"},
+    "paged": {"kernels", "layers", "lora", "sampling", "models", "shards"},
     "padded": {"kernels", "layers", "sampling", "models"},
 }
 
@@ -156,7 +157,7 @@ def test_the_cycle_check_finds_a_cycle():
         GRAPH.update(saved)
 
 
-def test_at_most_twelve_files_at_the_worker_root():
+def test_at_most_thirteen_files_at_the_worker_root():
     """The worker's root keeps the service and its own pieces; everything else has a folder."""
     root = MODULES[WORKER].parent
     files = sorted(path.name for path in root.iterdir() if path.is_file())
@@ -171,7 +172,7 @@ def test_folders_import_no_root_module_but_the_protocols():
 
 
 def test_folders_import_in_one_direction():
-    """kernels < layers < models < paged, padded; sampling < models; the engines never import each other."""
+    """kernels < layers < models < shards < paged, padded; sampling < models; the engines never import each other."""
     assert {_folder(module) for module in MODULES if module.startswith(WORKER + ".")} - {None} == set(MAY_IMPORT)
     wrong = [(module, other) for module, other in _worker_edges()
              if (here := _folder(module)) is not None and (there := _folder(other)) not in (None, here)

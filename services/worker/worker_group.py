@@ -1,5 +1,6 @@
-"""Setting up a worker group (`--num-shard N`): rank 0 checks the split, starts the other ranks and
-relays to them; every rank joins the collectives and takes its share of the cores.
+"""A worker group's processes (`--num-shard N`): rank 0 checks the split, starts the other ranks and
+relays the scheduler's commands to them; every rank joins the collectives and takes its share of
+the cores; the other ranks run what rank 0 relays (`FollowerLoop`).
 
 Ranks are processes of one host, as TGI's shards are: rank 0 binds the rendezvous
 (`MASTER_ADDR`/`MASTER_PORT`, TGI's variables; a free port by default) and the command relay, starts
@@ -17,11 +18,15 @@ import torch
 import zmq
 from transformers import AutoConfig
 
+from ztgi.common.codec import decode_frames
 from ztgi.common.free_ports import free_port
+from ztgi.common.gc_freeze import freeze_startup_objects
+from ztgi.common.messages import WarmupResult
 from ztgi.common.model_source import resolve_model
 from ztgi.services.worker.config import WorkerConfig
+from ztgi.services.worker.engine import COMMANDS, Engine
 from ztgi.services.worker.models.loading import resolve_device
-from ztgi.services.worker.shards.command_relay import CommandRelay, RelayedCommands
+from ztgi.services.worker.shards.command_relay import RESET, CommandRelay, RelayedCommands
 from ztgi.services.worker.shards.rank_processes import RELAY_ENV, RankProcesses, die_with_parent
 from ztgi.services.worker.shards.shard_group import GroupAddress, ShardGroup
 from ztgi.services.worker.shards.shard_plan import check_num_shard
@@ -92,3 +97,31 @@ def share_cores(rank: int, size: int, num_threads: int | None) -> None:
     torch.set_num_threads(threads)
     logger.info("rank %d: %d intra-op thread(s)%s", rank, threads,
                 f" on cores {cpus[rank * each:(rank + 1) * each]}" if each >= 1 else "")
+
+
+class FollowerLoop:
+    """Until the process is stopped (rank 0 stops its ranks as it exits, and the kernel kills them
+    when it dies) or a collective fails (`ShardGroupLost` ends `run`)."""
+
+    def __init__(self, engine: Engine, commands: RelayedCommands) -> None:
+        self.engine = engine
+        self.commands = commands
+
+    def run(self) -> None:
+        self.commands.ready()
+        while True:
+            self.serve(self.commands.receive())
+
+    def serve(self, frames: list[bytes]) -> None:
+        if frames == [RESET]:
+            self.engine.cache.clear()
+            return
+        command = decode_frames(frames, COMMANDS)  # rank 0 relays only frames it decoded itself
+        try:
+            answer = self.engine.run(command)
+        except Exception:  # as rank 0's engine loop: logged, and the next command runs
+            logger.exception("command %s failed", type(command).__name__)
+            return
+        if isinstance(answer, WarmupResult):
+            freeze_startup_objects()
+        self.engine.release_freed_memory()
