@@ -16,6 +16,7 @@ SCHEDULER_OPTIONS = ("max_input_tokens", "max_total_tokens", "max_batch_prefill_
                      "prefix_caching", "lora_adapters", "max_loras", "max_lora_rank")
 SWITCHES = ("pipeline_decode", "prefix_caching", "enable_lora")  # True or False, nothing that merely reads as one
 ALWAYS_ON = ("enable_lora",)  # vLLM's switches for what is always on here: accepted, nothing to turn on
+ONE_ONLY = ("tensor_parallel_size",)  # vLLM's options the in-process engine takes only as 1
 WORKER_OPTIONS = ("kv_cache", "block_size", "step_target_ms", "memory_budget_mb", "cpu_warmup_prefill_tokens",
                   "speculate", "draft_model_id", "quantize", "quantized_max_rows")
 VLLM_NAMES = {"max_model_len": "max_total_tokens", "max_num_seqs": "max_batch_size",
@@ -46,7 +47,7 @@ class EngineOptions:
         a bool (both before any model is loaded)."""
         named = {ALIASES.get(name, name): value for name, value in options.items()}
         unknown = sorted(name for name in options
-                         if ALIASES.get(name, name) not in SCHEDULER_OPTIONS + WORKER_OPTIONS + ALWAYS_ON)
+                         if ALIASES.get(name, name) not in SCHEDULER_OPTIONS + WORKER_OPTIONS + ALWAYS_ON + ONE_ONLY)
         if unknown:
             known = ", ".join(SCHEDULER_OPTIONS + WORKER_OPTIONS + tuple(ALIASES))
             raise TypeError(f"unknown engine option {', '.join(map(repr, unknown))}; known: {known}")
@@ -55,6 +56,10 @@ class EngineOptions:
                 raise ValueError(f"{name} must be True or False, got {value!r}")
         for name in ALWAYS_ON:
             named.pop(name, None)
+        for name in ONE_ONLY:
+            if named.pop(name, 1) != 1:
+                raise ValueError(f"{name}={options[name]!r}: the offline engine runs in this process, one rank; "
+                                 "serve a tensor-parallel worker group with `ztgi launch --num-shard N`")
         worker = {name: named.pop(name) for name in WORKER_OPTIONS if name in named}
         return cls(named, **worker)
 
