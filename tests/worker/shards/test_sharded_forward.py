@@ -1,7 +1,7 @@
 """A model split over a real gloo group (ranks in processes of their own) generates what the whole
 model generates: greedy token ids equal, logprobs and top tokens equal within float32 rounding, for
-every natively served family, with chunked prefill and with speculation, KV heads split (2 ranks)
-and replicated (4 ranks over 2 KV heads)."""
+every natively served family and int4 weights, with chunked prefill and with speculation, KV heads
+split (2 ranks) and replicated (4 ranks over 2 KV heads)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,11 @@ def assert_same(sharded: list, whole: list, family: str) -> None:
 
 
 def every_family(model_dirs: dict[str, str], group: ShardGroup | None = None) -> dict[str, list]:
-    return {family: generations(load_model(path, group=group, **FLOAT32)) for family, path in model_dirs.items()}
+    """Each family's generations, and Llama's with int4 weights (each rank quantizes its slices:
+    groups of 32 inputs, which the split keeps whole)."""
+    out = {family: generations(load_model(path, group=group, **FLOAT32)) for family, path in model_dirs.items()}
+    out["llama int4"] = generations(load_model(model_dirs["llama"], group=group, quantize="int4", **FLOAT32))
+    return out
 
 
 def chunked_and_speculated(model_dir: str, group: ShardGroup | None = None) -> list:
@@ -59,7 +63,7 @@ def test_two_shards_generate_what_the_whole_model_does(family_dirs: dict[str, st
     whole = every_family(family_dirs)
     ranks = run_in_group(2, functools.partial(every_family, family_dirs))
     assert ranks[0] == ranks[1], "every rank keeps the same batch state"
-    for family in FAMILIES:
+    for family in (*FAMILIES, "llama int4"):
         assert_same(ranks[0][family], whole[family], family)
 
 
