@@ -16,12 +16,12 @@ SCHEDULER_OPTIONS = ("max_input_tokens", "max_total_tokens", "max_batch_prefill_
                      "prefix_caching", "lora_adapters", "max_loras", "max_lora_rank")
 SWITCHES = ("pipeline_decode", "prefix_caching", "enable_lora")  # True or False, nothing that merely reads as one
 ALWAYS_ON = ("enable_lora",)  # vLLM's switches for what is always on here: accepted, nothing to turn on
-ONE_ONLY = ("tensor_parallel_size",)  # vLLM's options the in-process engine takes only as 1
 WORKER_OPTIONS = ("kv_cache", "block_size", "step_target_ms", "memory_budget_mb", "cpu_warmup_prefill_tokens",
-                  "speculate", "draft_model_id", "quantize", "quantized_max_rows")
+                  "speculate", "draft_model_id", "quantize", "quantized_max_rows", "num_shard")
 VLLM_NAMES = {"max_model_len": "max_total_tokens", "max_num_seqs": "max_batch_size",
               "max_num_batched_tokens": "max_batch_prefill_tokens", "speculative_model": "draft_model_id",
-              "num_speculative_tokens": "speculate", "enable_prefix_caching": "prefix_caching"}
+              "num_speculative_tokens": "speculate", "enable_prefix_caching": "prefix_caching",
+              "tensor_parallel_size": "num_shard"}
 ALIASES = {**VLLM_NAMES, "draft_model": "draft_model_id"}
 DEFAULT_MAX_TOTAL_TOKENS = MAX_TOTAL_TOKENS.default
 
@@ -40,6 +40,7 @@ class EngineOptions:
     draft_model_id: str | None = None
     quantize: str = "auto"
     quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS
+    num_shard: int = 1  # vLLM's tensor_parallel_size: this process is rank 0 of a worker group
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> EngineOptions:
@@ -47,7 +48,7 @@ class EngineOptions:
         a bool (both before any model is loaded)."""
         named = {ALIASES.get(name, name): value for name, value in options.items()}
         unknown = sorted(name for name in options
-                         if ALIASES.get(name, name) not in SCHEDULER_OPTIONS + WORKER_OPTIONS + ALWAYS_ON + ONE_ONLY)
+                         if ALIASES.get(name, name) not in SCHEDULER_OPTIONS + WORKER_OPTIONS + ALWAYS_ON)
         if unknown:
             known = ", ".join(SCHEDULER_OPTIONS + WORKER_OPTIONS + tuple(ALIASES))
             raise TypeError(f"unknown engine option {', '.join(map(repr, unknown))}; known: {known}")
@@ -56,10 +57,6 @@ class EngineOptions:
                 raise ValueError(f"{name} must be True or False, got {value!r}")
         for name in ALWAYS_ON:
             named.pop(name, None)
-        for name in ONE_ONLY:
-            if named.pop(name, 1) != 1:
-                raise ValueError(f"{name}={options[name]!r}: the offline engine runs in this process, one rank; "
-                                 "serve a tensor-parallel worker group with `ztgi launch --num-shard N`")
         worker = {name: named.pop(name) for name in WORKER_OPTIONS if name in named}
         return cls(named, **worker)
 

@@ -50,6 +50,7 @@ from ztgi.services.tokenizer.encoder import Encoder
 from ztgi.services.tokenizer.loading import load_tokenizer
 from ztgi.services.worker.config import DEVICES, DTYPES, KV_CACHES
 from ztgi.services.worker.model_loader import load_model
+from ztgi.tensor_parallel import OfflineGroup
 
 logger = logging.getLogger(__name__)
 
@@ -95,21 +96,34 @@ class LLM:
     def __init__(self, model: str = DEFAULT_MODEL_ID, dtype: str = "auto", device: str = "auto",
                  backend: str = "auto", **engine_options: Any) -> None:
         options = EngineOptions.parse(engine_options)
-        self.model = load_model(model, _checked("dtype", dtype, DTYPES), _checked("device", device, DEVICES), backend,
-                                _checked("kv_cache", options.kv_cache, KV_CACHES), options.block_size,
-                                quantize=options.quantize, speculate=options.speculate,
-                                draft_model_id=options.draft_model_id, quantized_max_rows=options.quantized_max_rows)
+        dtype, device = _checked("dtype", dtype, DTYPES), _checked("device", device, DEVICES)
+        group = OfflineGroup(model, dtype, device, backend, options) if options.num_shard > 1 else None
+        self._group = group
+        if group is not None:
+            self.model = group.load()
+        else:
+            self.model = load_model(model, dtype, device, backend, _checked("kv_cache", options.kv_cache, KV_CACHES),
+                                    options.block_size, quantize=options.quantize, speculate=options.speculate,
+                                    draft_model_id=options.draft_model_id,
+                                    quantized_max_rows=options.quantized_max_rows)
         config = options.scheduler_config(self.model)
         self.tokenizer = load_tokenizer(model)
         limits = ParameterLimits(max_best_of=1, max_stop_sequences=MAX_STOP_STRINGS, max_top_n_tokens=MAX_LOGPROBS,
                                  max_input_tokens=config.max_input_tokens, max_total_tokens=config.max_total_tokens)
         self.encoder = Encoder(self.tokenizer, limits, CLIENT_ID)
         self.detokenizer = Detokenizer(self.tokenizer)
-        self.engine = LocalEngine(self.model, config, options.memory_budget_mb, options.cpu_warmup_prefill_tokens,
-                                  options.step_target_ms)
+        # a group's ranks share the KV budget, as a worker group's do
+        self.engine = LocalEngine(self.model, config, max(1, options.memory_budget_mb // options.num_shard),
+                                  options.cpu_warmup_prefill_tokens, options.step_target_ms,
+                                  relay=group.relay if group is not None else None)
         self._request_counter = itertools.count()
         freeze_startup_objects()  # the weights and the vocabulary stay out of later GC passes, as in the services
         _unfreeze_at_exit()
+
+    def close(self) -> None:
+        """Stops the other ranks of a `tensor_parallel_size` group now (they stop at exit anyway)."""
+        if self._group is not None:
+            self._group.stop()
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer

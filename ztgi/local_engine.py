@@ -22,20 +22,15 @@ import dataclasses
 import logging
 import time
 
+from ztgi.common.codec import encode
 from ztgi.common.lora_adapter import AdapterError
 from ztgi.common.messages import (
     PROTOCOL_VERSION,
     AdapterRef,
-    Clear,
     CommandFailed,
-    Decode,
     Encoded,
-    Filter,
     Generation,
-    HealthCheck,
     Hello,
-    Prefill,
-    Warmup,
 )
 from ztgi.services.scheduler.adapter_registry import AdapterRefusal, AdapterRegistry, BaseLinears
 from ztgi.services.scheduler.batcher import Batcher
@@ -47,6 +42,7 @@ from ztgi.services.scheduler.request_table import RequestTable
 from ztgi.services.scheduler.worker_slot import WorkerSlot
 from ztgi.services.worker.backend import Model
 from ztgi.services.worker.engine import Engine
+from ztgi.services.worker.shards.command_relay import CommandRelay
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +76,10 @@ class LocalEngine:
     """One worker's engine under the scheduler's batching loop; `step` runs one command."""
 
     def __init__(self, model: Model, config: SchedulerConfig, memory_budget_mb: int = 4096,
-                 cpu_warmup_prefill_tokens: int | None = 512, step_target_ms: int = 250) -> None:
+                 cpu_warmup_prefill_tokens: int | None = 512, step_target_ms: int = 250,
+                 relay: CommandRelay | None = None) -> None:
         self.config = config
+        self.relay = relay  # rank 0 of a worker group: every command goes to the other ranks first
         self.engine = Engine(model, memory_budget_mb, cpu_warmup_prefill_tokens, step_target_ms)
         self.table = RequestTable()
         self.queue = RequestQueue()
@@ -192,23 +190,10 @@ class LocalEngine:
             raise self._failure
 
     def _execute(self, command: object) -> object:
-        """One verb, one engine call, as the worker's engine loop runs it."""
-        answer: object
-        match command:
-            case Warmup():
-                answer = self.engine.warmup(command)
-            case Prefill():
-                answer = self.engine.prefill(command)
-            case Decode():
-                answer = self.engine.decode(command)
-            case Filter():
-                answer = self.engine.filter(command)
-            case Clear():
-                answer = self.engine.clear(command)
-            case HealthCheck():
-                answer = self.engine.health_check(command)
-            case _:
-                raise AssertionError(f"not a command: {command!r}")
+        """One verb, one engine call, as the worker's engine loop runs it (relayed first in a group)."""
+        if self.relay is not None:
+            self.relay.send([encode(command)])
+        answer = self.engine.run(command)
         if isinstance(answer, CommandFailed):
             self._failure = EngineError(answer.error, list(answer.seq_ids))
         return answer

@@ -57,8 +57,12 @@ class GroupLeader:
         self.relay.wait_for_ranks(self.group.size - 1)
 
     def stop(self) -> None:
+        """The other ranks stopped, the group left (a later group in this process can form again)."""
         self.ranks.stop()
-        self.context.destroy(linger=0)
+        if getattr(self, "group", None) is not None:
+            self.group.close()
+        if not self.context.closed:
+            self.context.destroy(linger=0)
 
 
 def follower(config: WorkerConfig, rank: int) -> tuple[ShardGroup, RelayedCommands]:
