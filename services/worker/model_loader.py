@@ -50,9 +50,7 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
                          "per step (4 is a common choice)")
     if draft_model_id is not None:
         _draft_source(draft_model_id)  # a missing draft fails before the model loads
-    num_shard = group.size if group is not None else 1
-    loaded = load(model_id, dtype, device, quantize, quantized_max_rows, native_forward=backend != "transformers",
-                  num_shard=num_shard)
+    loaded = load(model_id, dtype, device, quantize, quantized_max_rows, native_forward=backend != "transformers")
     if resolve_kv_cache(kv_cache, backend, loaded.module.config) == "paged":
         draft = (_load_draft(draft_model_id, dtype, device, quantize, quantized_max_rows)
                  if draft_model_id is not None else None)
@@ -61,7 +59,7 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
         _release_load_memory(loaded, draft)
         return paged
     if group is not None:
-        raise ValueError(f"--num-shard {num_shard} needs the paged KV cache and ztgi's native forward: this model "
+        raise ValueError(f"--num-shard {group.size} needs the paged KV cache and ztgi's native forward: this model "
                          "runs on the padded one (--kv-cache padded, --backend transformers, or an architecture "
                          f"the native forward does not serve: {', '.join(families.SUPPORTED)})")
     if draft_model_id is not None:

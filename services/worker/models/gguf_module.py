@@ -33,12 +33,12 @@ def reads_natively(config: TransformersConfig) -> bool:
 
 
 def resolve_quantize(quantize: str, source: ModelSource, config: TransformersConfig, device: torch.device,
-                     native_forward: bool, num_shard: int = 1) -> str:
+                     native_forward: bool) -> str:
     """`auto`: `gguf` (the file's blocks, as stored) where they can be served here (a GGUF Llama,
     the native forward, on CPU), else `none`. `gguf` asked for where it cannot be: ValueError."""
     if quantize not in QUANTIZE:
         raise ValueError(f"--quantize {quantize!r} must be one of {', '.join(QUANTIZE)}")
-    reason = _why_not_as_stored(source, config, device, native_forward, num_shard)
+    reason = _why_not_as_stored(source, config, device, native_forward)
     if quantize == "auto":
         if reason and source.gguf_file is not None:
             logger.info("the GGUF's weights are dequantized: %s", reason)
@@ -50,7 +50,7 @@ def resolve_quantize(quantize: str, source: ModelSource, config: TransformersCon
 
 
 def _why_not_as_stored(source: ModelSource, config: TransformersConfig, device: torch.device,
-                       native_forward: bool, num_shard: int) -> str | None:
+                       native_forward: bool) -> str | None:
     if source.gguf_file is None:
         return "the model is not a GGUF file"
     if device.type != "cpu":
@@ -59,8 +59,6 @@ def _why_not_as_stored(source: ModelSource, config: TransformersConfig, device: 
         return f"model type {getattr(config, 'model_type', None)!r} is served as stored for Llama only"
     if not native_forward:
         return "transformers' forward (--backend transformers) needs float weights"
-    if num_shard > 1:
-        return f"the {num_shard} shards of a worker group slice float weights (one worker serves the blocks)"
     return None
 
 

@@ -88,18 +88,16 @@ class LoadedModel:
 
 
 def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str = "none",
-         quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS, native_forward: bool = True,
-         num_shard: int = 1) -> LoadedModel:
+         quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS, native_forward: bool = True) -> LoadedModel:
     """Loads the weights; ValueError for a bad device or `--quantize`, ModelNotFoundError for an
     unknown model. `native_forward` False: the model will run transformers' own forward (which
-    needs every weight as a float tensor, so `auto` does not keep a GGUF's blocks), nor does a rank of
-    a group of `num_shard` (it slices float weights)."""
+    needs every weight as a float tensor, so `auto` does not keep a GGUF's blocks)."""
     source = resolve_model(model_id)
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
     started = time.monotonic()
     config = AutoConfig.from_pretrained(source.path)
-    quantize = gguf_module.resolve_quantize(quantize, source, config, resolved_device, native_forward, num_shard)
+    quantize = gguf_module.resolve_quantize(quantize, source, config, resolved_device, native_forward)
     checkpoint = None
     if source.gguf_file is not None and gguf_module.reads_natively(config):
         checkpoint = GgufCheckpoint(source.gguf_file, config)

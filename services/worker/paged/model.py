@@ -34,6 +34,7 @@ from ztgi.services.worker.sampling.generations import failed, step_rows, top_of_
 from ztgi.services.worker.sampling.top_tokens import row_top_tokens
 from ztgi.services.worker.shards.parallel_layers import parallelize
 from ztgi.services.worker.shards.shard_rank import ShardRank
+from ztgi.services.worker.shards.stored_shards import ShardedStoredWeights
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +62,14 @@ class PagedModel:
         self.kv_shape = KVShape(loaded.num_layers, block_size, loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
         self.shard = shard  # this process's rank of a tensor-parallel group, if the model is sharded
         with torch.inference_mode():
-            # a shard's weights are slices: never matched to the file's blocks by name
+            # a shard's weights are slices: never matched to the file's blocks by name (int8/int4), and the
+            # file's blocks as stored are sliced as the weights are
             gguf_file = loaded.gguf_file if shard is None else None
+            stored = (ShardedStoredWeights(loaded.checkpoint, shard.plan)
+                      if shard is not None and loaded.checkpoint is not None else loaded.checkpoint)
             linear = factory.factory(loaded.quantize, loaded.module, gguf_file, "native",
                                               self.device, self.dtype, loaded.quantized_max_rows, native_kernels,
-                                              loaded.checkpoint)
+                                              stored)
             self.forward_pass = paged_forward(loaded.module, linear)
         self.forward_pass.attention.float32_decode = float32_decode_attention
         if native_kernels and self.device.type == "cpu" and self.dtype == torch.bfloat16:

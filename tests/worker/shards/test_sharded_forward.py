@@ -1,6 +1,6 @@
 """A model split over a real gloo group (ranks in processes of their own) generates what the whole
 model generates: greedy token ids equal, logprobs and top tokens equal within float32 rounding, for
-every natively served family and int4 weights, with chunked prefill and with speculation, KV heads
+every natively served family, int4 weights and a GGUF's blocks as stored, with chunked prefill and with speculation, KV heads
 split (2 ranks) and replicated (4 ranks over 2 KV heads)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 
 from tests.worker.engine_helpers import batch_of, request, run_chunked, run_to_end
 from tests.worker.models.family_models import save_family_model
+from tests.worker.models.test_gguf_as_stored import mixed_gguf  # noqa: F401 (a fixture)
 from tests.worker.shards.rank_runs import run_in_group
 from ztgi.common.messages import Warmup
 from ztgi.services.worker.model_loader import load_model
@@ -46,11 +47,14 @@ def assert_same(sharded: list, whole: list, family: str) -> None:
         assert top == top_1, (family, seq_id)
 
 
-def every_family(model_dirs: dict[str, str], group: ShardGroup | None = None) -> dict[str, list]:
-    """Each family's generations, and Llama's with int4 weights (each rank quantizes its slices:
-    groups of 32 inputs, which the split keeps whole)."""
+def every_family(model_dirs: dict[str, str], gguf_file: str, group: ShardGroup | None = None) -> dict[str, list]:
+    """Each family's generations; Llama's with int4 weights (each rank quantizes its slices: groups
+    of 32 inputs, which the split keeps whole); a GGUF of every block type as stored (each rank
+    slices the file's blocks; an output projection whose rank's columns split a K-quant's 256-weight
+    super-blocks is dequantized)."""
     out = {family: generations(load_model(path, group=group, **FLOAT32)) for family, path in model_dirs.items()}
     out["llama int4"] = generations(load_model(model_dirs["llama"], group=group, quantize="int4", **FLOAT32))
+    out["gguf as stored"] = generations(load_model(gguf_file, group=group, quantize="gguf", **FLOAT32))
     return out
 
 
@@ -59,11 +63,11 @@ def chunked_and_speculated(model_dir: str, group: ShardGroup | None = None) -> l
     return generations(load_model(model_dir, group=group, speculate=4, **FLOAT32), chunk=6)
 
 
-def test_two_shards_generate_what_the_whole_model_does(family_dirs: dict[str, str]) -> None:
-    whole = every_family(family_dirs)
-    ranks = run_in_group(2, functools.partial(every_family, family_dirs))
+def test_two_shards_generate_what_the_whole_model_does(family_dirs: dict[str, str], mixed_gguf: str) -> None:
+    whole = every_family(family_dirs, mixed_gguf)
+    ranks = run_in_group(2, functools.partial(every_family, family_dirs, mixed_gguf))
     assert ranks[0] == ranks[1], "every rank keeps the same batch state"
-    for family in (*FAMILIES, "llama int4"):
+    for family in (*FAMILIES, "llama int4", "gguf as stored"):
         assert_same(ranks[0][family], whole[family], family)
 
 

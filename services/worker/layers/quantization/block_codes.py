@@ -84,6 +84,14 @@ class BlockCodes:
         return BlockCodes(self.codes[order], self.bits, self.sub_block, self.factored_scales.rows(order),
                           self.factored_offsets.rows(order))
 
+    def columns(self, start: int, stop: int) -> BlockCodes | None:
+        """The weights of inputs `start .. stop`, or None where those are not whole super-blocks."""
+        block = max(self.factored_scales.super_block, self.factored_offsets.super_block)
+        if start % block or stop % block:
+            return None
+        return BlockCodes(self.codes[:, start:stop].contiguous(), self.bits, self.sub_block,
+                          self.factored_scales.columns(start, stop), self.factored_offsets.columns(start, stop))
+
     def widened(self, bits: int, sub_block: int) -> BlockCodes:
         """The same weights with codes of `bits` (at least these) and sub-blocks of `sub_block`
         (at most these, dividing them): lossless."""

@@ -70,6 +70,13 @@ class FactoredScales:
         return FactoredScales(self.factors[order], None if self.integers is None else self.integers[order],
                               self.super_block, self.sub_block)
 
+    def columns(self, start: int, stop: int) -> FactoredScales:
+        """The scales of inputs `start .. stop` (on super-block boundaries)."""
+        factors = self.factors[:, start // self.super_block:stop // self.super_block].contiguous()
+        integers = (None if self.integers is None else
+                    self.integers[:, start // self.sub_block:stop // self.sub_block].contiguous())
+        return FactoredScales(factors, integers, self.super_block, self.sub_block)
+
     def widened(self, sub_block: int) -> FactoredScales:
         """The same scales over sub-blocks of `sub_block` (dividing this one's): each repeated."""
         repeat = self.sub_block // sub_block
