@@ -16,6 +16,7 @@ import time
 import zmq
 
 from ztgi.common.codec import MAX_MESSAGE_BYTES
+from ztgi.services.worker.shards.shard_group import ShardGroupLost
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,10 @@ class CommandRelay:
 
     def send(self, frames: list[bytes]) -> None:
         for identity in self.ranks:
-            self.socket.send_multipart([identity, *frames])
+            try:
+                self.socket.send_multipart([identity, *frames])
+            except zmq.ZMQError as exc:  # ROUTER_MANDATORY: the rank's connection is gone
+                raise ShardGroupLost(f"cannot relay a command to {identity.decode()}: {exc}") from None
 
     def reset(self) -> None:
         self.send([RESET])

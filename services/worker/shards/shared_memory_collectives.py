@@ -24,7 +24,7 @@ import torch
 
 SLOT_BYTES = 1 << 20  # larger tensors (prefill chunks' sums, many rows' logits) go through gloo
 FLAG_BYTES = 64  # one cache line per rank's flag
-SPINS_BEFORE_YIELDING = 20_000
+SPINS_BEFORE_YIELDING = 1_000  # about a millisecond: a peer on a core of its own arrives sooner
 
 
 def available() -> bool:
