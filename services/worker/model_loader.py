@@ -10,6 +10,7 @@ from ztgi.common.model_source import ModelNotFoundError, resolve_model
 from ztgi.services.worker.backend import Model
 from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, KV_CACHES
 from ztgi.services.worker.heap_trimmer import trim_heap
+from ztgi.services.worker.lora.site_layout import lora_targets
 from ztgi.services.worker.models import families
 from ztgi.services.worker.models.loading import LoadedModel, load
 from ztgi.services.worker.padded.model import PaddedModel
@@ -78,11 +79,12 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
 def _shard(loaded: LoadedModel, group: ShardGroup) -> ShardRank:
     """The rank's share of `loaded`'s weights, cut in place; ValueError where the model does not split."""
     plan = ShardPlan.for_rank(loaded.config, group.rank, group.size)
+    targets = lora_targets(loaded.module)  # the whole model's shapes, before the cut
     shard_module(loaded.module, plan)
     logger.info("rank %d of %d: %d of %d query heads, %d KV head(s) from %d, vocabulary rows %d-%d", group.rank,
                 group.size, plan.num_heads, plan.sizes.num_heads, plan.num_kv_heads, plan.first_kv_head,
                 plan.vocab.start, plan.vocab.stop)
-    return ShardRank(group, plan)
+    return ShardRank(group, plan, targets)
 
 
 def _release_load_memory(*models: LoadedModel | None) -> None:

@@ -1,7 +1,8 @@
 """`ztgi launch --num-shard 2` (two worker groups of two ranks each, tiny random Qwen2 in float32):
-greedy tokens and logprobs over HTTP equal transformers'; kill -9 of one group's rank under 8
-streams, every stream completes unchanged on the other group and the killed group starts again and
-serves; a split the model's heads do not allow stops the worker at start with the sizes that work."""
+greedy tokens and logprobs over HTTP equal transformers', and under a LoRA adapter its merged
+model's; kill -9 of one group's rank under 8 streams, every stream completes unchanged on the other
+group and the killed group starts again and serves; a split the model's heads do not allow stops
+the worker at start with the sizes that work."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.e2e.server import LaunchedServer
+from tests.lora_adapters import RECIPES, merged_greedy, save_adapter
 from tests.worker.models.family_models import save_family_model
 from ztgi.bench.greedy_parity import GreedyStream, assert_same_greedy
 
@@ -34,8 +36,14 @@ def qwen2_dir(smollm2, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(qwen2_dir: str, tmp_path_factory: pytest.TempPathFactory):
+def adapter_dir(qwen2_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return save_adapter(qwen2_dir, str(tmp_path_factory.mktemp("sage")), RECIPES["sage"])
+
+
+@pytest.fixture(scope="module")
+def server(qwen2_dir: str, adapter_dir: str, tmp_path_factory: pytest.TempPathFactory):
     server = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--model-id", qwen2_dir, "--num-shard", "2",
+                            "--lora-adapters", f"sage={adapter_dir}",
                             "--num-workers", "2", "--dtype", "float32", "--max-input-tokens", "256",
                             "--max-total-tokens", "512", "--max-batch-prefill-tokens", "512",
                             "--placement", "round-robin", startup_timeout_s=180.0)
@@ -62,6 +70,17 @@ def test_greedy_tokens_and_logprobs_equal_transformers(server: LaunchedServer, q
         tokens = response.json()["details"]["tokens"]
         assert [t["id"] for t in tokens] == expected, prompt
         assert [t["logprob"] for t in tokens] == pytest.approx(logprobs, abs=1e-3), prompt
+
+
+def test_an_adapter_in_a_group_gives_its_merged_models_tokens(server: LaunchedServer, qwen2_dir: str,
+                                                              adapter_dir: str) -> None:
+    """Each rank cuts the adapter as its weights are cut (docs/shards.md)."""
+    ids = AutoTokenizer.from_pretrained(qwen2_dir)(PROMPTS[0])["input_ids"]
+    [expected] = merged_greedy(qwen2_dir, adapter_dir, [ids], 12)
+    body = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 12, "details": True, "adapter_id": "sage"}}
+    response = server.post("/generate", body)
+    assert response.status_code == 200, response.text
+    assert [t["id"] for t in response.json()["details"]["tokens"]] == expected
 
 
 def stream(server: LaunchedServer, prompt: str, started: list) -> GreedyStream:

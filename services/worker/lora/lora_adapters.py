@@ -36,12 +36,18 @@ class LoraAdapters:
     """Loaded adapters and the current step's stack."""
 
     def __init__(self, targets: dict[str, list[int]], num_layers: int, dtype: torch.dtype,
-                 device: torch.device, attach: Callable[[LoraAdapters], None] | None = None) -> None:
+                 device: torch.device, attach: Callable[[LoraAdapters], None] | None = None,
+                 share: Callable[[AdapterWeights], AdapterWeights] | None = None,
+                 local_targets: dict[str, list[int]] | None = None) -> None:
         """`attach` wraps the model's products when the first adapter is loaded (a model that never
-        serves one keeps its plain products)."""
+        serves one keeps its plain products). A rank of a worker group checks adapters against the
+        whole model's `targets`, cuts each to its `share` and stacks them for its own products'
+        shapes (`local_targets`)."""
         self.targets = targets
         self._attach = attach
-        self.layouts = site_layouts(targets) if targets else []
+        self._share = share
+        local_targets = targets if local_targets is None else local_targets
+        self.layouts = site_layouts(local_targets) if local_targets else []
         self.num_layers = num_layers
         self.dtype = dtype
         self.device = device
@@ -63,6 +69,8 @@ class LoraAdapters:
             spec = read_adapter(ref.path, NO_RANK_LIMIT)
             check_fits(spec, self.targets, self.num_layers)
             weights = load_adapter_weights(spec, self.dtype)
+            if self._share is not None:
+                weights = self._share(weights)
         except AdapterError as exc:
             raise ValueError(f"adapter {ref.name!r}: {exc}") from None
         if self._attach is not None:  # the first adapter: the products wrapped, the C kernel built

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -32,6 +33,7 @@ from ztgi.services.worker.paged.step_inputs import StepInputs, build_step_inputs
 from ztgi.services.worker.paged.warmup import warm_up
 from ztgi.services.worker.sampling.generations import failed, step_rows, top_of_row
 from ztgi.services.worker.sampling.top_tokens import row_top_tokens
+from ztgi.services.worker.shards.lora_shards import shard_adapter
 from ztgi.services.worker.shards.parallel_layers import parallelize
 from ztgi.services.worker.shards.shard_rank import ShardRank
 from ztgi.services.worker.shards.stored_shards import ShardedStoredWeights
@@ -77,9 +79,11 @@ class PagedModel:
         if shard is not None:
             parallelize(self.forward_pass, shard.group, shard.plan)
         logger.info("paged KV cache, %s weights, attention %s", linear.describe(), self._attention())
-        targets = lora_targets(loaded.module) if shard is None else {}  # a group's ranks take no adapters yet
-        self.lora = LoraAdapters(targets, loaded.num_layers, self.dtype, self.device,
-                                 attach=lambda adapters: attach(self.forward_pass, adapters))
+        self.lora = LoraAdapters(lora_targets(loaded.module) if shard is None else shard.lora_targets,
+                                 loaded.num_layers, self.dtype, self.device,
+                                 attach=lambda adapters: attach(self.forward_pass, adapters),
+                                 share=functools.partial(shard_adapter, plan=shard.plan) if shard else None,
+                                 local_targets=lora_targets(loaded.module) if shard is not None else None)
         self.pool: KVPool | None = None
         self.max_step_tokens = 0
         self.draft_model = self._draft_proposer(draft, speculate) if draft is not None else None

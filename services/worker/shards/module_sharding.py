@@ -32,27 +32,16 @@ def shard_module(module: TransformersModule, plan: ShardPlan) -> None:
 
 def _shard_attention(attention: TransformersModule, plan: ShardPlan) -> None:
     fused = getattr(attention, "qkv_proj", None)  # Phi-3: q, k and v stacked in one weight
-    if fused is not None:
-        sizes = plan.sizes
-        q_size, kv_size = sizes.num_heads * sizes.head_dim, sizes.num_kv_heads * sizes.head_dim
-        rows = _rows_of_parts([(0, plan.query_rows), (q_size, plan.kv_rows), (q_size + kv_size, plan.kv_rows)])
-        _keep_rows(fused, rows)
-    else:
-        _keep_rows(attention.q_proj, _range(plan.query_rows))
-        _keep_rows(attention.k_proj, _range(plan.kv_rows))
-        _keep_rows(attention.v_proj, _range(plan.kv_rows))
-    _keep_columns(attention.o_proj, plan.query_rows)
+    for name in ("qkv_proj",) if fused is not None else ("q_proj", "k_proj", "v_proj"):
+        _keep_rows(getattr(attention, name), plan.output_rows(name))
+    _keep_columns(attention.o_proj, plan.input_columns("o_proj"))
 
 
 def _shard_mlp(mlp: TransformersModule, plan: ShardPlan) -> None:
     fused = getattr(mlp, "gate_up_proj", None)  # Phi-3: gate then up in one weight
-    if fused is not None:
-        size = plan.sizes.intermediate_size
-        _keep_rows(fused, _rows_of_parts([(0, plan.intermediate), (size, plan.intermediate)]))
-    else:
-        _keep_rows(mlp.gate_proj, _range(plan.intermediate))
-        _keep_rows(mlp.up_proj, _range(plan.intermediate))
-    _keep_columns(mlp.down_proj, plan.intermediate)
+    for name in ("gate_up_proj",) if fused is not None else ("gate_proj", "up_proj"):
+        _keep_rows(getattr(mlp, name), plan.output_rows(name))
+    _keep_columns(mlp.down_proj, plan.input_columns("down_proj"))
 
 
 def _shard_vocabulary(module: TransformersModule, plan: ShardPlan) -> None:
@@ -69,22 +58,15 @@ def _shard_vocabulary(module: TransformersModule, plan: ShardPlan) -> None:
         linear.weight.data = part.clone()
 
 
-def _range(rows: slice) -> torch.Tensor:
-    return torch.arange(rows.start, rows.stop)
-
-
-def _rows_of_parts(parts: list[tuple[int, slice]]) -> torch.Tensor:
-    """Row indices of each stacked part's slice, the part starting at its offset."""
-    return torch.cat([torch.arange(offset + rows.start, offset + rows.stop) for offset, rows in parts])
-
-
-def _keep_rows(linear: TransformersModule, rows: torch.Tensor) -> None:
+def _keep_rows(linear: TransformersModule, rows: torch.Tensor | None) -> None:
+    assert rows is not None, "a column-parallel module"
     linear.weight.data = linear.weight.detach().index_select(0, rows.to(linear.weight.device))
     if getattr(linear, "bias", None) is not None:
         linear.bias.data = linear.bias.detach().index_select(0, rows.to(linear.bias.device))
     linear.out_features = int(rows.numel())
 
 
-def _keep_columns(linear: TransformersModule, columns: slice) -> None:
+def _keep_columns(linear: TransformersModule, columns: slice | None) -> None:
+    assert columns is not None, "a row-parallel module"
     linear.weight.data = linear.weight.detach()[:, columns].contiguous()
     linear.in_features = columns.stop - columns.start

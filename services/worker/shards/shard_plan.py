@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from ztgi.services.worker.layers.transformers_module import TransformersConfig
 
 
@@ -102,6 +104,24 @@ class ShardPlan:
     @property
     def kv_rows(self) -> slice:
         return self.heads(self.first_kv_head, self.num_kv_heads)
+
+
+    def output_rows(self, module: str) -> torch.Tensor | None:
+        """The rows of a decoder layer's module (PEFT's name) the rank holds, None where it holds
+        every row (the row-parallel products)."""
+        sizes = self.sizes
+        q_size, kv_size = sizes.num_heads * sizes.head_dim, sizes.num_kv_heads * sizes.head_dim
+        parts = {"q_proj": [(0, self.query_rows)], "k_proj": [(0, self.kv_rows)], "v_proj": [(0, self.kv_rows)],
+                 "qkv_proj": [(0, self.query_rows), (q_size, self.kv_rows), (q_size + kv_size, self.kv_rows)],
+                 "gate_proj": [(0, self.intermediate)], "up_proj": [(0, self.intermediate)],
+                 "gate_up_proj": [(0, self.intermediate), (sizes.intermediate_size, self.intermediate)]}.get(module)
+        if parts is None:
+            return None
+        return torch.cat([torch.arange(offset + rows.start, offset + rows.stop) for offset, rows in parts])
+
+    def input_columns(self, module: str) -> slice | None:
+        """The input columns of a row-parallel module the rank holds; None for the others."""
+        return {"o_proj": self.query_rows, "down_proj": self.intermediate}.get(module)
 
 
 def check_num_shard(config: TransformersConfig, num_shard: int) -> None:

@@ -12,6 +12,7 @@ from ztgi.services.worker.shards.shard_plan import ShardPlan
 class ShardRank:
     group: ShardGroup
     plan: ShardPlan
+    lora_targets: dict[str, list[int]]  # the whole model's adapter targets: adapters are checked against them
 
     @property
     def is_leader(self) -> bool:

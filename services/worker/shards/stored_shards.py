@@ -21,7 +21,6 @@ class ShardedStoredWeights:
 
     def __init__(self, weights: StoredWeights, plan: ShardPlan) -> None:
         self.weights, self.plan = weights, plan
-        self._vocab = plan.vocab
 
     def type_name(self, name: str) -> str:
         return self.weights.type_name(name)
@@ -31,10 +30,10 @@ class ShardedStoredWeights:
         if codes is None:
             return None
         rows, columns = self._share(name)
-        if rows is not None and rows is self._vocab and self._short(rows):
+        if isinstance(rows, slice) and self._short(rows):
             return None  # the last rank's head rows padded with zeros: as floats
         if rows is not None:
-            codes = codes.permuted_rows(torch.arange(rows.start, rows.stop))
+            codes = codes.permuted_rows(rows if isinstance(rows, torch.Tensor) else torch.arange(rows.start, rows.stop))
         return codes if columns is None else codes.columns(columns.start, columns.stop)
 
     def float(self, name: str) -> torch.Tensor:
@@ -42,7 +41,7 @@ class ShardedStoredWeights:
         rows, columns = self._share(name)
         if rows is not None:
             values = values[rows]
-        if rows is not None and rows is self._vocab and self._short(rows):
+        if isinstance(rows, slice) and self._short(rows):
             values = torch.cat([values, values.new_zeros(self.plan.vocab_per_rank - values.shape[0], values.shape[1])])
         return values if columns is None else values[:, columns].contiguous()
 
@@ -53,16 +52,11 @@ class ShardedStoredWeights:
     def _short(self, rows: slice) -> bool:
         return rows.stop - rows.start < self.plan.vocab_per_rank
 
-    def _share(self, name: str) -> tuple[slice | None, slice | None]:
+    def _share(self, name: str) -> tuple[torch.Tensor | slice | None, slice | None]:
         """The rank's rows and columns of the named matrix (None: all)."""
-        plan = self.plan
-        for suffix, share in ((".q_proj.weight", (plan.query_rows, None)), (".k_proj.weight", (plan.kv_rows, None)),
-                              (".v_proj.weight", (plan.kv_rows, None)), (".o_proj.weight", (None, plan.query_rows)),
-                              (".gate_proj.weight", (plan.intermediate, None)),
-                              (".up_proj.weight", (plan.intermediate, None)),
-                              (".down_proj.weight", (None, plan.intermediate))):
-            if name.endswith(suffix):
-                return share
         if name in ("lm_head.weight", "model.embed_tokens.weight"):
-            return self._vocab, None
-        return None, None
+            return self.plan.vocab, None
+        parts = name.split(".")
+        if len(parts) < 2 or parts[-1] != "weight":
+            return None, None
+        return self.plan.output_rows(parts[-2]), self.plan.input_columns(parts[-2])
