@@ -43,6 +43,7 @@ from ztgi.services.scheduler.worker_slot import WorkerSlot
 from ztgi.services.worker.backend import Model
 from ztgi.services.worker.engine import Engine
 from ztgi.services.worker.shards.command_relay import CommandRelay
+from ztgi.services.worker.shards.shard_group import ShardGroupLost
 
 logger = logging.getLogger(__name__)
 
@@ -191,9 +192,12 @@ class LocalEngine:
 
     def _execute(self, command: object) -> object:
         """One verb, one engine call, as the worker's engine loop runs it (relayed first in a group)."""
-        if self.relay is not None:
-            self.relay.send([encode(command)])
-        answer = self.engine.run(command)
+        try:
+            if self.relay is not None:
+                self.relay.send([encode(command)])
+            answer = self.engine.run(command)
+        except ShardGroupLost as exc:  # a rank of the group exited or hung: nothing more can run
+            raise RuntimeError(f"the tensor-parallel group cannot go on: {exc}") from None
         if isinstance(answer, CommandFailed):
             self._failure = EngineError(answer.error, list(answer.seq_ids))
         return answer

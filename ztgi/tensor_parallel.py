@@ -39,7 +39,7 @@ class OfflineGroup:
         self.flags = worker_flags(model, dtype, device, backend, options)
         self.config = parse_config(WorkerConfig, self.flags, prog="ztgi worker")
         try:
-            self.leader = GroupLeader(self.config, self.flags)
+            self.leader = GroupLeader(self.config, self.flags, exit_on_loss=False)
         except ShardGroupLost as exc:
             raise RuntimeError(str(exc)) from None
         atexit.register(self.leader.stop)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -38,23 +39,26 @@ logger = logging.getLogger(__name__)
 class GroupLeader:
     """Rank 0: the relay, the other ranks' processes, the group."""
 
-    def __init__(self, config: WorkerConfig, argv: Sequence[str]) -> None:
+    def __init__(self, config: WorkerConfig, argv: Sequence[str], exit_on_loss: bool = True) -> None:
+        """`exit_on_loss`: a worker process exits at once when a rank does; an offline `LLM` (False)
+        sees its next step fail (`ShardGroupLost`) instead."""
         size = config.num_shard
         source = resolve_model(config.model_id)
         check_num_shard(AutoConfig.from_pretrained(source.path).get_text_config(decoder=True), size)
         address = group_address()
+        self.lost = threading.Event()
         self.context = zmq.Context()
         self.relay = CommandRelay(self.context, "127.0.0.1")
-        self.ranks = RankProcesses(argv, size, address, self.relay.endpoint)
+        self.ranks = RankProcesses(argv, size, address, self.relay.endpoint, self.lost, exit_on_loss)
         logger.info("worker group of %d ranks: rendezvous at %s:%d", size, address.host, address.port)
         try:
-            self.group = join(config, 0, address)
+            self.group = join(config, 0, address, self.lost)
         except BaseException:
             self.stop()
             raise
 
     def wait_for_ranks(self) -> None:
-        self.relay.wait_for_ranks(self.group.size - 1)
+        self.relay.wait_for_ranks(self.group.size - 1, self.lost)
 
     def stop(self) -> None:
         """The other ranks stopped, the group left (a later group in this process can form again)."""
@@ -72,13 +76,14 @@ def follower(config: WorkerConfig, rank: int) -> tuple[ShardGroup, RelayedComman
     return group, RelayedCommands(zmq.Context(), os.environ[RELAY_ENV], rank)
 
 
-def join(config: WorkerConfig, rank: int, address: GroupAddress) -> ShardGroup:
+def join(config: WorkerConfig, rank: int, address: GroupAddress,
+         lost: threading.Event | None = None) -> ShardGroup:
     device = resolve_device(config.device)
     if device.type == "cpu":
         share_cores(rank, config.num_shard, config.num_threads)
     else:  # one GPU per rank: "cuda" means the rank's own from here on
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    return ShardGroup(rank, config.num_shard, address, config.shard_timeout_s, device)
+    return ShardGroup(rank, config.num_shard, address, config.shard_timeout_s, device, lost)
 
 
 def group_address() -> GroupAddress:

@@ -11,6 +11,7 @@ wait for N answers per step.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import zmq
@@ -36,11 +37,13 @@ class CommandRelay:
         self.endpoint = f"tcp://{host}:{port}"
         self.ranks: list[bytes] = []
 
-    def wait_for_ranks(self, count: int) -> None:
-        """Until `count` ranks said they are loaded (a rank that dies meanwhile stops the group:
-        `RankProcesses`)."""
+    def wait_for_ranks(self, count: int, lost: threading.Event) -> None:
+        """Until `count` ranks said they are loaded; ShardGroupLost when one exits meanwhile
+        (`RankProcesses` sets `lost`)."""
         started = last_said = time.monotonic()
         while len(self.ranks) < count:
+            if lost.is_set():
+                raise ShardGroupLost("a rank of the group exited while loading the model")
             if self.socket.poll(1000):
                 identity, message = self.socket.recv_multipart()
                 if message == READY and identity not in self.ranks:

@@ -1,9 +1,10 @@
 """Rank 0 of a worker group starts the other ranks as child processes and watches them.
 
 A worker group is one logical worker: when any rank exits, the group cannot step, so rank 0 stops
-the rest and exits non-zero at once (the scheduler requeues the group's requests as for any lost
-worker; the launcher or the container's restart policy starts the group again). A rank started
-here dies with rank 0 (the kernel's parent-death signal), so no rank outlives its group.
+the rest; a worker then exits non-zero at once (the scheduler requeues the group's requests as for
+any lost worker; the launcher or the container's restart policy starts the group again), and an
+offline `LLM` marks the group lost so its next step fails instead. A rank started here dies with
+rank 0 (the kernel's parent-death signal), so no rank outlives its group.
 """
 
 from __future__ import annotations
@@ -39,9 +40,12 @@ def own_rank() -> int:
 class RankProcesses:
     """Ranks 1 .. size-1, each `python -m ztgi.services.worker` with the leader's flags."""
 
-    def __init__(self, argv: Sequence[str], size: int, address: GroupAddress, relay: str) -> None:
+    def __init__(self, argv: Sequence[str], size: int, address: GroupAddress, relay: str,
+                 lost: threading.Event, exit_on_loss: bool = True) -> None:
         self.processes: dict[int, subprocess.Popen] = {}
         self.stopping = False
+        self.lost = lost  # set when a rank exits on its own
+        self.exit_on_loss = exit_on_loss
         for rank in range(1, size):
             env = {**os.environ, RANK_ENV: str(rank), RELAY_ENV: relay, PARENT_ENV: str(os.getpid()),
                    "MASTER_ADDR": address.host, "MASTER_PORT": str(address.port), "WORLD_SIZE": str(size),
@@ -56,8 +60,11 @@ class RankProcesses:
                 code = process.poll()
                 if code is not None and not self.stopping:
                     logger.error("rank %d of the group exited (code %s): stopping the group", rank, code)
+                    self.lost.set()
                     self.stop()
-                    os._exit(1)  # the group cannot step without it; rank 0 may be inside a collective
+                    if self.exit_on_loss:
+                        os._exit(1)  # the group cannot step without it; rank 0 may be inside a collective
+                    return
             time.sleep(WATCH_INTERVAL_S)
 
     def stop(self) -> None:

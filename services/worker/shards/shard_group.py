@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import logging
 import os
+import threading
 from collections.abc import Callable
 
 import torch
@@ -39,8 +40,11 @@ class GroupAddress:
 class ShardGroup:
     """This process's rank in a group of `size`, joined at construction."""
 
-    def __init__(self, rank: int, size: int, address: GroupAddress, timeout_s: float, device: torch.device) -> None:
+    def __init__(self, rank: int, size: int, address: GroupAddress, timeout_s: float, device: torch.device,
+                 lost: threading.Event | None = None) -> None:
+        """`lost`: set (by rank 0's watch on its ranks) when a rank exited: a shared-memory wait ends."""
         self.rank = rank
+        self.lost = lost
         self.size = size
         self.device = device
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -62,10 +66,10 @@ class ShardGroup:
         path = f"/dev/shm/ztgi-group-{address.host}-{address.port}"
         try:
             if self.rank == 0:
-                shared = SharedMemoryCollectives(path, self.rank, self.size, timeout_s, create=True)
+                shared = SharedMemoryCollectives(path, self.rank, self.size, timeout_s, create=True, lost=self.lost)
             dist.barrier()
             if self.rank != 0:
-                shared = SharedMemoryCollectives(path, self.rank, self.size, timeout_s, create=False)
+                shared = SharedMemoryCollectives(path, self.rank, self.size, timeout_s, create=False, lost=self.lost)
             dist.barrier()
         except Exception as exc:
             raise ShardGroupLost(f"rank {self.rank} of {self.size} could not share {path}: {exc}") from None

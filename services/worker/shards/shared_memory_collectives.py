@@ -17,6 +17,7 @@ from __future__ import annotations
 import mmap
 import os
 import platform
+import threading
 import time
 
 import numpy as np
@@ -35,8 +36,9 @@ def available() -> bool:
 class SharedMemoryCollectives:
     """The buffer of one group: rank 0 creates the file before the others open it (a barrier between)."""
 
-    def __init__(self, path: str, rank: int, size: int, timeout_s: float, create: bool) -> None:
-        self.rank, self.size, self.timeout_s = rank, size, timeout_s
+    def __init__(self, path: str, rank: int, size: int, timeout_s: float, create: bool,
+                 lost: threading.Event | None = None) -> None:
+        self.rank, self.size, self.timeout_s, self.lost = rank, size, timeout_s, lost
         total = size * FLAG_BYTES + 2 * size * SLOT_BYTES
         if create:
             with open(path, "wb") as file:
@@ -80,6 +82,8 @@ class SharedMemoryCollectives:
             spins += 1
             if spins > SPINS_BEFORE_YIELDING:
                 os.sched_yield()  # more ranks than free cores: let the peer run
+                if self.lost is not None and self.lost.is_set():
+                    raise TimeoutError(f"rank {self.rank}: a rank of the group exited")
                 if deadline is None:
                     deadline = time.monotonic() + self.timeout_s
                 elif time.monotonic() > deadline:
