@@ -9,7 +9,9 @@ reads all the slots and sums them in rank order, so every rank computes the same
 double-buffered by the sequence number's parity: a rank can only reach call n + 2 after every rank
 has published n + 1, which each does after reading call n's slots, so no slot is overwritten
 while read. Publishing after the data relies on stores reaching memory in program order (x86's
-TSO); elsewhere, and for tensors larger than a slot, the group uses gloo.
+TSO), which holds for ordinary stores: a slot of 1 MiB keeps each copy below the sizes at which
+memcpy switches to non-temporal (weakly ordered) stores. Elsewhere, and for tensors larger than a
+slot, the group uses gloo.
 """
 
 from __future__ import annotations
