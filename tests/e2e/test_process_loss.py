@@ -27,8 +27,8 @@ def child_pids(server: LaunchedServer, service: str) -> list[int]:
     return [int(pid) for pid in out.split()]
 
 
-def stream(server: LaunchedServer, prompt: str, started: list) -> GreedyStream:
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": 60, "ignore_eos": True, "top_n_tokens": 2}}
+def stream(server: LaunchedServer, prompt: str, started: list, max_new_tokens: int = 60) -> GreedyStream:
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens, "ignore_eos": True, "top_n_tokens": 2}}
     with requests.post(server.url + "/generate_stream", json=body, stream=True, timeout=120) as response:
         streamed = GreedyStream()
         for line in response.iter_lines(decode_unicode=True):

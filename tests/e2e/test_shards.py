@@ -7,7 +7,6 @@ the worker at start with the sizes that work."""
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import re
 import signal
@@ -16,11 +15,11 @@ import sys
 import time
 
 import pytest
-import requests
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.e2e.server import LaunchedServer
+from tests.e2e.test_process_loss import stream
 from tests.lora_adapters import RECIPES, merged_greedy, save_adapter
 from tests.worker.models.family_models import save_family_model
 from ztgi.bench.greedy_parity import GreedyStream, assert_same_greedy
@@ -83,23 +82,10 @@ def test_an_adapter_in_a_group_gives_its_merged_models_tokens(server: LaunchedSe
     assert [t["id"] for t in response.json()["details"]["tokens"]] == expected
 
 
-def stream(server: LaunchedServer, prompt: str, started: list) -> GreedyStream:
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": NUM_TOKENS, "ignore_eos": True, "top_n_tokens": 2}}
-    with requests.post(server.url + "/generate_stream", json=body, stream=True, timeout=180) as response:
-        streamed = GreedyStream()
-        for line in response.iter_lines(decode_unicode=True):
-            if line and line.startswith("data:"):
-                event = json.loads(line[5:])
-                assert "error" not in event, event
-                streamed.add(event)
-                started.append(1)
-        return streamed
-
-
 def all_streams(server: LaunchedServer, during=None) -> list[GreedyStream]:
     started: list = []
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        futures = [pool.submit(stream, server, prompt, started) for prompt in PROMPTS]
+        futures = [pool.submit(stream, server, prompt, started, NUM_TOKENS) for prompt in PROMPTS]
         if during is not None:
             while len(started) < 3 * len(PROMPTS):
                 time.sleep(0.02)
