@@ -61,6 +61,15 @@ def tiny_draft_dir(smollm2: ModelSource, tmp_path_factory: pytest.TempPathFactor
                          intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
 
 
+@pytest.fixture(scope="session")
+def vision_dirs(smollm2: ModelSource, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Tiny random-weight Idefics3 and Qwen2-VL models with their processors (`tests/vision_models.py`),
+    by family: `idefics3`, `qwen2_vl`."""
+    from tests.vision_models import vision_model_dirs
+
+    return vision_model_dirs(str(tmp_path_factory.mktemp("vision-models")), smollm2.path)
+
+
 def _random_llama(smollm2: ModelSource, directory: str, seed: int, **sizes: int) -> str:
     """A random-weight Llama of `sizes` with SmolLM2's vocabulary and tokenizer, saved in `directory`."""
     from transformers import LlamaConfig, LlamaForCausalLM

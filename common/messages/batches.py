@@ -6,6 +6,7 @@ import dataclasses
 
 from ztgi.common.codec import record
 from ztgi.common.messages.events import FinishReason
+from ztgi.common.messages.images import EncodedImage
 from ztgi.common.messages.parameters import SamplingParameters
 
 __all__ = ["AdapterRef", "WorkerRequest", "SeqUpdate", "Batch", "CachedBatch", "Generation", "Timings", "WorkerInfo"]
@@ -50,10 +51,12 @@ class WorkerRequest:
     num_generated: int = 0
     embed: bool = False  # pool the prompt's final hidden states into `Generation.embedding`
     adapter: AdapterRef | None = None  # the LoRA adapter it generates with; None: the base model
+    images: list[EncodedImage] = ()  # type: ignore[assignment]  # its prompt's images: the encoder runs as their spans prefill
 
     def __post_init__(self) -> None:
-        if isinstance(self.block_ids, tuple):
-            object.__setattr__(self, "block_ids", list(self.block_ids))
+        for name in ("block_ids", "images"):
+            if isinstance(getattr(self, name), tuple):
+                object.__setattr__(self, name, list(getattr(self, name)))
 
 
 @record
@@ -154,3 +157,4 @@ class WorkerInfo:
     # (empty: this engine serves no adapters), over `num_layers` decoder layers
     lora_targets: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     num_layers: int = 0
+    vision: bool = False  # the model takes images (a vision-language model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ztgi.common.codec import record
+from ztgi.common.messages.images import ContentPart
 
 __all__ = ["Grammar", "Tool", "ToolCall", "ChatMessage", "GrammarType"]
 
@@ -44,10 +45,12 @@ class ChatMessage:
     """One chat turn; structured OpenAI content is flattened to text by the gateway.
 
     An assistant turn may carry the `tool_calls` it made; a `tool` turn answers the call
-    `tool_call_id`.
+    `tool_call_id`. A turn with images has `parts`: its text and images in order (`content` is then
+    its text alone), what a vision model's chat template places its image tokens by.
     """
 
     role: str
     content: str
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    parts: list[ContentPart] | None = None

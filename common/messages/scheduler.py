@@ -8,6 +8,7 @@ from ztgi.common.codec import message, record
 from ztgi.common.messages.batches import CachedBatch, Generation, Timings
 from ztgi.common.messages.chat import ChatMessage, Tool
 from ztgi.common.messages.events import RequestKey
+from ztgi.common.messages.images import EncodedImage
 from ztgi.common.messages.parameters import GenerateParameters, SamplingParameters
 
 __all__ = [
@@ -25,6 +26,8 @@ class Generate:
     (OpenAI's token-id prompts, checked against the vocabulary by the tokenizer), exactly one of them.
 
     `tools` (with `messages` only) are rendered into the prompt by the chat template.
+    `images` are the files of TGI's markdown images in `inputs` (`![](url)`), in order of appearance,
+    as the gateway decoded or fetched them; chat turns carry theirs in their `parts`.
     """
 
     request_id: str
@@ -33,6 +36,7 @@ class Generate:
     parameters: GenerateParameters
     tools: list[Tool] | None = None
     input_ids: list[int] | None = None
+    images: list[bytes] | None = None
 
     def __post_init__(self) -> None:
         if sum(prompt is not None for prompt in (self.inputs, self.messages, self.input_ids)) != 1:
@@ -104,6 +108,11 @@ class Encoded:
     prefill_logprobs: bool
     tokenizer_id: bytes
     embed: bool = False  # the answer is the prompt's pooled hidden state (the one token is not the point)
+    images: list[EncodedImage] = ()  # type: ignore[assignment]  # the prompt's images, in order
+
+    def __post_init__(self) -> None:
+        if isinstance(self.images, tuple):
+            object.__setattr__(self, "images", list(self.images))
 
 
 @message("rejected")
