@@ -12,7 +12,8 @@
 """
 
 # 13: images (`ContentPart`s in chat turns, markdown images in Generate, `EncodedImage`s in Encoded and
-# WorkerRequest, `vision` in WorkerInfo); 12: LoRA adapters (`adapter_id` and `model` in the parameters, `AdapterRef` on WorkerRequest, LoadAdapter,
+# WorkerRequest, `vision` in WorkerInfo);
+# 12: LoRA adapters (`adapter_id` and `model` in the parameters, `AdapterRef` on WorkerRequest, LoadAdapter,
 # UnloadAdapter and AdapterReply, the base's LoRA target shapes in WorkerInfo, the adapters in InfoReply);
 # 11: a draining worker's grace period and the scheduler's `drained` on heartbeats;
 # 10: embedding requests (`embed` in the parameters, Encoded and WorkerRequest; the pooled vector in
