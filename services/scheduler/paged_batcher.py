@@ -130,7 +130,7 @@ class PagedBatcher:
                 continue  # waits until one of the worker's adapters has no running request
             prefill_len = request.input_length
             reuses = allocator.cache is not None and self._may_reuse(request)
-            tokens = request.tokens
+            tokens = request.cache_tokens
             hit = allocator.match(tokens, request.cache_salt) if reuses else []
             if reuses and _computing_its_prefix(request, len(hit), prefilling, allocator.block_size):
                 num_waiting += 1
@@ -170,9 +170,9 @@ def _computing_its_prefix(newcomer: Request, num_hit: int, prefilling: list[Requ
     MIN_SHARED_BLOCKS blocks of a newcomer's tokens after its `num_hit` cached ones: the same tokens
     from the start, in blocks of its prompt not yet cached. Waiting a step or two for them then saves
     computing them twice."""
-    tokens, salt = newcomer.tokens, newcomer.cache_salt
+    tokens, salt = newcomer.cache_tokens, newcomer.cache_salt
     end = (num_hit + MIN_SHARED_BLOCKS) * block_size
     if end > len(tokens) - 1:  # match() leaves the last token to compute: nothing to share
         return False
     return any(other.cache_salt == salt and other.num_indexed_blocks * block_size < end <= other.prefill_len
-               and other.tokens[:end] == tokens[:end] for other in prefilling)
+               and other.cache_tokens[:end] == tokens[:end] for other in prefilling)

@@ -107,12 +107,12 @@ def num_matched_blocks(slot: WorkerSlot, request: Request, running: dict[bytes, 
     request of the same adapter it runs now."""
     allocator = slot.allocator
     assert allocator is not None
-    tokens, salt = request.tokens, request.cache_salt
+    tokens, salt = request.cache_tokens, request.cache_salt
     best = len(allocator.match(tokens, salt))
     size = allocator.block_size
     for other in running.get(slot.identity, ()):
         if other.cache_salt == salt:
-            best = max(best, _common_blocks(tokens, other.tokens, size, best))
+            best = max(best, _common_blocks(tokens, other.cache_tokens, size, best))
     return best
 
 

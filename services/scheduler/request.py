@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import time
 
-from ztgi.common.messages import AdapterRef, Encoded, GenerateParameters, RequestKey, WorkerRequest
+from ztgi.common.messages import AdapterRef, Encoded, EncodedImage, GenerateParameters, RequestKey, WorkerRequest
 
 
 class RequestStatus(enum.Enum):
@@ -42,6 +42,7 @@ class Request:
     num_indexed_blocks: int = 0  # prefix cache: its full blocks already given to the cache
     num_dropped_blocks: int = 0  # sliding-window workers: its first blocks, freed (sliding_window.py)
     adapter: AdapterRef | None = None  # the LoRA adapter it generates with (None: the base model)
+    _prompt_cache_ids: list[int] | None = None  # `cache_tokens`' prompt part, computed once
 
     @property
     def cache_salt(self) -> int:
@@ -54,6 +55,18 @@ class Request:
         """Prompt + generated so far: what its KV blocks hold, in order."""
         assert self.encoded is not None
         return self.encoded.input_ids + self.generated_ids
+
+    @property
+    def cache_tokens(self) -> list[int]:
+        """`tokens` as the prefix cache keys them: a prompt position inside an image's span holds
+        a negative id drawn from the image's digest instead of its placeholder token, so that blocks
+        covering two different images never match and the same image sent again does."""
+        assert self.encoded is not None
+        if not self.encoded.images:
+            return self.tokens
+        if self._prompt_cache_ids is None:
+            self._prompt_cache_ids = image_keyed(self.encoded.input_ids, self.encoded.images)
+        return self._prompt_cache_ids + self.generated_ids
 
     @property
     def tokenizer_id(self) -> bytes:
@@ -117,4 +130,15 @@ class Request:
             num_generated=len(self.generated_ids),
             embed=encoded.embed,
             adapter=self.adapter,
+            images=encoded.images,
         )
+
+
+def image_keyed(input_ids: list[int], images: list[EncodedImage]) -> list[int]:
+    """The prompt with each image's span `[start, end)` filled with that image's key: a negative
+    id (token ids are never negative) from the first 62 bits of its digest."""
+    keyed = list(input_ids)
+    for image in images:
+        key = -1 - (int.from_bytes(image.digest[:8], "little") >> 2)
+        keyed[image.start:image.end] = [key] * (image.end - image.start)
+    return keyed

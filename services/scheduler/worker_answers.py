@@ -159,5 +159,5 @@ def _index_full_blocks(allocator: BlockAllocator, request: Request, num_known: i
     num_computed = min(request.num_computed, num_known)
     num_full = num_computed // allocator.block_size
     if allocator.cache is not None and num_full > request.num_indexed_blocks:
-        allocator.index(request.tokens, request.block_ids, num_computed, request.cache_salt)
+        allocator.index(request.cache_tokens, request.block_ids, num_computed, request.cache_salt)
         request.num_indexed_blocks = num_full

@@ -45,12 +45,13 @@ class Harness:
         self.placed: dict[str, bytes] = {}  # the first worker each request was prefilled on
         self.placements: dict[str, list[bytes]] = {}  # every worker it was (re)started on, in order
         self.dead: set[bytes] = set()  # workers that answer nothing any more
+        self.image_digests: dict[str, list[bytes]] = {}  # the images each request's last Prefill carried
 
-    def submit(self, request_id: str, prompt: list[int], max_new: int) -> None:
+    def submit(self, request_id: str, prompt: list[int], max_new: int, images: list[m.EncodedImage] = ()) -> None:
         key = m.RequestKey(CLIENT, request_id)
         self.scheduler.on_client_frame(CLIENT, encode(m.Generate(request_id, "x", None, m.GenerateParameters())))
         self.scheduler.on_tokenized_frame(encode(m.Encoded(key, list(prompt), m.SamplingParameters(), max_new, True, 0,
-                                                     False, TOKENIZER)))
+                                                     False, TOKENIZER, images=list(images))))
         self.scheduler.outbox.tokenize.clear()
 
     def cancel(self, request_id: str) -> None:
@@ -69,6 +70,7 @@ class Harness:
                     rid = self.scheduler.table.get(r.seq_id).key.request_id
                     self.placed.setdefault(rid, identity)
                     self.placements.setdefault(rid, []).append(identity)
+                    self.image_digests[rid] = [image.digest for image in r.images]
             self.scheduler.on_worker_frame(identity, encode(self.peers[identity].run(command)))
         self._collect()
         return any(identity not in self.dead for identity, _ in commands)
@@ -109,6 +111,27 @@ def test_shared_prefix_requests_reuse_the_cache_and_answer_as_without_it() -> No
     assert harness.cached["q0"] == 0
     assert all(harness.cached[rid] == 60 for rid in list(prompts)[1:])
     assert harness.scheduler.metrics.prefix_cache_hit_tokens.values[()] == 7 * 60
+
+
+def _image(digest: bytes, start: int, end: int) -> m.EncodedImage:
+    pixels = m.RawTensor("pixel_values", "float32", [2], bytes(8))
+    return m.EncodedImage(digest, start, end, end - start, [pixels])
+
+
+def test_blocks_covering_an_image_are_shared_only_with_the_same_image() -> None:
+    """Two prompts of the same tokens, whose image spans hold the same placeholder ids but
+    different images: the second shares only the blocks before the first span; the same image sent
+    again shares every whole block, and the worker gets the images with the request."""
+    prompt = DOCUMENT[:20] + [7] * 24 + DOCUMENT[20:40]  # an image's 24 placeholders at [20, 44): blocks 5-10
+    harness = Harness()
+    harness.submit("first", prompt, 3, [_image(b"a" * 16, 20, 44)])
+    harness.run()
+    harness.submit("other image", prompt, 3, [_image(b"b" * 16, 20, 44)])
+    harness.run()
+    harness.submit("same image", prompt, 3, [_image(b"a" * 16, 20, 44)])
+    harness.run()
+    assert harness.cached == {"first": 0, "other image": 20, "same image": (len(prompt) - 1) // BLOCK_SIZE * BLOCK_SIZE}
+    assert harness.image_digests == {"first": [b"a" * 16], "other image": [b"b" * 16], "same image": [b"a" * 16]}
 
 
 def test_a_burst_sharing_an_uncached_prefix_computes_it_once() -> None:
