@@ -129,3 +129,52 @@ def vision_model_dirs(root: str, smollm2_dir: str) -> dict[str, str]:
     if not os.path.isfile(os.path.join(dirs["qwen2_vl"], "tokenizer_config.json")):
         write_tiny_qwen2_vl(dirs["qwen2_vl"], smollm2_dir)
     return dirs
+
+
+IMAGE_STRINGS = {"idefics3": "<image>", "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
+"""What stands for one image in a family's prompt text before its processor expands it."""
+
+
+def reference_inputs(family: str, directory: str, text: str, images: list[bytes]) -> dict[str, torch.Tensor]:
+    """transformers' model inputs for a prompt `text` holding one IMAGE_STRINGS[family] per image:
+    Idefics3Processor's output, or for Qwen2-VL its image processor's with each `<|image_pad|>`
+    repeated as Qwen2VLProcessor documents (grid_t * grid_h * grid_w / merge_size**2 times)."""
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+
+    pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
+    if family == "idefics3":
+        processor = AutoProcessor.from_pretrained(directory)
+        return dict(processor(text=text, images=pictures or None, return_tensors="pt"))
+    image_processor = AutoImageProcessor.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tensors = dict(image_processor(images=pictures, return_tensors="pt")) if pictures else {}
+    pieces = text.split("<|image_pad|>")
+    expanded = pieces[0]
+    for grid, piece in zip(tensors.get("image_grid_thw", []), pieces[1:]):
+        expanded += "<|image_pad|>" * (int(grid.prod()) // image_processor.merge_size ** 2) + piece
+    return {**dict(tokenizer(expanded, return_tensors="pt")), **tensors}
+
+
+def chat_text(directory: str, conversation: list[dict]) -> str:  # type: ignore[type-arg]
+    """The family's chat template over a conversation whose content lists `{"type": "image"}` and
+    `{"type": "text", "text": ...}` parts, with the assistant's turn to come."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    template = tokenizer.chat_template
+    if template is None:
+        with open(os.path.join(directory, "chat_template.jinja")) as file:
+            template = file.read()
+    text = tokenizer.apply_chat_template(conversation, chat_template=template, add_generation_prompt=True,
+                                         tokenize=False)
+    assert isinstance(text, str)
+    return text
+
+
+def greedy_reference(directory: str, inputs: dict[str, torch.Tensor], max_new_tokens: int) -> list[int]:
+    """transformers' greedy continuation (float32) of `inputs`: the ids after the prompt."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(directory, dtype=torch.float32).eval()
+    output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return output[0, inputs["input_ids"].shape[1]:].tolist()
