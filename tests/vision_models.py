@@ -102,6 +102,35 @@ def write_tiny_qwen2_vl(directory: str, smollm2_dir: str, seed: int = 0) -> str:
     return directory
 
 
+def write_tiny_qwen2_5_vl(directory: str, smollm2_dir: str, seed: int = 0) -> str:
+    """Qwen2.5-VL: the Qwen2-VL test model's text side and processor, and Qwen2.5's vision tower
+    (RMSNorm, gated MLP, windowed attention in all blocks but the last) on 4-pixel patches."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
+
+    tokenizer = _tokenizer(smollm2_dir, ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
+                                         "<|im_end|>"])
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen2_5_VLConfig(
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+        text_config={"vocab_size": _vocab_size(tokenizer), "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                         "mrope_section": [2, 3, 3]}},
+        vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                       "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 16,
+                       "fullatt_block_indexes": [1]})
+    torch.manual_seed(seed)
+    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(directory)
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=8 * 8, max_pixels=32 * 32, patch_size=4, merge_size=2,
+                                               temporal_patch_size=2)
+    image_processor.save_pretrained(directory)
+    tokenizer.chat_template = QWEN2_VL_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def drawn_image(width: int, height: int, seed: int, image_format: str = "PNG") -> bytes:
     """A picture of random coloured rectangles on a random background, encoded as `image_format`:
     what a client sends."""
@@ -123,15 +152,16 @@ def drawn_image(width: int, height: int, seed: int, image_format: str = "PNG") -
 
 def vision_model_dirs(root: str, smollm2_dir: str) -> dict[str, str]:
     """Both tiny models under `root`, written once."""
-    dirs = {"idefics3": os.path.join(root, "idefics3"), "qwen2_vl": os.path.join(root, "qwen2_vl")}
-    if not os.path.isfile(os.path.join(dirs["idefics3"], "tokenizer_config.json")):
-        write_tiny_idefics3(dirs["idefics3"], smollm2_dir)
-    if not os.path.isfile(os.path.join(dirs["qwen2_vl"], "tokenizer_config.json")):
-        write_tiny_qwen2_vl(dirs["qwen2_vl"], smollm2_dir)
+    writers = {"idefics3": write_tiny_idefics3, "qwen2_vl": write_tiny_qwen2_vl, "qwen2_5_vl": write_tiny_qwen2_5_vl}
+    dirs = {family: os.path.join(root, family) for family in writers}
+    for family, write in writers.items():
+        if not os.path.isfile(os.path.join(dirs[family], "tokenizer_config.json")):
+            write(dirs[family], smollm2_dir)
     return dirs
 
 
-IMAGE_STRINGS = {"idefics3": "<image>", "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
+IMAGE_STRINGS = {"idefics3": "<image>", "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+                 "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
 """What stands for one image in a family's prompt text before its processor expands it."""
 
 
