@@ -59,6 +59,9 @@ def load_model(model_id: str, dtype: str = "auto", device: str = "auto", backend
         paged = PagedModel(loaded, block_size, speculate, float32_decode_attention, draft, native_kernels, rank)
         _release_load_memory(loaded, draft)
         return paged
+    if loaded.vision is not None:
+        raise ValueError(f"{loaded.name} is a vision-language model: images are served by the paged KV cache and "
+                         "ztgi's native forward only; use --kv-cache paged (or auto) and --backend auto")
     if group is not None:
         raise ValueError(f"--num-shard {group.size} needs the paged KV cache and ztgi's native forward: this model "
                          "runs on the padded one (--kv-cache padded, --backend transformers, or an architecture "

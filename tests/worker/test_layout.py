@@ -3,7 +3,7 @@
 The worker's root holds the service and what only it uses (engine, batch cache, config, registration,
 threads, a worker group's processes); below it each folder has one role, and imports flow one way:
 
-    kernels  <  layers  <  lora  <  models  <  shards  <  paged, padded  <  the root
+    kernels  <  layers  <  lora  <  vision  <  models  <  shards  <  paged, padded  <  the root
     sampling <  models
 
 A folder below the root imports no module of the root but the protocols (`backend.py`), and the
@@ -29,9 +29,10 @@ MAY_IMPORT = {
     "sampling": set(),
     "layers": {"kernels"},
     "lora": {"kernels", "layers"},
-    "models": {"kernels", "layers", "lora", "sampling"},
-    "shards": {"kernels", "layers", "lora", "sampling", "models"},
-    "paged": {"kernels", "layers", "lora", "sampling", "models", "shards"},
+    "vision": {"kernels", "layers", "lora"},
+    "models": {"kernels", "layers", "lora", "sampling", "vision"},
+    "shards": {"kernels", "layers", "lora", "sampling", "models", "vision"},
+    "paged": {"kernels", "layers", "lora", "sampling", "models", "shards", "vision"},
     "padded": {"kernels", "layers", "sampling", "models"},
 }
 
@@ -172,7 +173,8 @@ def test_folders_import_no_root_module_but_the_protocols():
 
 
 def test_folders_import_in_one_direction():
-    """kernels < layers < models < shards < paged, padded; sampling < models; the engines never import each other."""
+    """kernels < layers < lora < vision < models < shards < paged, padded; sampling < models; the engines
+    never import each other."""
     assert {_folder(module) for module in MODULES if module.startswith(WORKER + ".")} - {None} == set(MAY_IMPORT)
     wrong = [(module, other) for module, other in _worker_edges()
              if (here := _folder(module)) is not None and (there := _folder(other)) not in (None, here)

@@ -8,6 +8,15 @@ import torch.nn.functional as F
 from ztgi.services.worker.layers.transformers_module import TransformersModule
 
 
+def replace_rows(x: torch.Tensor, replaced: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """`x` with rows `replaced[0]` set to `replaced[1]` (an image's embeddings over its placeholder
+    tokens'), in place; `x` itself without."""
+    if replaced is None:
+        return x
+    rows, values = replaced
+    return x.index_copy_(0, rows, values)
+
+
 class Embedding:
     """Rows of the embedding matrix for token ids, times the family's scale if it has one."""
 

@@ -17,9 +17,12 @@ class Rotary:
 
     def cos_sin(self, x: torch.Tensor, positions: torch.Tensor,
                 layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`[tokens, 1, rotary_dim]` each, for `x` `[tokens, hidden]` and `positions` `[tokens]`."""
+        """`[tokens, 1, rotary_dim]` each, for `x` `[tokens, hidden]` and `positions` `[tokens]`, or
+        `[3, tokens]` (Qwen2-VL's temporal, height and width: its module splits the rotary dims among
+        them by `mrope_section`, and takes a `[tokens]` step's as all three)."""
         args = (layer_type,) if self.by_layer_type else ()
-        cos, sin = self.module(x[None], positions[None], *args)
+        batched = positions[None] if positions.dim() == 1 else positions[:, None]
+        cos, sin = self.module(x[None], batched, *args)
         return cos[0].unsqueeze(1), sin[0].unsqueeze(1)
 
 

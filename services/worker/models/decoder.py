@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from ztgi.services.worker.layers.attention import AttentionInputs, PagedAttention
-from ztgi.services.worker.layers.embedding import Embedding
+from ztgi.services.worker.layers.embedding import Embedding, replace_rows
 from ztgi.services.worker.layers.kv_pool import KVPool
 from ztgi.services.worker.layers.mlp import GatedMLP
 from ztgi.services.worker.layers.norm import RMSNorm
@@ -62,17 +62,20 @@ class PagedDecoderForward:
         self.lora: LoraStep | None = None  # the step's LoRA adapters (paged/lora_attach.py), if any
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
-                 pool: KVPool, logit_rows: torch.Tensor) -> torch.Tensor:
-        """Logits `[len(logit_rows), vocab]`; `input_ids`/`positions` are `[tokens]`."""
-        return self.logits_and_hidden(input_ids, positions, inputs, pool, logit_rows, None)[0]
+                 pool: KVPool, logit_rows: torch.Tensor,
+                 replaced: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Logits `[len(logit_rows), vocab]`; `input_ids` is `[tokens]`, `positions` `[tokens]` (or
+        `[3, tokens]`, multimodal rotary); `replaced`: rows whose embeddings are given (images')."""
+        return self.logits_and_hidden(input_ids, positions, inputs, pool, logit_rows, None, replaced)[0]
 
     def logits_and_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
-                          pool: KVPool, logit_rows: torch.Tensor,
-                          hidden_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          pool: KVPool, logit_rows: torch.Tensor, hidden_rows: torch.Tensor | None,
+                          replaced: tuple[torch.Tensor, torch.Tensor] | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The logits, and the final norm's output at `hidden_rows` (`[len(hidden_rows), hidden]`,
         what embeddings pool), None without rows."""
         d = self.decoder
-        x = d.embedding(input_ids)
+        x = replace_rows(d.embedding(input_ids), replaced)
         rotations = {kind: d.rotary.cos_sin(x, positions, kind) for kind in {layer.rotary_type for layer in d.layers}}
         windowed = {window: inputs.windowed(window) for window in {layer.window for layer in d.layers}}
         for index, layer in enumerate(d.layers):

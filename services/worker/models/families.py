@@ -1,6 +1,7 @@
 """Which architectures the paged engine serves natively, by `model_type`, and how each is built.
 
-Each family is a choice of parts from `layers/` put into one `Decoder`: Qwen2's biased q/k/v,
+Each family is a choice of parts from `layers/` put into one `Decoder`: Qwen2's biased q/k/v (and
+Qwen2-VL's text model's, whose rotary takes (temporal, height, width) positions, `layers/rotary.py`),
 Qwen3's and Gemma 3's QK-norm, Mistral's and Gemma's sliding windows, Gemma's `(1 + w)` sandwich
 norms, scaled embeddings, query scale and soft-capping, Phi-3's fused projections. Plain Llama keeps
 its own forward (`llama.py`), which shares the padded engine's weights (`llama_weights.py`).
@@ -42,8 +43,10 @@ FAMILIES: dict[str, Family] = {
     "phi3": Family(),
     "gemma2": Family(gemma=True),
     "gemma3_text": Family(gemma=True, rotary_by_layer_type=True),
+    "qwen2_vl_text": Family(),  # Qwen2-VL's text model: Qwen2's blocks, multimodal rotary positions
 }
 SUPPORTED = ("llama", *FAMILIES)
+BIASED_QKV = ("qwen2", "qwen2_vl_text")
 
 
 def supports(config: TransformersConfig) -> bool:
@@ -54,7 +57,7 @@ def supports(config: TransformersConfig) -> bool:
     return (model_type in FAMILIES
             and _activation(config) in ACTIVATIONS
             and not getattr(config, "mlp_bias", False)
-            and (model_type == "qwen2" or not getattr(config, "attention_bias", False))
+            and (model_type in BIASED_QKV or not getattr(config, "attention_bias", False))
             and not getattr(config, "use_bidirectional_attention", False))
 
 

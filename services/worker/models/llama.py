@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from ztgi.services.worker.layers.attention import AttentionInputs, PagedAttention
+from ztgi.services.worker.layers.embedding import replace_rows
 from ztgi.services.worker.layers.kv_pool import KVPool
 from ztgi.services.worker.layers.layer_ops import NativeLayerOps, TorchLayerOps
 from ztgi.services.worker.layers.transformers_module import TransformersModule
@@ -38,17 +39,20 @@ class PagedLlamaForward:
         self.lora: LoraStep | None = None  # the step's LoRA adapters (paged/lora_attach.py), if any
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
-                 pool: KVPool, logit_rows: torch.Tensor) -> torch.Tensor:
-        """Logits `[len(logit_rows), vocab]`; `input_ids`/`positions` are `[tokens]`."""
-        return self.logits_and_hidden(input_ids, positions, inputs, pool, logit_rows, None)[0]
+                 pool: KVPool, logit_rows: torch.Tensor,
+                 replaced: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Logits `[len(logit_rows), vocab]`; `input_ids`/`positions` are `[tokens]`; `replaced`: rows
+        whose embeddings are given (images')."""
+        return self.logits_and_hidden(input_ids, positions, inputs, pool, logit_rows, None, replaced)[0]
 
     def logits_and_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs: AttentionInputs,
-                          pool: KVPool, logit_rows: torch.Tensor,
-                          hidden_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          pool: KVPool, logit_rows: torch.Tensor, hidden_rows: torch.Tensor | None,
+                          replaced: tuple[torch.Tensor, torch.Tensor] | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The logits, and the final norm's output at `hidden_rows` (`[len(hidden_rows), hidden]`,
         what embeddings pool), None without rows."""
         w, ops = self.weights, self.ops
-        x = w.embed(input_ids)
+        x = replace_rows(w.embed(input_ids), replaced)
         cos, sin = (t[0].unsqueeze(1) for t in w.rotary(x[None], positions[None]))  # [tokens, 1, head_dim]
         if self.stack is not None and not (self.lora and self.lora.active) and self.stack.accepts(x, inputs):
             x, residual = self.stack.run(x, cos, sin, inputs, pool)

@@ -7,7 +7,7 @@ import logging
 import time
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from ztgi.common.messages import WorkerInfo
 from ztgi.common.model_source import ModelSource, resolve_model
@@ -16,6 +16,9 @@ from ztgi.services.worker.layers.transformers_module import TransformersConfig, 
 from ztgi.services.worker.models import dtype_choice, gguf_module
 from ztgi.services.worker.models.gguf_checkpoint import GgufCheckpoint
 from ztgi.services.worker.models.pooling import Pooling, read_pooling
+from ztgi.services.worker.vision.text_view import TextView
+from ztgi.services.worker.vision.vision_encoder import MODEL_TYPES as VISION_MODEL_TYPES
+from ztgi.services.worker.vision.vision_encoder import VisionEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +41,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 @dataclasses.dataclass(frozen=True)
 class LoadedModel:
-    """A `transformers` causal LM on its device, and the facts about it every backend needs."""
+    """A `transformers` causal LM on its device, and the facts about it every backend needs (of a
+    vision-language model: its text part as a causal LM, and its vision side in `vision`)."""
 
     name: str
     device: torch.device
@@ -51,6 +55,7 @@ class LoadedModel:
     quantized_max_rows: int | None = DEFAULT_QUANTIZED_MAX_ROWS  # --quantized-max-rows (quantized_linear)
     checkpoint: GgufCheckpoint | None = None  # `quantize` gguf: the file's tensors, as stored
     pooling: Pooling = Pooling()  # how an embedding request pools the final hidden states (models/pooling.py)
+    vision: VisionEncoder | None = None  # a vision-language model's image encoder (vision/)
 
     @property
     def vocab_size(self) -> int:
@@ -84,7 +89,7 @@ class LoadedModel:
             model_id=self.name, dtype=str(self.dtype).removeprefix("torch."), device=self.device.type,
             eos_token_ids=sorted(self.eos_token_ids), vocab_size=self.vocab_size,
             max_position_embeddings=self.max_position_embeddings, quantize=self.quantize,
-            hidden_size=int(self.config.hidden_size))
+            hidden_size=int(self.config.hidden_size), vision=self.vision is not None)
 
 
 def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str = "none",
@@ -97,6 +102,8 @@ def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str
     resolved_dtype = resolve_dtype(dtype, resolved_device)
     started = time.monotonic()
     config = AutoConfig.from_pretrained(source.path)
+    if getattr(config, "model_type", None) in VISION_MODEL_TYPES:
+        return _load_vision(source, config, resolved_dtype, resolved_device, quantize, started)
     quantize = gguf_module.resolve_quantize(quantize, source, config, resolved_device, native_forward)
     checkpoint = None
     if source.gguf_file is not None and gguf_module.reads_natively(config):
@@ -114,6 +121,29 @@ def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str
     logger.info("loaded %s on %s (%s%s) in %.1f s; eos %s", loaded.name, resolved_device, str(resolved_dtype)[6:],
                 ", GGUF blocks as stored" if quantize == "gguf" else "", time.monotonic() - started,
                 sorted(loaded.eos_token_ids))
+    return loaded
+
+
+def _load_vision(source: ModelSource, config: TransformersConfig, dtype: torch.dtype, device: torch.device,
+                 quantize: str, started: float) -> LoadedModel:
+    """A vision-language model: its text part as `module`, its encoder as `vision`; ValueError for
+    a GGUF or a `--quantize` (the encoder's weights are float only, and so, for now, is the text)."""
+    if source.gguf_file is not None:
+        raise ValueError(f"{source.name}: a vision-language model ({config.model_type}) is served from its "
+                         "safetensors, not from a GGUF file")
+    if quantize not in ("none", "auto"):
+        raise ValueError(f"--quantize {quantize} is not served for vision-language models ({config.model_type}): "
+                         "use --quantize none")
+    path, arguments = source.pretrained_arguments()
+    multimodal = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, device_map=str(device),
+                                                             **arguments).eval()
+    text = TextView.of(multimodal)
+    merge = config.vision_config.spatial_merge_size if config.model_type == "qwen2_vl" else None
+    encoder = VisionEncoder(config.model_type, multimodal.model, int(config.image_token_id), dtype, device, merge)
+    loaded = LoadedModel(source.name, device, dtype, text, text.config, frozenset(_eos_token_ids(text)),
+                         pooling=read_pooling(source.path, config), vision=encoder)
+    logger.info("loaded %s on %s (%s, vision-language: %s) in %.1f s; eos %s", loaded.name, device,
+                str(dtype)[6:], config.model_type, time.monotonic() - started, sorted(loaded.eos_token_ids))
     return loaded
 
 

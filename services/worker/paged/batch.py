@@ -24,6 +24,7 @@ from ztgi.services.worker.models.request_checks import BatchModel, chooser_for, 
 from ztgi.services.worker.paged.prompt_lookup import PromptLookup
 from ztgi.services.worker.sampling.next_token_chooser import NextTokenChooser
 from ztgi.services.worker.sampling.stopping_criteria import StoppingCriteria
+from ztgi.services.worker.vision.prompt_images import PromptImages
 
 
 class AdapterLoader(Protocol):
@@ -59,6 +60,7 @@ class Sequence:
     num_draft_computed: int = 0  # tokens whose keys are in the draft model's pool (--draft-model-id)
     pooled: torch.Tensor | None = None  # an embedding request's hidden states pooled so far (paged/pooler.py)
     embedding: bytes | None = None  # its vector once the prompt is computed, sent with its one token
+    images: PromptImages | None = None  # its prompt's images (a vision-language model's request)
 
     @property
     def seq_id(self) -> int:
@@ -127,7 +129,8 @@ class PagedBatch:
             request=r, tokens=list(r.input_ids), prompt_len=len(r.input_ids), block_ids=list(r.block_ids),
             num_computed=r.cache_len, stopping=StoppingCriteria(model.eos_token_ids, r.max_new_tokens, r.ignore_eos),
             chunk_len=r.chunk_len, prefill_logprobs=[math.nan] if r.prefill_logprobs else None,
-            prefill_top=([[]], [[]]) if r.prefill_logprobs and r.top_n_tokens else None)
+            prefill_top=([[]], [[]]) if r.prefill_logprobs and r.top_n_tokens else None,
+            images=PromptImages(list(r.images)) if r.images else None)
             for r in requests]
         return cls(batch_id, sequences, chooser_for(requests, model.device, model.vocab_size), max_tokens)
 

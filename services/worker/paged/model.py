@@ -26,6 +26,7 @@ from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack
 from ztgi.services.worker.models.loading import LoadedModel
 from ztgi.services.worker.paged.batch import PagedBatch, Sequence
 from ztgi.services.worker.paged.draft_proposer import DraftProposer
+from ztgi.services.worker.paged.image_embeddings import ImageEmbeddings
 from ztgi.services.worker.paged.lora_attach import attach
 from ztgi.services.worker.paged.pooler import Pooler
 from ztgi.services.worker.paged.speculator import Speculator
@@ -89,6 +90,7 @@ class PagedModel:
         self.draft_model = self._draft_proposer(draft, speculate) if draft is not None else None
         self.speculator = Speculator(speculate, block_size, self.draft_model) if speculate else None
         self.pooler = Pooler(loaded.pooling.mode, loaded.pooling.error)
+        self.images = ImageEmbeddings(loaded.vision)
 
     def _attention(self) -> str:
         attention = self.forward_pass.attention
@@ -185,16 +187,20 @@ class PagedModel:
         """`generate_token` once the drafts are set (none without speculation); `started` (ns) is
         when the step began."""
         assert self.pool is not None
+        with_images = any(sequence.images is not None for sequence in batch.sequences)
+        failures = self.images.prepare(batch) if with_images else []
         inputs = build_step_inputs(batch, self.pool, self.pooler)
         if inputs is None:
-            return [], batch, Timings()
+            return failures, None if batch.all_stopped else batch, Timings()
         self.lora.begin_step([(batch.sequences[e.index].request.adapter, e.count) for e in inputs.entries])
         try:
             logits = self._forward(batch, inputs)
         finally:
             self.lora.end_step()
         forward_done = self._synchronize()
-        generations = self._advance(batch, inputs, logits)
+        generations = failures + self._advance(batch, inputs, logits)
+        if with_images:
+            self.images.release(batch)
         next_batch = None if batch.all_stopped else batch
         done = time.perf_counter_ns()
         if logger.isEnabledFor(logging.DEBUG):
@@ -207,11 +213,13 @@ class PagedModel:
     def _forward(self, batch: PagedBatch, inputs: StepInputs) -> torch.Tensor:
         """The step's logits; the hidden states embedding requests pool go to their sequences."""
         assert self.pool is not None
+        replaced = self.images.rows(batch.sequences, inputs.entries, self.device) if self.images.encoder else None
         if inputs.hidden_rows is None:
             return self.forward_pass(inputs.input_ids, inputs.positions, inputs.attention, self.pool,
-                                     inputs.logit_rows)
+                                     inputs.logit_rows, replaced)
         logits, hidden = self.forward_pass.logits_and_hidden(inputs.input_ids, inputs.positions, inputs.attention,
-                                                             self.pool, inputs.logit_rows, inputs.hidden_rows)
+                                                             self.pool, inputs.logit_rows, inputs.hidden_rows,
+                                                             replaced)
         assert hidden is not None, "rows asked, rows given"
         for index, first, count in inputs.pooled:
             self.pooler.add(batch.sequences[index], hidden[first:first + count])

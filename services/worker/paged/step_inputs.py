@@ -27,7 +27,7 @@ class Entry:
 class StepInputs:
     entries: list[Entry]
     input_ids: torch.Tensor  # [tokens]
-    positions: torch.Tensor  # [tokens]
+    positions: torch.Tensor  # [tokens], or [3, tokens] where a sequence has multimodal rotary positions (Qwen2-VL)
     attention: AttentionInputs
     logit_rows: torch.Tensor  # [logits]: the rows whose logits the step needs
     sampled: list[int]  # sequences that choose a token this step (their input is all computed)
@@ -67,11 +67,28 @@ def build_step_inputs(batch: PagedBatch, pool: KVPool, pooler: Pooler | None = N
                                   _int64(slots, device), block_size, device)
     logit_rows, sampled, sample_logits, logprob_logits = _logit_rows(sequences, entries)
     hidden_rows, pooled = _hidden_rows(sequences, entries, pooler) if pooler is not None else ([], [])
+    step_positions: list[int] | list[list[int]] = positions
+    if any(sequences[e.index].images is not None for e in entries):
+        step_positions = _mrope_positions(sequences, entries, positions)
     return StepInputs(
-        entries=entries, input_ids=_int64(input_ids, device), positions=_int64(positions, device),
+        entries=entries, input_ids=_int64(input_ids, device), positions=_int64(step_positions, device),
         attention=attention, logit_rows=_int64(logit_rows, device),
         sampled=sampled, sample_logits=sample_logits, logprob_logits=logprob_logits,
         hidden_rows=_int64(hidden_rows, device) if hidden_rows else None, pooled=pooled)
+
+
+def _mrope_positions(sequences: list[Sequence], entries: list[Entry], flat: list[int]) -> list[list[int]] | list[int]:
+    """`[3, tokens]` where a sequence's images give it multimodal rotary positions (the others'
+    positions in all three), else `flat` as it is."""
+    ropes = [(e, rope) for e in entries if (images := sequences[e.index].images) is not None
+             and (rope := images.rope) is not None]
+    if not ropes:
+        return flat
+    rows = [list(flat), list(flat), list(flat)]
+    for e, rope in ropes:
+        for row, values in zip(rows, rope.positions(e.start, e.count)):
+            row[e.row:e.row + e.count] = values
+    return rows
 
 
 def _hidden_rows(sequences: list[Sequence], entries: list[Entry],
@@ -86,7 +103,7 @@ def _hidden_rows(sequences: list[Sequence], entries: list[Entry],
     return rows, pooled
 
 
-def _int64(values: list[int], device: torch.device) -> torch.Tensor:
+def _int64(values: list[int] | list[list[int]], device: torch.device) -> torch.Tensor:
     return to_device(torch.tensor(values, dtype=torch.int64), device)
 
 
