@@ -64,6 +64,7 @@ class InfoReply:
     lora_adapters: list[str] = ()  # type: ignore[assignment]  # the LoRA adapters requests may name
     max_loras: int = 0  # adapters one worker's batch mixes at most (--max-loras)
     max_lora_rank: int = 0  # the largest adapter rank accepted (--max-lora-rank)
+    vision: bool = False  # the model takes images (the workers' WorkerInfo.vision)
 
     def __post_init__(self) -> None:
         if isinstance(self.lora_adapters, tuple):

@@ -159,12 +159,14 @@ def completion_usage_chunk_json(envelope: Envelope, details: list[FinalDetails],
 
 def model_json(info: InfoReply, adapter: str | None = None) -> dict[str, Any]:
     """The base model's card, or a LoRA adapter's (vLLM's shape: `parent` is the base model; the
-    adapter's path is the scheduler's, so `root` is its name)."""
+    adapter's path is the scheduler's, so `root` is its name). `input_modalities` says whether it
+    takes images (clients that do not know the field ignore it)."""
+    modalities = ["text", "image"] if info.vision else ["text"]
     if adapter is None:
         return {"id": info.model_id, "object": "model", "created": 0, "owned_by": info.model_id,
-                "root": info.model_id, "parent": None}
+                "root": info.model_id, "parent": None, "input_modalities": modalities}
     return {"id": adapter, "object": "model", "created": 0, "owned_by": info.model_id, "root": adapter,
-            "parent": info.model_id}
+            "parent": info.model_id, "input_modalities": modalities}
 
 
 def models_json(info: InfoReply) -> dict[str, Any]:

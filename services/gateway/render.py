@@ -125,6 +125,7 @@ def info_json(info: InfoReply, config: GatewayConfig) -> dict[str, Any]:
         "lora_adapters": info.lora_adapters,
         "max_loras": info.max_loras,
         "max_lora_rank": info.max_lora_rank,
+        "vision": info.vision,  # the model takes images: markdown `![](url)` in `inputs`, chat `image_url` parts
     }
 
 

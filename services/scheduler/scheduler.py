@@ -403,6 +403,7 @@ class Scheduler:
             pooling_error=info.pooling_error if info else None,
             hidden_size=info.hidden_size if info else 0,
             matryoshka=info.matryoshka if info else False,
+            vision=info.vision if info else False,
             lora_adapters=self.adapters.names(),
             max_loras=config.max_loras,
             max_lora_rank=config.max_lora_rank,

@@ -96,9 +96,10 @@ class _Playback:
 class ScriptedScheduler:
     """The scheduler's frontend, played by a test (see the module docstring)."""
 
-    def __init__(self, scheduler_url: str, step_delay_s: float = 0.01) -> None:
+    def __init__(self, scheduler_url: str, step_delay_s: float = 0.01, vision: bool = False) -> None:
         self.endpoints = Endpoints(scheduler_url)
         self.step_delay_s = step_delay_s
+        self.vision = vision  # its Info says the model takes images
         self.boot_nonce = new_boot_nonce()
         self.script: Script = default_script
         self.health = (True, "ok")
@@ -243,7 +244,8 @@ class ScriptedScheduler:
                     max_stop_sequences=4, max_input_tokens=4095, max_total_tokens=4096,
                     max_batch_total_tokens=16384, max_batch_prefill_tokens=4096, max_waiting_tokens=20,
                     max_batch_size=None, waiting_served_ratio=0.3, num_workers=1, num_tokenizers=2,
-                    version="0.1.0", lora_adapters=list(self.adapter_to_path), max_loras=4, max_lora_rank=64)
+                    version="0.1.0", lora_adapters=list(self.adapter_to_path), max_loras=4, max_lora_rank=64,
+                    vision=self.vision)
             case _:
                 return StatsReply(query_id=query.query_id, num_queued=0, num_running=len(self._playbacks),
                                   num_workers=1, num_tokenizers=2, worker_batch_sizes={"w0": 0},
