@@ -44,6 +44,10 @@ MAX_CLIENT_BATCH_SIZE = RequestLimit(
     "max_client_batch_size", 4, "prompts times `n` choices in one OpenAI request")
 MAX_PAYLOAD_BYTES = RequestLimit(
     "max_payload_bytes", 2 * 1024 * 1024, "bytes of one request body; a larger body is answered 413")
+MAX_IMAGE_PIXELS = RequestLimit(
+    "max_image_pixels", 4096 * 4096,
+    "pixels (width x height) one image of a vision-language model's request may have, checked on the file's "
+    "header before it is decoded")
 
 REQUEST_LIMITS = (MAX_INPUT_TOKENS, MAX_TOTAL_TOKENS, MAX_STOP_SEQUENCES, MAX_TOP_N_TOKENS, MAX_BEST_OF,
-                  MAX_CONCURRENT_REQUESTS, MAX_CLIENT_BATCH_SIZE, MAX_PAYLOAD_BYTES)
+                  MAX_CONCURRENT_REQUESTS, MAX_CLIENT_BATCH_SIZE, MAX_PAYLOAD_BYTES, MAX_IMAGE_PIXELS)

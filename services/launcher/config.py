@@ -6,7 +6,7 @@ import dataclasses
 
 from ztgi.common.config import require
 from ztgi.common.model_source import DEFAULT_MODEL_ID
-from ztgi.common.request_limit import MAX_CONCURRENT_REQUESTS
+from ztgi.common.request_limit import MAX_CONCURRENT_REQUESTS, MAX_IMAGE_PIXELS
 from ztgi.common.service_config import LogConfig, RequestLimits
 from ztgi.services.gateway.reasoning_parser import check_reasoning_parser
 from ztgi.services.scheduler.placement import CACHE_AWARE, PLACEMENTS
@@ -54,6 +54,7 @@ class LaunchConfig(LogConfig, RequestLimits):
     memory_budget_mb: int | None = dataclasses.field(default=None, metadata={
         "help": "the worker's KV cache budget on CPU, in MiB (none: the worker's own default)"})
     max_concurrent_requests: int = MAX_CONCURRENT_REQUESTS.field()
+    max_image_pixels: int = MAX_IMAGE_PIXELS.field()  # the tokenizers' flag
     max_batch_prefill_tokens: int | None = None  # none: each paged worker's measured step size
     max_batch_total_tokens: int | None = dataclasses.field(default=None, metadata={
         "help": "tokens (prompt and generated) of all the requests one worker runs at once; none: what its "
@@ -140,7 +141,7 @@ class LaunchConfig(LogConfig, RequestLimits):
         names = (*shared_bases, "model_id", "dtype", "device", "backend", "kv_cache", "quantize", "block_size",
                  "quantized_max_rows", "num_shard", "step_target_ms", "speculate", "draft_model_id",
                  "float32_decode_attention", "native_kernels",
-                 "memory_budget_mb", "max_concurrent_requests",
+                 "memory_budget_mb", "max_concurrent_requests", "max_image_pixels",
                  "max_batch_prefill_tokens", "max_batch_total_tokens", "max_batch_size", "waiting_served_ratio",
                  "max_waiting_tokens",
                  "pipeline_decode", "prefix_caching", "placement", "lora_adapters", "max_loras", "max_lora_rank",
