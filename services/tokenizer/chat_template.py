@@ -6,6 +6,10 @@ Hermes' do) gets OpenAI's structure as Hugging Face templates expect it: `tools`
 without one (SmolLM2's ChatML) gets the same conversation in words: the tools listed in the system
 message (`ztgi.common.tool_calls.tools_prompt`), earlier calls written as the model writes them, and
 tool results as user turns in `<tool_response>` blocks.
+
+A turn with images (`ChatMessage.parts`) gets Hugging Face's structured content, a list of
+`{"type": "text", "text": ...}` and `{"type": "image"}` in order: the template writes the family's
+image placeholder where each image goes.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ class ChatTemplate:
 
 def _structured(message: ChatMessage) -> dict[str, Any]:
     """A turn as Hugging Face templates with a tool format expect it."""
-    turn: dict[str, Any] = {"role": message.role, "content": message.content}
+    turn: dict[str, Any] = {"role": message.role, "content": _content(message)}
     if message.tool_calls:
         turn["tool_calls"] = [{"id": call.id, "type": "function",
                                "function": {"name": call.name, "arguments": _arguments(call.arguments)}}
@@ -69,6 +73,14 @@ def _structured(message: ChatMessage) -> dict[str, Any]:
     if message.tool_call_id is not None:
         turn["tool_call_id"] = message.tool_call_id
     return turn
+
+
+def _content(message: ChatMessage) -> str | list[dict[str, str]]:
+    """The turn's text, or its parts in order where it has images."""
+    if not message.parts:
+        return message.content
+    return [{"type": "text", "text": part.text} if part.type == "text" else {"type": "image"}
+            for part in message.parts]
 
 
 def _arguments(arguments: str) -> Any:
@@ -91,14 +103,15 @@ def _in_words(messages: list[ChatMessage], tools: list[Tool] | None) -> list[dic
             else:
                 turns.append({"role": "user", "content": response, "tool_results": True})
             continue
-        content = message.content
+        content: Any = _content(message)
         if message.tool_calls:
+            content = message.content  # an assistant's call is written as text, after its text
             calls = "\n".join(call_text(call.name, call.arguments) for call in message.tool_calls)
             content = f"{content}\n{calls}" if content else calls
         turns.append({"role": message.role, "content": content})
     if tools:
         prompt = tools_prompt(tools)
-        if turns and turns[0]["role"] == "system":
+        if turns and turns[0]["role"] == "system" and isinstance(turns[0]["content"], str):
             turns[0]["content"] = f"{turns[0]['content']}\n\n{prompt}"
         else:
             turns.insert(0, {"role": "system", "content": prompt})

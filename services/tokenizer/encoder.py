@@ -1,13 +1,16 @@
-"""Text to ids: chat template, truncation, TGI's length limits, grammar check and parameter resolution."""
+"""Text (and a vision model's images) to ids: chat template, image placeholders, truncation, TGI's
+length limits, grammar check and parameter resolution."""
 
 from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
 from ztgi.common.grammar import GrammarChecker
+from ztgi.common.markdown_images import split_at_images
 from ztgi.common.messages import (
     ChatMessage,
     Encoded,
+    EncodedImage,
     Generate,
     GenerateParameters,
     RequestKey,
@@ -23,38 +26,52 @@ from ztgi.common.parameters import (
     validate_parameters,
 )
 from ztgi.services.tokenizer.chat_template import ChatTemplate
+from ztgi.services.tokenizer.image_spans import locate_images, truncate_images
+from ztgi.services.tokenizer.vision_processor import ProcessedImage, VisionProcessor
 
 
 class Encoder:
     """Turns a client's `Generate` into the `Encoded` request a worker can run.
 
-    Raises `ValidationError` (TGI's message) for anything the request cannot be served with.
+    Raises `ValidationError` (TGI's message) for anything the request cannot be served with. A
+    vision-language model's encoder has its `vision` processor (`loading.load_vision_processor`); a
+    text model's refuses images, naming `model_name`.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, limits: ParameterLimits, tokenizer_id: bytes) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, limits: ParameterLimits, tokenizer_id: bytes,
+                 vision: VisionProcessor | None = None, model_name: str = "") -> None:
         self.tokenizer = tokenizer
         self.limits = limits
         self.tokenizer_id = tokenizer_id
+        self.vision = vision
+        self.model_name = model_name or tokenizer.name_or_path
         self.grammars = GrammarChecker(tokenizer)
         self.template = ChatTemplate(tokenizer)
 
     def encode(self, key: RequestKey, generate: Generate) -> Encoded:
+        """The one entry point for a client's request (the service's and offline `LLM`'s)."""
         validate_parameters(generate.parameters, self.limits)
-        return self._encoded(key, self.input_ids(generate), generate.parameters)
+        input_ids, images = self.prompt(generate)
+        return self._encoded(key, input_ids, generate.parameters, images)
 
     def encode_ids(self, key: RequestKey, input_ids: list[int], params: GenerateParameters) -> Encoded:
         """The same from prompt ids the caller already has (offline inference's token-id prompts)."""
         validate_parameters(params, self.limits)
         if not input_ids:
             raise ValidationError("inputs", "`inputs` cannot be empty")
-        return self._encoded(key, list(input_ids), params)
+        if self.vision is not None:
+            locate_images(input_ids, [], self.vision.image_token_id)  # no image tokens without images
+        return self._encoded(key, list(input_ids), params, [])
 
-    def _encoded(self, key: RequestKey, input_ids: list[int], params: GenerateParameters) -> Encoded:
+    def _encoded(self, key: RequestKey, input_ids: list[int], params: GenerateParameters,
+                 images: list[EncodedImage]) -> Encoded:
         if params.grammar is not None:
             self.grammars.check(params.grammar)  # a grammar the worker could not compile never gets queued
         self._check_logit_bias(params)
-        if params.truncate is not None:
-            input_ids = input_ids[-params.truncate:]  # TGI truncates from the left
+        if params.truncate is not None:  # TGI truncates from the left
+            num_cut = max(len(input_ids) - params.truncate, 0)
+            input_ids = input_ids[num_cut:]
+            images = truncate_images(images, num_cut, params.truncate)
         if params.embed:
             _check_embedding_length(len(input_ids), self.limits)
         max_new_tokens = 1 if params.embed else params.max_new_tokens  # an embedding is one prefill
@@ -71,11 +88,53 @@ class Encoder:
             prefill_logprobs=params.decoder_input_details,
             tokenizer_id=self.tokenizer_id,
             embed=params.embed,
+            images=images,
         )
+
+    def prompt(self, generate: Generate) -> tuple[list[int], list[EncodedImage]]:
+        """The prompt's ids before truncation, and its images in order with their spans in them."""
+        files = _image_files(generate)
+        if self.vision is None:
+            if files:
+                raise ValidationError("images", f"this model does not take images: {self.model_name}")
+            return self.input_ids(generate), []
+        processed = self.vision.process(files)
+        input_ids = self._vision_ids(generate, processed)
+        return input_ids, locate_images(input_ids, processed, self.vision.image_token_id)
+
+    def _vision_ids(self, generate: Generate, images: list[ProcessedImage]) -> list[int]:
+        """A vision model's prompt: each image's placeholder (written by the template, or put where
+        a markdown image was) expanded to its tokens before the whole text is tokenized."""
+        assert self.vision is not None
+        if generate.input_ids is not None:
+            return self.checked_ids(generate.input_ids)
+        if generate.messages is not None:
+            text = self.render_chat(generate.messages, generate.tools)
+            return self._tokenize(self.vision.expand(text, images), add_special_tokens=False)
+        if not generate.inputs:
+            raise ValidationError("inputs", "`inputs` cannot be empty")
+        text = self._with_image_strings(generate.inputs, len(images))
+        return self._tokenize(self.vision.expand(text, images), generate.parameters.add_special_tokens)
+
+    def _with_image_strings(self, inputs: str, num_images: int) -> str:
+        """TGI's `inputs` with each markdown image replaced by the family's image string; `inputs`
+        without markdown images already hold the model's own placeholders (vLLM's prompts with
+        `multi_modal_data`, offline), one per image, as `expand` checks."""
+        assert self.vision is not None
+        pieces = split_at_images(inputs)
+        if len(pieces) == 1:
+            return inputs
+        if len(pieces) - 1 != num_images:
+            raise ValidationError("images", f"`inputs` has {len(pieces) - 1} markdown images but the request "
+                                            f"carries {num_images} image files")
+        return self.vision.image_string.join(pieces)
 
     def input_ids(self, generate: Generate) -> list[int]:
         """The prompt's ids before truncation: raw `inputs`, `messages` through the template, or
-        the client's own `input_ids`, each checked to be in the vocabulary."""
+        the client's own `input_ids`, each checked to be in the vocabulary (a vision model's images
+        expanded to their placeholder tokens)."""
+        if self.vision is not None:
+            return self.prompt(generate)[0]
         if generate.input_ids is not None:
             return self.checked_ids(generate.input_ids)
         if generate.messages is not None:
@@ -146,6 +205,13 @@ class Encoder:
             return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         except Exception as exc:
             raise ValidationError("inputs", f"tokenizer error {exc}") from None
+
+
+def _image_files(generate: Generate) -> list[bytes]:
+    """The request's image files in prompt order: its chat turns' image parts, or its markdown images'."""
+    if generate.messages is not None:
+        return [part.image for message in generate.messages for part in message.parts or () if part.type == "image"]
+    return list(generate.images or ())
 
 
 def _check_embedding_length(num_input_tokens: int, limits: ParameterLimits) -> None:

@@ -37,7 +37,8 @@ from ztgi.common.ready_file import ReadyFile
 from ztgi.services.tokenizer.config import TokenizerConfig
 from ztgi.services.tokenizer.detokenizer import Detokenizer
 from ztgi.services.tokenizer.encoder import Encoder
-from ztgi.services.tokenizer.loading import load_tokenizer
+from ztgi.services.tokenizer.loading import load_tokenizer, load_vision_processor
+from ztgi.services.tokenizer.vision_processor import VisionProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +52,13 @@ class TokenizerService:
     it is on every stream's critical path), answer each message, heartbeat when due."""
 
     def __init__(self, config: TokenizerConfig, tokenizer: PreTrainedTokenizerBase,
-                 stop_requested: threading.Event) -> None:
+                 stop_requested: threading.Event, vision: VisionProcessor | None = None) -> None:
         self.config = config
         self.stop_requested = stop_requested
         self.identity = new_identity("tokenizer")
         self.boot_nonce = new_boot_nonce()
         self.scheduler_nonce: str | None = None
-        self.encoder = Encoder(tokenizer, config.limits, self.identity)
+        self.encoder = Encoder(tokenizer, config.limits, self.identity, vision, config.model_id)
         self.detokenizer = Detokenizer(tokenizer)
         self.context = zmq.Context()
         self.curve_keys = config.curve_keys
@@ -224,9 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     on_stop_signals(stop_requested.set)
     try:
         tokenizer = load_tokenizer(config.model_id)
+        vision = load_vision_processor(config.model_id, tokenizer, config.max_image_pixels)
     except ModelNotFoundError as exc:
         logger.error("%s", exc)
         return 1
-    service = TokenizerService(config, tokenizer, stop_requested)
+    service = TokenizerService(config, tokenizer, stop_requested, vision)
     serve(service)
     return service.exit_code
