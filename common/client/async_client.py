@@ -109,10 +109,12 @@ class AsyncZtgiClient:
     async def stream(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
                      parameters: GenerateParameters | None = None,
                      request_id: str | None = None, tools: list[Tool] | None = None,
-                     input_ids: list[int] | None = None) -> AsyncGenerator[StreamEvent, None]:
+                     input_ids: list[int] | None = None,
+                     images: list[bytes] | None = None) -> AsyncGenerator[StreamEvent, None]:
         """Yields a request's events up to and including the final one.
 
         The prompt is `inputs`, `messages` or `input_ids` (token ids), exactly one of them.
+        `images` are the files of the markdown images `![](url)` in `inputs`, in order.
         An error event raises `ZtgiError`. Leaving early (break, exception, task cancellation)
         sends `Cancel`. With `return_full_text`, the final `generated_text` starts with `inputs`.
         """
@@ -121,7 +123,7 @@ class AsyncZtgiClient:
         # return_full_text is applied here, once, for gateway and direct users alike: the
         # scheduler is sent False so nothing downstream prepends the prompt a second time
         generate = Generate(request_id, inputs, messages,
-                            dataclasses.replace(parameters, return_full_text=False), tools, input_ids)
+                            dataclasses.replace(parameters, return_full_text=False), tools, input_ids, images)
         observer = self.observe(parameters) if self.observe is not None else None
         queue = await self._open_request(request_id, observer)
         finished = False
@@ -142,12 +144,12 @@ class AsyncZtgiClient:
     async def generate(self, inputs: str | None = None, messages: list[ChatMessage] | None = None,
                        parameters: GenerateParameters | None = None,
                        request_id: str | None = None, tools: list[Tool] | None = None,
-                       input_ids: list[int] | None = None) -> GenerateResult:
+                       input_ids: list[int] | None = None, images: list[bytes] | None = None) -> GenerateResult:
         """Runs a request to its end and collects its tokens; errors raise `ZtgiError`."""
         tokens: list[Token] = []
         top_tokens: list[list[Token]] = []
         final: StreamEvent | None = None
-        async for event in self.stream(inputs, messages, parameters, request_id, tools, input_ids):
+        async for event in self.stream(inputs, messages, parameters, request_id, tools, input_ids, images):
             if event.token is not None:
                 tokens.append(event.token)
                 top_tokens.append(event.top_tokens)

@@ -20,6 +20,7 @@ from ztgi.services.gateway.anthropic_schemas import (
     parse_messages_request,
 )
 from ztgi.services.gateway.anthropic_stream import MessageStream, error_event
+from ztgi.services.gateway.openai_handlers import with_images
 from ztgi.services.gateway.reasoning_grammar import with_reasoning_room
 from ztgi.services.gateway.reasoning_start import reasoning_opened
 from ztgi.services.gateway.request_id import pipeline_request_id, request_id
@@ -33,6 +34,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
     body = await read_json(request, config.max_payload_bytes, config.body_read_timeout_s)
     parsed = parse_messages_request(body, config.limits, config.max_client_batch_size)
+    parsed = dataclasses.replace(parsed, chat=await with_images(request, parsed.chat))
     model = (await request.app[SERVED_MODEL].info()).model_id
     message_id = f"msg_{request_id(request)}"
     opened = await reasoning_opened(request.app.get(REASONING_START))
@@ -52,6 +54,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     """POST /v1/messages/count_tokens: the prompt's tokens under the chat template."""
     config = request.app[CONFIG]
     chat = parse_count_tokens_request(await read_json(request, config.max_payload_bytes, config.body_read_timeout_s))
+    chat = await with_images(request, chat)
     tokens = await request.app[CLIENT].tokenize("", messages=chat.messages)
     return web.json_response({"input_tokens": len(tokens)})
 

@@ -4,7 +4,8 @@ The request is rewritten as the OpenAI chat request it means and parsed by the c
 parser, so both APIs share one path to the pipeline: `system` becomes a system turn, `tool_use`
 blocks an assistant's `tool_calls`, `tool_result` blocks `tool` turns, `tools[].input_schema`
 function parameters, `tool_choice` any/tool OpenAI's required/named function. Earlier turns'
-`thinking` blocks are left out of the prompt (as Anthropic does). A field or block this server
+`thinking` blocks are left out of the prompt (as Anthropic does). An `image` block (its `source`
+base64 data or a URL) is an `image_url` part of the user turn. A field or block this server
 does not know, or does not implement, is refused (400), never ignored; `metadata` and
 `cache_control` (of the request or of a block) are accepted: prefix caching needs no marks.
 """
@@ -27,12 +28,13 @@ UNSUPPORTED_FIELDS = {"thinking": " (with --reasoning-parser a reasoning model's
                       "output_config": "", "container": "", "mcp_servers": "", "service_tier": "",
                       "context_management": "", "speed": "", "inference_geo": ""}
 """Anthropic fields this server knows and does not implement: refused, with what to do instead."""
-_UNSUPPORTED_BLOCKS = frozenset({"image", "document", "search_result", "server_tool_use", "web_search_tool_result",
+_UNSUPPORTED_BLOCKS = frozenset({"document", "search_result", "server_tool_use", "web_search_tool_result",
                                  "container_upload"})
-_USER_BLOCKS = frozenset({"text", "tool_result"})
+_USER_BLOCKS = frozenset({"text", "image", "tool_result"})
 _ASSISTANT_BLOCKS = frozenset({"text", "tool_use", "thinking", "redacted_thinking"})
-_BLOCK_FIELDS = {"text": {"text", "citations"}, "tool_result": {"tool_use_id", "content", "is_error"},
-                 "tool_use": {"id", "name", "input"}, "thinking": {"thinking", "signature"},
+_BLOCK_FIELDS = {"text": {"text", "citations"}, "image": {"source"},
+                 "tool_result": {"tool_use_id", "content", "is_error"}, "tool_use": {"id", "name", "input"},
+                 "thinking": {"thinking", "signature"},
                  "redacted_thinking": {"data"}}
 
 
@@ -161,13 +163,33 @@ def _block_text(block: Any, where: str, field: str) -> str:
 
 
 def _user_turns(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tool results become `tool` turns; the text around them one user turn."""
+    """Tool results become `tool` turns; the text and images around them one user turn (its content
+    OpenAI's parts when it has an image)."""
     turns = [{"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": _tool_result(block)}
              for block in blocks if block["type"] == "tool_result"]
     texts = [block["text"] for block in blocks if block["type"] == "text"]
-    if texts or not turns:
+    if any(block["type"] == "image" for block in blocks):
+        parts = [_chat_part(block) for block in blocks if block["type"] != "tool_result"]
+        turns.append({"role": "user", "content": parts})
+    elif texts or not turns:
         turns.append({"role": "user", "content": "".join(texts)})
     return turns
+
+
+def _chat_part(block: dict[str, Any]) -> dict[str, Any]:
+    """A text or image block as OpenAI's content part; an image's `source` is base64 data (as a
+    data: URL) or a URL."""
+    if block["type"] == "text":
+        return {"type": "text", "text": block["text"]}
+    source = block.get("source")
+    source = source if isinstance(source, dict) else {}
+    kind = source.get("type")
+    if kind == "base64" and isinstance(source.get("media_type"), str) and isinstance(source.get("data"), str):
+        return {"type": "image_url", "image_url": {"url": f"data:{source['media_type']};base64,{source['data']}"}}
+    if kind == "url" and isinstance(source.get("url"), str):
+        return {"type": "image_url", "image_url": {"url": source["url"]}}
+    raise ValidationError("messages", "an image block's `source` must be {\"type\": \"base64\", \"media_type\": "
+                                      "\"image/png\", \"data\": ...} or {\"type\": \"url\", \"url\": ...}")
 
 
 def _tool_result(block: dict[str, Any]) -> str:

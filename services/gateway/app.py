@@ -9,6 +9,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator
 
+import aiohttp
 from aiohttp import web
 
 from ztgi.common.client.async_client import AsyncZtgiClient
@@ -25,6 +26,7 @@ from ztgi.services.gateway.auth import auth_middleware
 from ztgi.services.gateway.config import GatewayConfig
 from ztgi.services.gateway.cors import install_cors
 from ztgi.services.gateway.errors import error_middleware
+from ztgi.services.gateway.media_fetch import MediaFetcher
 from ztgi.services.gateway.metrics import METRICS, GatewayMetrics, handle_metrics, rejection_middleware
 from ztgi.services.gateway.reasoning_start import ReasoningStart
 from ztgi.services.gateway.request_id import echo_request_id, request_id_middleware
@@ -35,6 +37,7 @@ from ztgi.services.gateway.state import (
     CLIENT,
     CONFIG,
     EXIT_STATUS,
+    MEDIA_FETCHER,
     REASONING_START,
     RESPONSE_STORE,
     SERVED_MODEL,
@@ -61,6 +64,7 @@ def make_app(config: GatewayConfig) -> web.Application:
     app[EXIT_STATUS] = ExitStatus()
     app[RESPONSE_STORE] = ResponseStore()
     app.cleanup_ctx.append(_client_context)
+    app.cleanup_ctx.append(_media_context)
     app.on_shutdown.append(_drain_streams)
     app.add_routes([
         web.post("/", handlers.compat_generate),
@@ -107,6 +111,15 @@ async def _client_context(app: web.Application) -> AsyncIterator[None]:
     yield
     watcher.cancel()
     await client.aclose()
+
+
+async def _media_context(app: web.Application) -> AsyncIterator[None]:
+    """One HTTP client session for every image fetch: its connection pool is shared, and closed
+    with the gateway. It keeps no cookies (one client's fetch must not carry another's) and reads
+    no proxy settings from the environment."""
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+        app[MEDIA_FETCHER] = MediaFetcher(session, app[CONFIG])
+        yield
 
 
 async def _give_up_on_a_failing_handshake(app: web.Application) -> None:

@@ -44,8 +44,8 @@ def choose(results: list[GenerateResult]) -> BestOf:
 
 
 async def generate_best_of(client: AsyncZtgiClient, inputs: str, parameters: GenerateParameters,
-                           best_of: int) -> BestOf:
+                           best_of: int, images: list[bytes] | None = None) -> BestOf:
     """Runs `best_of` seeded copies of the request together; the first failure fails them all."""
-    requests = [client.generate(inputs, parameters=dataclasses.replace(parameters, seed=seed))
+    requests = [client.generate(inputs, parameters=dataclasses.replace(parameters, seed=seed), images=images)
                 for seed in derived_seeds(best_of)]
     return choose(await gather_all(requests))

@@ -7,11 +7,12 @@ import dataclasses
 from ztgi.common.config import ConfigError, require
 from ztgi.common.request_limit import MAX_CLIENT_BATCH_SIZE, MAX_PAYLOAD_BYTES
 from ztgi.common.service_config import PeerConfig, RequestLimits
+from ztgi.services.gateway.media_limits import MediaLimits
 from ztgi.services.gateway.reasoning_parser import check_reasoning_parser
 
 
 @dataclasses.dataclass(frozen=True)
-class GatewayConfig(PeerConfig, RequestLimits):
+class GatewayConfig(PeerConfig, RequestLimits, MediaLimits):
     """One HTTP gateway replica: TGI's HTTP API over the scheduler's frontend.
 
     The limits are the ones requests are validated against before anything is queued (HTTP
@@ -60,6 +61,7 @@ class GatewayConfig(PeerConfig, RequestLimits):
         require(self.heartbeat_misses > 0, "--heartbeat-misses must be positive")
         require(self.shutdown_timeout_s >= 0, "--shutdown-timeout-s must be >= 0")
         check_reasoning_parser(self.reasoning_parser)
+        self.check_media()
         if self.api_key_file is not None:
             require(self.api_key is None, "give the API key once: --api-key or --api-key-file, not both")
             object.__setattr__(self, "api_key", read_api_key(self.api_key_file))

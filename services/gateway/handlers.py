@@ -6,6 +6,7 @@ Errors travel as exceptions to `errors.error_middleware`; streams are served by
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -18,7 +19,7 @@ from ztgi.services.gateway.best_of import BestOf, generate_best_of
 from ztgi.services.gateway.errors import HttpError
 from ztgi.services.gateway.request_id import pipeline_request_id
 from ztgi.services.gateway.schemas import TextRequest, parse_text_request, read_json
-from ztgi.services.gateway.state import CLIENT, CONFIG, SERVED_MODEL
+from ztgi.services.gateway.state import CLIENT, CONFIG, MEDIA_FETCHER, SERVED_MODEL
 from ztgi.services.gateway.streaming import serve_sse
 from ztgi.services.gateway.vllm_tokenize import (
     TokenizeRequest,
@@ -96,12 +97,22 @@ async def ping(request: web.Request) -> web.Response:
 
 async def _text_request(request: web.Request, stream: bool | None) -> TextRequest:
     config = request.app[CONFIG]
-    return parse_text_request(await read_json(request, config.max_payload_bytes, config.body_read_timeout_s),
-                              config.limits, stream)
+    text_request = parse_text_request(await read_json(request, config.max_payload_bytes, config.body_read_timeout_s),
+                                      config.limits, stream)
+    return dataclasses.replace(text_request, images=await _markdown_images(request, text_request.inputs))
+
+
+async def _markdown_images(request: web.Request, inputs: str) -> list[bytes] | None:
+    """The files of the markdown images in `inputs` for a vision model; a text model's prompt is text,
+    markdown images included (as TGI reads them)."""
+    if "![" not in inputs or not (await request.app[SERVED_MODEL].info()).vision:
+        return None
+    return await request.app[MEDIA_FETCHER].inputs_images(inputs)
 
 
 async def _vllm_tokenize(request: web.Request, query: TokenizeRequest) -> web.Response:
-    tokens = await request.app[CLIENT].tokenize(query.prompt or "", query.add_special_tokens, messages=query.messages)
+    messages = None if query.messages is None else await request.app[MEDIA_FETCHER].resolve_messages(query.messages)
+    tokens = await request.app[CLIENT].tokenize(query.prompt or "", query.add_special_tokens, messages=messages)
     info = await request.app[SERVED_MODEL].info()
     return web.json_response({"count": len(tokens), "max_model_len": info.max_total_tokens,
                               "tokens": [t.id for t in tokens],
@@ -113,10 +124,12 @@ async def _generate_json(request: web.Request, text_request: TextRequest,
     started = time.monotonic()
     client = request.app[CLIENT]
     if text_request.best_of > 1:
-        chosen = await generate_best_of(client, text_request.inputs, text_request.parameters, text_request.best_of)
+        chosen = await generate_best_of(client, text_request.inputs, text_request.parameters, text_request.best_of,
+                                        text_request.images)
     else:
         chosen = BestOf(await client.generate(text_request.inputs, parameters=text_request.parameters,
-                                              request_id=pipeline_request_id(request)), [])
+                                              request_id=pipeline_request_id(request),
+                                              images=text_request.images), [])
     result = chosen.best
     body: Any = render.generate_response(result, text_request.parameters, chosen.others)
     headers = render.timing_headers(result, text_request.inputs, time.monotonic() - started,
@@ -126,7 +139,7 @@ async def _generate_json(request: web.Request, text_request: TextRequest,
 
 async def _generate_sse(request: web.Request, text_request: TextRequest) -> web.StreamResponse:
     events = request.app[CLIENT].stream(text_request.inputs, parameters=text_request.parameters,
-                                        request_id=pipeline_request_id(request))
+                                        request_id=pipeline_request_id(request), images=text_request.images)
     indexes = itertools.count(1)  # TGI counts stream events from 1
     headers = {"x-compute-type": request.app[CONFIG].compute_type,
                "x-compute-characters": str(len(text_request.inputs))}

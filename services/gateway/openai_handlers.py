@@ -29,7 +29,7 @@ from ztgi.services.gateway.reasoning_parser import ReasoningSplit, ReasoningStre
 from ztgi.services.gateway.reasoning_start import reasoning_opened
 from ztgi.services.gateway.request_id import pipeline_request_id, request_id
 from ztgi.services.gateway.schemas import read_json
-from ztgi.services.gateway.state import CLIENT, CONFIG, REASONING_START, SERVED_MODEL
+from ztgi.services.gateway.state import CLIENT, CONFIG, MEDIA_FETCHER, REASONING_START, SERVED_MODEL
 from ztgi.services.gateway.stop_trim import StopTrimmer, trim_stop
 from ztgi.services.gateway.streaming import gather_all, merge, serve_sse
 from ztgi.services.gateway.tool_stream import ToolCallStream
@@ -42,6 +42,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
     chat = parse_chat_request(await read_json(request, config.max_payload_bytes, config.body_read_timeout_s),
                               config.limits, config.max_client_batch_size)
+    chat = await with_images(request, chat)
     envelope = await _envelope(request, "chatcmpl")
     client = request.app[CLIENT]
     opened = await reasoning_opened(request.app.get(REASONING_START))
@@ -98,6 +99,14 @@ async def model(request: web.Request) -> web.Response:
         return web.json_response(render.model_json(info, model_id))
     raise HttpError(404, f"The model `{model_id}` does not exist (this server serves `{info.model_id}`)",
                     "model_not_found")
+
+
+async def with_images(request: web.Request, chat: OpenAIRequest, field: str = "messages") -> OpenAIRequest:
+    """The chat with its image parts' files loaded (data: URLs decoded, allowed URLs fetched); an
+    error names `field`, what the client sent the turns as."""
+    assert chat.messages is not None, "a chat request has messages"
+    messages = await request.app[MEDIA_FETCHER].resolve_messages(chat.messages, field)
+    return dataclasses.replace(chat, messages=messages)
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ As in TGI: temperature 0 means greedy, any other (or none) samples; completions 
 100 new tokens; `suffix` is refused. `logit_bias` ({"token id": -100..100}) is added to the
 logits in the worker's chooser; OpenAI fields the server does not implement are refused (422).
 `response_format` and `tools` become a grammar (`structured_output`); assistant `tool_calls` and
-`tool` turns are carried back to the template.
+`tool` turns are carried back to the template. `image_url` content parts make the turn's `parts`
+(text and images in order; `content` is then its text alone), loaded by `media_fetch`.
 `top_p: 1.0` (OpenAI's "off") is treated as unset, and so is any `top_p` with temperature 0 (as
 vLLM: TGI would sample then).
 `model` names a LoRA adapter to generate with (vLLM's way), any other name the base model (TGI's way).
@@ -24,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ztgi.common.messages import ChatMessage, GenerateParameters, Grammar, TokenBias, Tool, ToolCall
+from ztgi.common.messages import ChatMessage, ContentPart, GenerateParameters, Grammar, TokenBias, Tool, ToolCall
 from ztgi.common.parameters import MAX_SEED, ParameterLimits, ValidationError, validate_parameters
+from ztgi.services.gateway.image_inputs import pending_image
 from ztgi.services.gateway.schemas import json_type, optional_integer, optional_number, optional_value
 from ztgi.services.gateway.structured_output import parse_response_format, parse_tool_use
 from ztgi.services.gateway.text_or_token_ids import TextOrTokenIds, text_or_token_ids
@@ -237,7 +239,7 @@ def _object(body: Any) -> dict[str, Any]:
 
 
 def parse_messages(raw: Any) -> list[ChatMessage]:
-    """OpenAI's `messages` (text content only), checked."""
+    """OpenAI's `messages`, checked (image parts still URLs: `MediaFetcher.resolve_messages`)."""
     return _messages(raw)
 
 
@@ -260,8 +262,8 @@ def _message(item: Any, index: int) -> ChatMessage:
     tool_call_id = item.get("tool_call_id") if role == "tool" else None
     if role == "tool" and not isinstance(tool_call_id, str):
         raise ValidationError("messages", f"`{where}.tool_call_id` must be the id of the call it answers")
-    content = _content(item.get("content"), where, has_tool_calls=bool(tool_calls))
-    return ChatMessage(role, content, tool_calls, tool_call_id)
+    content, parts = _content(item.get("content"), where, has_tool_calls=bool(tool_calls))
+    return ChatMessage(role, content, tool_calls, tool_call_id, parts)
 
 
 def _tool_calls(raw: Any, where: str) -> list[ToolCall] | None:
@@ -282,21 +284,35 @@ def _tool_calls(raw: Any, where: str) -> list[ToolCall] | None:
     return calls or None
 
 
-def _content(content: Any, where: str, has_tool_calls: bool) -> str:
-    """Flattens OpenAI content (a string, or an array of text parts) to text."""
+def _content(content: Any, where: str, has_tool_calls: bool) -> tuple[str, list[ContentPart] | None]:
+    """OpenAI content (a string, or an array of text and `image_url` parts) as the turn's text and,
+    when it holds an image, all its parts in order (each image still a URL: `image_inputs`)."""
     if content is None and has_tool_calls:
-        return ""
+        return "", None
     if isinstance(content, str):
-        return content
+        return content, None
     if not isinstance(content, list):
         raise ValidationError("messages", f"`{where}.content` must be a string or an array of parts")
-    texts = []
-    for part in content:
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise ValidationError("messages", f"`{where}.content` may hold only text parts "
-                                              f"({{\"type\": \"text\", \"text\": ...}}) on this server")
-        texts.append(part["text"])
-    return "".join(texts)
+    parts = [_part(part, f"{where}.content[{index}]") for index, part in enumerate(content)]
+    text = "".join(part.text for part in parts if part.type == "text")
+    return text, parts if any(part.type == "image" for part in parts) else None
+
+
+def _part(part: Any, where: str) -> ContentPart:
+    """A text part, or an image part: `{"type": "image_url", "image_url": {"url": ...}}` (OpenAI) or
+    `"image_url": "<url>"` (vLLM accepts it too)."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text" and isinstance(part.get("text"), str):
+        return ContentPart("text", text=part["text"])
+    if kind == "image_url":
+        image_url = part.get("image_url")
+        url = image_url.get("url") if isinstance(image_url, dict) else image_url
+        if isinstance(url, str) and url:
+            return pending_image(url)
+        raise ValidationError("messages", f"`{where}.image_url` must be {{\"url\": \"data:image/png;base64,...\" "
+                                          f"or an http(s) URL}}")
+    raise ValidationError("messages", f"`{where}` must be a text part ({{\"type\": \"text\", \"text\": ...}}) or an "
+                                      f"image part ({{\"type\": \"image_url\", \"image_url\": {{\"url\": ...}}}})")
 
 
 def _prompts(raw: Any, max_client_batch_size: int) -> list[Prompt]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -13,6 +14,7 @@ from ztgi.common.client.errors import ZtgiError
 from ztgi.common.messages import StreamEvent
 from ztgi.common.parameters import ValidationError
 from ztgi.services.gateway.errors import HttpError
+from ztgi.services.gateway.openai_handlers import with_images
 from ztgi.services.gateway.request_id import pipeline_request_id
 from ztgi.services.gateway.responses_input import chat_messages
 from ztgi.services.gateway.responses_render import ResponseFrame, new_item_id, output_items
@@ -29,6 +31,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     config = request.app[CONFIG]
     body = await read_json(request, config.max_payload_bytes, config.body_read_timeout_s)
     responses = parse_responses_request(body, config.limits, request.app[RESPONSE_STORE].history(body))
+    responses = dataclasses.replace(responses, chat=await with_images(request, responses.chat, "input"))
     frame = await _frame(request, responses)
     if responses.chat.stream:
         return await _stream_response(request, responses, frame)

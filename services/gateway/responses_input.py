@@ -1,7 +1,8 @@
 """The Responses API's `input` (and `instructions`) as the chat messages of a chat completion.
 
 `input` is a string (one user turn) or a list of items: messages (role user, system, developer
-or assistant; content a string or `input_text` / `output_text` parts), `function_call` items (an
+or assistant; content a string or `input_text` / `output_text` parts, and a user's `input_image`
+parts: chat's `image_url` parts), `function_call` items (an
 assistant's calls, merged into one assistant turn as chat's `tool_calls`) and
 `function_call_output` items (chat's `tool` turns). A `developer` turn is a `system` turn, as chat
 templates know only that one. A Response's `output` can be sent back as input as it is.
@@ -64,25 +65,37 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(role, str) or role not in _ROLE_TO_CHAT_ROLE:
         raise ValidationError("input", f"`{where}.role` must be one of user, system, developer, assistant. "
                                        f"Given: {json.dumps(role)}")
-    return {"role": _ROLE_TO_CHAT_ROLE[role], "content": _content(item.get("content"), _TEXT_PARTS[role], where)}
+    return {"role": _ROLE_TO_CHAT_ROLE[role], "content": _content(item.get("content"), _TEXT_PARTS[role], where,
+                                                                     images=role == "user")}
 
 
-def _content(content: Any, part_types: tuple[str, ...], where: str) -> str:
-    """A string, or text parts joined (the only parts this server reads)."""
+def _content(content: Any, part_types: tuple[str, ...], where: str,
+             images: bool = False) -> str | list[dict[str, Any]]:
+    """A string, or text parts joined; with an `input_image` part (`images`: a user's), chat's parts in order."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise ValidationError("input", f"`{where}.content` must be a string or an array of parts, "
                                        f"got {json_type(content)}")
-    texts = []
-    for index, part in enumerate(content):
-        if (not isinstance(part, dict) or part.get("type") not in part_types
-                or not isinstance(part.get("text"), str)):
-            kinds = " or ".join(part_types)
-            raise ValidationError("input", f"`{where}.content[{index}]` must be a text part "
-                                           f"({{\"type\": {kinds}, \"text\": ...}}): this server reads text only")
-        texts.append(part["text"])
-    return "".join(texts)
+    parts = [_part(part, part_types, images, f"{where}.content[{index}]") for index, part in enumerate(content)]
+    if any(part["type"] == "image_url" for part in parts):
+        return parts
+    return "".join(part["text"] for part in parts)
+
+
+def _part(part: Any, part_types: tuple[str, ...], images: bool, where: str) -> dict[str, Any]:
+    """A text part, or with `images` an image (`{"type": "input_image", "image_url": url}`), as chat's part."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind in part_types and isinstance(part.get("text"), str):
+        return {"type": "text", "text": part["text"]}
+    if kind == "input_image" and images:
+        if not isinstance(part.get("image_url"), str) or not part["image_url"]:
+            raise ValidationError("input", f"`{where}.image_url` must be a data: URL or an http(s) URL "
+                                           f"(`file_id` is not supported by this server)")
+        return {"type": "image_url", "image_url": {"url": part["image_url"]}}
+    kinds = " or ".join(part_types)
+    image = " or an input_image part" if images else ""
+    raise ValidationError("input", f"`{where}` must be a text part ({{\"type\": {kinds}, \"text\": ...}}){image}")
 
 
 def _append_call(messages: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
@@ -100,7 +113,9 @@ def _call_output(output: Any, where: str) -> str:
     if isinstance(output, str):
         return output
     if isinstance(output, list):
-        return _content(output, ("input_text", "output_text"), f"{where}.output")
+        text = _content(output, ("input_text", "output_text"), f"{where}.output")
+        assert isinstance(text, str), "a call's output has no image part"
+        return text
     raise ValidationError("input", f"`{where}.output` must be a string or an array of text parts, "
                                    f"got {json_type(output)}")
 

@@ -38,6 +38,7 @@ class TextRequest:
     parameters: GenerateParameters
     stream: bool = False
     best_of: int = 1
+    images: list[bytes] | None = None  # the files of the markdown images in `inputs` (vision models), loaded
 
 
 async def read_json(request: web.Request, max_payload_bytes: int, read_timeout_s: float) -> Any:

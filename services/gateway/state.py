@@ -9,6 +9,7 @@ from aiohttp import web
 
 from ztgi.common.client.async_client import AsyncZtgiClient
 from ztgi.services.gateway.config import GatewayConfig
+from ztgi.services.gateway.media_fetch import MediaFetcher
 from ztgi.services.gateway.reasoning_start import ReasoningStart
 from ztgi.services.gateway.responses_store import ResponseStore
 from ztgi.services.gateway.served_model import ServedModel
@@ -31,5 +32,7 @@ STREAMS = web.AppKey("streams", weakref.WeakSet)
 EXIT_STATUS = web.AppKey("exit_status", ExitStatus)
 RESPONSE_STORE = web.AppKey("response_store", ResponseStore)
 """Responses created with `store: true`, for `previous_response_id` (this gateway's memory only)."""
+MEDIA_FETCHER = web.AppKey("media_fetcher", MediaFetcher)
+"""Loads requests' images (data: URLs, and http(s) URLs of --allowed-media-domains) over one HTTP session."""
 REQUEST_ID = "request_id"
 """Where a `web.Request` keeps its id (`request_id.request_id_middleware`)."""

@@ -8,13 +8,14 @@ from ztgi.common.config import require
 from ztgi.common.model_source import DEFAULT_MODEL_ID
 from ztgi.common.request_limit import MAX_CONCURRENT_REQUESTS, MAX_IMAGE_PIXELS
 from ztgi.common.service_config import LogConfig, RequestLimits
+from ztgi.services.gateway.media_limits import MediaLimits
 from ztgi.services.gateway.reasoning_parser import check_reasoning_parser
 from ztgi.services.scheduler.placement import CACHE_AWARE, PLACEMENTS
 from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, KV_CACHES
 
 
 @dataclasses.dataclass(frozen=True)
-class LaunchConfig(LogConfig, RequestLimits):
+class LaunchConfig(LogConfig, RequestLimits, MediaLimits):
     """Starts the scheduler, tokenizers, workers and gateways as supervised children.
 
     Settings every service shares (model, limits) reach the children as ZTGI_* environment
@@ -111,6 +112,7 @@ class LaunchConfig(LogConfig, RequestLimits):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.check_limits()
+        self.check_media()
         for name in ("num_workers", "num_shard", "num_tokenizers", "num_gateways", "block_size", "step_target_ms"):
             require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
         require(0 < self.port < 65536, f"--port {self.port} is not a TCP port")
@@ -137,7 +139,7 @@ class LaunchConfig(LogConfig, RequestLimits):
 
     def shared_environment(self, scheduler_url: str) -> dict[str, str]:
         """ZTGI_* variables for every child: the settings more than one service reads."""
-        shared_bases = (f.name for base in (LogConfig, RequestLimits) for f in dataclasses.fields(base))
+        shared_bases = (f.name for base in (LogConfig, RequestLimits, MediaLimits) for f in dataclasses.fields(base))
         names = (*shared_bases, "model_id", "dtype", "device", "backend", "kv_cache", "quantize", "block_size",
                  "quantized_max_rows", "num_shard", "step_target_ms", "speculate", "draft_model_id",
                  "float32_decode_attention", "native_kernels",

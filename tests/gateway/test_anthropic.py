@@ -160,9 +160,14 @@ def test_stop_sequence(client: anthropic.Anthropic, scheduler: ScriptedScheduler
     ({"model": "m", "max_tokens": 4, "messages": [{"role": "system", "content": "x"}]},
      '`messages[0].role` must be "user" or "assistant"'),
     ({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "video"}]}]},
-     "`messages[0].content[0].type` must be one of text, tool_result in a user turn"),
+     "`messages[0].content[0].type` must be one of image, text, tool_result in a user turn"),
     ({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [
-        {"type": "image", "source": {"type": "url", "url": "http://x"}}]}]}, "image blocks are not supported"),
+        {"type": "document", "source": {"type": "url", "url": "http://x"}}]}]}, "document blocks are not supported"),
+    ({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}]}]},
+     "host `x` is not in --allowed-media-domains"),
+    ({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "file", "file_id": "f"}}]}]}, "an image block's `source` must be"),
     ({"model": "m", "max_tokens": 4, "messages": HI, "frobnicate": 1}, "`frobnicate`: unknown field"),
     ({"model": "m", "max_tokens": 4, "messages": HI, "thinking": {"type": "enabled"}},
      "`thinking` is not supported by this server (with --reasoning-parser"),

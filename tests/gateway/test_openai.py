@@ -250,8 +250,8 @@ def test_presence_penalty_reaches_the_scheduler(client: openai.OpenAI, scheduler
     assert scheduler.messages(Generate)[-1].parameters.presence_penalty is None
 
 
-def test_chat_messages_must_be_text(gateway: GatewayProcess) -> None:
-    """Image parts and malformed messages are 422 naming `messages`."""
+def test_chat_messages_must_be_well_formed(gateway: GatewayProcess) -> None:
+    """Malformed messages and image parts without a URL are 422 naming `messages`."""
     for messages in ([], [{"content": "x"}], [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]):
         response = requests.post(gateway.url + "/v1/chat/completions", json={"messages": messages}, timeout=5)
         error = response.json()["error"]  # OpenAI's error object under /v1

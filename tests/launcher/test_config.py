@@ -76,3 +76,19 @@ def test_lora_settings_reach_the_scheduler_and_bad_limits_are_refused() -> None:
     for flag in ("--max-loras", "--max-lora-rank"):
         with pytest.raises(ConfigError, match=f"{flag} must be positive, got 0"):
             parse_config(LaunchConfig, [flag, "0"])
+
+
+def test_image_settings_reach_the_gateways() -> None:
+    """`ztgi launch --allowed-media-domains ... --max-images-per-request 2` reach each gateway's config."""
+    import argparse
+
+    from ztgi.common.config import config_from_namespace
+    from ztgi.services.gateway.config import GatewayConfig
+
+    env = parse_config(LaunchConfig, ["--allowed-media-domains", "example.com,cdn.example.org",
+                                      "--max-images-per-request", "2"]).shared_environment("ipc:///tmp/x")
+    gateway = config_from_namespace(GatewayConfig, argparse.Namespace(), env)
+    assert gateway.allowed_media_domain_list == ("example.com", "cdn.example.org")
+    assert (gateway.max_images_per_request, gateway.max_image_bytes) == (2, 20 * 1024 * 1024)
+    with pytest.raises(ConfigError, match="--allowed-media-domains: 'http://x' is not a host name"):
+        parse_config(LaunchConfig, ["--allowed-media-domains", "http://x"])
