@@ -67,6 +67,7 @@ def decode_data_url(url: str, max_image_bytes: int, field: str) -> bytes:
     """The file in `data:image/png;base64,...`; ValidationError for another media type, an
     encoding other than base64, bad base64, an empty file or one over --max-image-bytes."""
     header, comma, payload = url[len(_DATA_PREFIX):].partition(",")
+    payload = "".join(payload.split())  # some encoders wrap base64 in lines (MIME's 76 columns)
     media_type, *params = header.split(";")
     if not comma or "base64" not in (param.strip().lower() for param in params):
         raise ValidationError(field, f"a data URL must be `data:<image type>;base64,<data>`. Given: {shown(url)}")

@@ -345,9 +345,12 @@ def test_allowed_hosts_match_themselves_and_their_subdomains() -> None:
 
 
 def test_data_urls_decode_to_the_file() -> None:
-    """Every image type decodes to its bytes; the size limit is checked on the decoded file."""
+    """Every image type decodes to its bytes (base64 wrapped in lines too); the size limit is checked on
+    the decoded file."""
     for media_type in ("image/png", "image/jpeg", "image/webp", "image/gif", "IMAGE/PNG"):
         assert decode_data_url(data_url(PNG, media_type), len(PNG), "messages") == PNG
+    wrapped = "data:image/png;base64," + base64.encodebytes(PNG).decode()  # a line end every 76 characters
+    assert "\n" in wrapped and decode_data_url(wrapped, len(PNG), "messages") == PNG
     with pytest.raises(ValidationError, match=f"an image of {len(PNG)} bytes is larger than --max-image-bytes"):
         decode_data_url(data_url(PNG), len(PNG) - 1, "messages")
 
