@@ -77,10 +77,10 @@ def _structured(message: ChatMessage) -> dict[str, Any]:
 
 def _content(message: ChatMessage) -> str | list[dict[str, str]]:
     """The turn's text, or its parts in order where it has images."""
-    if not message.parts:
+    parts = message.parts or []
+    if not any(part.type == "image" for part in parts):
         return message.content
-    return [{"type": "text", "text": part.text} if part.type == "text" else {"type": "image"}
-            for part in message.parts]
+    return [{"type": "text", "text": part.text} if part.type == "text" else {"type": "image"} for part in parts]
 
 
 def _arguments(arguments: str) -> Any:

@@ -272,6 +272,15 @@ def test_placeholders_must_match_the_images(family: str, encoders: dict[str, Enc
         encoder.encode(KEY, _generate(f"![](a) {IMAGE_STRINGS[family]}", images=[PICTURES[0]]))
 
 
+def test_text_and_unsupported_vision_models_load_no_processor(tokenizer: PreTrainedTokenizerBase, tmp_path: Any,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A text model has no image side; a vision family ztgi does not serve is text only, with a warning."""
+    assert load_vision_processor(tokenizer.name_or_path, tokenizer) is None
+    (tmp_path / "config.json").write_text('{"model_type": "llava", "vision_config": {}}')
+    assert load_vision_processor(str(tmp_path), tokenizer) is None
+    assert "llava vision-language model: images are supported for idefics3, smolvlm, qwen2_vl only" in caplog.text
+
+
 def test_a_text_model_refuses_images(tokenizer: PreTrainedTokenizerBase) -> None:
     """Images sent to a model without a vision encoder are the client's error, naming the model."""
     encoder = Encoder(tokenizer, ParameterLimits(), b"tokenizer-test", model_name="smollm2")
