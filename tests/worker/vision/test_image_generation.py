@@ -54,16 +54,19 @@ def test_chunks_split_the_image_spans(vision_model, prompts, expected, chunk):
     assert (got[1], got[2]) == (expected["two"], expected["text"])
 
 
-def test_a_request_resumes_inside_an_image_span(vision_model, prompts, expected):
+@pytest.mark.parametrize("where", ["inside", "after"])
+def test_a_request_resumes_from_cached_blocks(vision_model, prompts, expected, where):
     """A second identical request whose cached prefix (the first one's blocks) ends inside the
-    second image's span: encoded again, only its remaining rows used, the same tokens."""
+    second image's span (encoded again, only its remaining rows used) or after it (no image
+    encoded; Qwen2-VL's positions still the images'): the same tokens."""
     prompt = prompts["two"]
     block_size = vision_model.block_size
     first = batch_of(vision_model, [_request(1, prompt)])
     assert token_ids(run_to_end(vision_model, first))[1] == expected["two"]
     image = prompt.images[1]
-    cache_len = (image.start + image.num_tokens // 2) // block_size * block_size
-    assert image.start < cache_len < image.end
+    cache_len = (image.start + image.num_tokens // 2 if where == "inside" else image.end + block_size - 1)
+    cache_len = cache_len // block_size * block_size
+    assert (image.start < cache_len < image.end) if where == "inside" else image.end <= cache_len
     blocks = first.sequences[0].block_ids
     fresh = [b + len(blocks) for b in blocks]  # the tests' pool is large: blocks past the first's are free
     resumed = _request(2, prompt, cache_len=cache_len,
