@@ -105,7 +105,8 @@ class Idefics3VisionProcessor(VisionProcessor):
     def _prepare(self, image: Image.Image) -> tuple[dict[str, np.ndarray], str]:
         outputs = self.image_processor([[image]], return_row_col_info=True, return_tensors="np",
                                        input_data_format="channels_last")
-        arrays = {name: outputs[name] for name in ("pixel_values", "pixel_attention_mask")}
+        # the mask as bool (the model reads it as one): 8 times fewer bytes on the wire than int64
+        arrays = {"pixel_values": outputs["pixel_values"], "pixel_attention_mask": outputs["pixel_attention_mask"] != 0}
         return arrays, self._replacement(int(outputs["rows"][0][0]), int(outputs["cols"][0][0]))
 
     def _replacement(self, rows: int, cols: int) -> str:
