@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 
 from ztgi.common.messages import WorkerInfo
 from ztgi.common.model_source import ModelSource, resolve_model
-from ztgi.services.worker.layers.quantization.options import DEFAULT_QUANTIZED_MAX_ROWS
+from ztgi.services.worker.layers.quantization.options import DEFAULT_QUANTIZED_MAX_ROWS, QUANTIZE
 from ztgi.services.worker.layers.transformers_module import TransformersConfig, TransformersModule
 from ztgi.services.worker.models import dtype_choice, gguf_module
 from ztgi.services.worker.models.gguf_checkpoint import GgufCheckpoint
@@ -127,13 +127,14 @@ def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str
 def _load_vision(source: ModelSource, config: TransformersConfig, dtype: torch.dtype, device: torch.device,
                  quantize: str, started: float) -> LoadedModel:
     """A vision-language model: its text part as `module`, its encoder as `vision`; ValueError for
-    a GGUF or a `--quantize` (the encoder's weights are float only, and so, for now, is the text)."""
-    if source.gguf_file is not None:
+    a GGUF or `--quantize gguf` (the encoder stays in float; int8/int4 apply to a Llama text part,
+    as the native forward takes them)."""
+    if source.gguf_file is not None or quantize == "gguf":
         raise ValueError(f"{source.name}: a vision-language model ({config.model_type}) is served from its "
-                         "safetensors, not from a GGUF file")
-    if quantize not in ("none", "auto"):
-        raise ValueError(f"--quantize {quantize} is not served for vision-language models ({config.model_type}): "
-                         "use --quantize none")
+                         "safetensors, not from a GGUF file's blocks; use --quantize none, int8 or int4")
+    if quantize not in QUANTIZE:
+        raise ValueError(f"--quantize {quantize!r} must be one of {', '.join(QUANTIZE)}")
+    quantize = "none" if quantize == "auto" else quantize
     path, arguments = source.pretrained_arguments()
     multimodal = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, device_map=str(device),
                                                              **arguments).eval()
@@ -141,7 +142,7 @@ def _load_vision(source: ModelSource, config: TransformersConfig, dtype: torch.d
     merge = config.vision_config.spatial_merge_size if config.model_type == "qwen2_vl" else None
     encoder = VisionEncoder(config.model_type, multimodal.model, int(config.image_token_id), dtype, device, merge)
     loaded = LoadedModel(source.name, device, dtype, text, text.config, frozenset(_eos_token_ids(text)),
-                         pooling=read_pooling(source.path, config), vision=encoder)
+                         quantize, pooling=read_pooling(source.path, config), vision=encoder)
     logger.info("loaded %s on %s (%s, vision-language: %s) in %.1f s; eos %s", loaded.name, device,
                 str(dtype)[6:], config.model_type, time.monotonic() - started, sorted(loaded.eos_token_ids))
     return loaded
