@@ -38,3 +38,16 @@ def test_bad_values_name_the_flag(argv, message):
     """A bad value raises ConfigError naming the flag and what is wrong."""
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_config(TokenizerConfig, argv)
+
+
+def test_launch_passes_max_image_pixels_to_tokenizers():
+    """`ztgi launch --max-image-pixels N` reaches each tokenizer as ZTGI_MAX_IMAGE_PIXELS."""
+    from ztgi.services.launcher.config import LaunchConfig
+
+    env = parse_config(LaunchConfig, ["--max-image-pixels", "1000"]).shared_environment("ipc:///tmp/x")
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, TokenizerConfig)
+    assert config_from_namespace(TokenizerConfig, parser.parse_args([]), env).max_image_pixels == 1000
+    assert TokenizerConfig().max_image_pixels == 4096 * 4096
+    with pytest.raises(ConfigError, match="--max-image-pixels must be positive"):
+        TokenizerConfig(max_image_pixels=0)
