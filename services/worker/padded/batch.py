@@ -72,6 +72,8 @@ class CausalLMBatch:
         for request in requests:
             if request.adapter is not None:
                 raise ValueError(f"request {request.seq_id}: this worker (--kv-cache padded) serves no LoRA adapters")
+            if request.images:
+                raise ValueError(f"request {request.seq_id}: this worker (--kv-cache padded) takes no images")
         chooser = chooser_for(requests, model.device, model.vocab_size)
         lengths = [len(r.input_ids) for r in requests]
         max_input_length = max(lengths)

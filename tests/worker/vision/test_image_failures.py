@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from tests.worker.engine_helpers import batch_of, request, run_to_end, token_ids
 from tests.worker.vision.image_prompts import image_prompt, pictures, reference_ids
@@ -45,3 +46,12 @@ def test_images_sent_to_a_text_model_fail_the_request(tiny_paged_model, family, 
     sent = dataclasses.replace(request(3, ids, 2), images=prompt.images)
     [failure] = run_to_end(tiny_paged_model, batch_of(tiny_paged_model, [sent]))[3]
     assert failure.finish_reason == "error" and "does not take images" in failure.error
+
+
+def test_images_sent_to_a_padded_worker_are_refused(tiny_model, vision_dirs):
+    """The padded engine serves no vision-language model: a request with images is a ValueError naming it."""
+    from tests.worker.vision.image_prompts import encoded_image
+
+    image = encoded_image({"pixel_values": torch.zeros(1, 4)}, 0, 1, 1)
+    with pytest.raises(ValueError, match="request 4: .*takes no images"):
+        batch_of(tiny_model, [dataclasses.replace(request(4, [1, 2, 3], 2), images=[image])])
