@@ -55,3 +55,25 @@ def test_images_sent_to_a_padded_worker_are_refused(tiny_model, vision_dirs):
     image = encoded_image({"pixel_values": torch.zeros(1, 4)}, 0, 1, 1)
     with pytest.raises(ValueError, match="request 4: .*takes no images"):
         batch_of(tiny_model, [dataclasses.replace(request(4, [1, 2, 3], 2), images=[image])])
+
+
+def test_an_encoder_failure_fails_its_request_only(family, family_dir, vision_model, monkeypatch):
+    """The encoder raising (here on its second image) ends that request with the exception's words;
+    the worker's model steps on and the other request finishes."""
+    prompt = image_prompt(family, family_dir, pictures(1))
+    encoder = vision_model.loaded.vision
+    calls = []
+    original = encoder.multimodal.get_image_features
+
+    def breaking(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of pixels")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(encoder.multimodal, "get_image_features", breaking)
+    good = dataclasses.replace(request(1, prompt.input_ids, 3, ignore_eos=True), images=prompt.images)
+    got = run_to_end(vision_model, batch_of(vision_model, [good, dataclasses.replace(good, seq_id=2)]))
+    assert [g.finish_reason for g in got[1]] == [None, None, "length"]
+    [failure] = got[2]
+    assert "the vision encoder failed" in failure.error and "RuntimeError: out of pixels" in failure.error
