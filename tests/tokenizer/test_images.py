@@ -4,6 +4,8 @@ truncation, and every bad image refused with a message that names it."""
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 from typing import Any
 
 import numpy as np
@@ -245,6 +247,26 @@ def test_too_many_pixels_are_refused_before_decoding(vision_dirs: dict[str, str]
     with pytest.raises(ValidationError, match=r"image 1 has 50x37 = 1850 pixels, more than the 1000 .*"
                                               r"--max-image-pixels"):
         encoder.encode(KEY, _generate("![](a)", images=[PICTURES[0]]))
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG whose header claims `width` x `height` pixels and whose pixels never come."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    pixels = chunk(b"IDAT", zlib.compress(bytes(64)))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + pixels + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize(("side", "message"), ((5000, "image 1 has 5000x5000 = 25000000 pixels, more than the "
+                                                      "16777216"),
+                                               (100_000, "image 1 has too many pixels")))
+def test_a_decompression_bomb_is_refused_on_its_header(side: int, message: str,
+                                                       encoders: dict[str, Encoder]) -> None:
+    """The default limit (4096 x 4096) refuses an image on its header, as PIL's own bomb check beyond it."""
+    with pytest.raises(ValidationError, match=message):
+        encoders["idefics3"].encode(KEY, _generate("![](a)", images=[_png_header(side, side)]))
 
 
 def test_an_image_the_processor_refuses(encoders: dict[str, Encoder]) -> None:
