@@ -29,6 +29,7 @@ from ztgi.common.gc_freeze import freeze_startup_objects
 from ztgi.common.messages import (
     AdapterRef,
     Encoded,
+    EncodedImage,
     Generate,
     GenerateParameters,
     Generation,
@@ -47,7 +48,7 @@ from ztgi.sampling_params import MAX_LOGPROBS, SamplingParams
 from ztgi.sequence import Sequence as GeneratedSequence
 from ztgi.services.tokenizer.detokenizer import Detokenizer
 from ztgi.services.tokenizer.encoder import Encoder
-from ztgi.services.tokenizer.loading import load_tokenizer
+from ztgi.services.tokenizer.loading import load_tokenizer, load_vision_processor
 from ztgi.services.worker.config import DEVICES, DTYPES, KV_CACHES
 from ztgi.services.worker.model_loader import load_model
 from ztgi.tensor_parallel import OfflineGroup
@@ -110,7 +111,8 @@ class LLM:
         self.tokenizer = load_tokenizer(model)
         limits = ParameterLimits(max_best_of=1, max_stop_sequences=MAX_STOP_STRINGS, max_top_n_tokens=MAX_LOGPROBS,
                                  max_input_tokens=config.max_input_tokens, max_total_tokens=config.max_total_tokens)
-        self.encoder = Encoder(self.tokenizer, limits, CLIENT_ID)
+        vision = load_vision_processor(model, self.tokenizer)  # a vision-language model's images: as a server's
+        self.encoder = Encoder(self.tokenizer, limits, CLIENT_ID, vision, model_name=model)
         self.detokenizer = Detokenizer(self.tokenizer)
         # a group's ranks share the KV budget, as a worker group's do
         self.engine = LocalEngine(self.model, config, max(1, options.memory_budget_mb // options.num_shard),
@@ -209,18 +211,27 @@ class LLM:
         """The prompt's ids and its n sequences, each checked and encoded as a tokenizer would."""
         request_id = str(next(self._request_counter))
         try:
-            input_ids = self._input_ids(prompt, params.to_parameters())
+            input_ids, images = self._prompt(prompt, params.to_parameters())
             request = _Request(request_id, self._prompt_text(prompt), input_ids, params, [])
             for sequence_index in range(params.n):
                 key = RequestKey(CLIENT_ID, f"{request_id}/{sequence_index}")
                 parameters = params.to_parameters(sequence_index)
-                encoded = self.encoder.encode_ids(key, input_ids, parameters)
+                encoded = self.encoder.encode_ids(key, input_ids, parameters, images)
                 request.sequences.append(GeneratedSequence(index, sequence_index, key, params, encoded, parameters))
         except ValidationError as exc:
             raise ValueError(f"prompt {index}: {_vllm_names(str(exc))}") from None
         return request
 
+    def _prompt(self, prompt: Prompt, parameters: GenerateParameters) -> tuple[list[int], list[EncodedImage]]:
+        """The prompt's ids and its images (decoded, processed and placed as the tokenizer service
+        does for a server's request)."""
+        if prompt.token_ids is not None:
+            return self._input_ids(prompt, parameters), []
+        return self.encoder.prompt(Generate("", prompt.text, prompt.messages, parameters, images=prompt.images or None))
+
     def _input_ids(self, prompt: Prompt, parameters: GenerateParameters) -> list[int]:
+        if prompt.images or any(message.parts for message in prompt.messages or ()):
+            raise ValidationError("inputs", "embeddings of prompts with images are not served")
         if prompt.token_ids is None:
             return self.encoder.input_ids(Generate("", prompt.text, prompt.messages, parameters))
         vocab_size = self.model.vocab_size

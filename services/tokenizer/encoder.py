@@ -54,14 +54,16 @@ class Encoder:
         input_ids, images = self.prompt(generate)
         return self._encoded(key, input_ids, generate.parameters, images)
 
-    def encode_ids(self, key: RequestKey, input_ids: list[int], params: GenerateParameters) -> Encoded:
-        """The same from prompt ids the caller already has (offline inference's token-id prompts)."""
+    def encode_ids(self, key: RequestKey, input_ids: list[int], params: GenerateParameters,
+                   images: list[EncodedImage] | None = None) -> Encoded:
+        """The same from prompt ids the caller already has (offline inference's token-id prompts, and
+        the `n` sequences of one offline prompt); `images` as `prompt` placed them in these ids."""
         validate_parameters(params, self.limits)
         if not input_ids:
             raise ValidationError("inputs", "`inputs` cannot be empty")
-        if self.vision is not None:
+        if self.vision is not None and not images:
             locate_images(input_ids, [], self.vision.image_token_id)  # no image tokens without images
-        return self._encoded(key, list(input_ids), params, [])
+        return self._encoded(key, list(input_ids), params, list(images or ()))
 
     def _encoded(self, key: RequestKey, input_ids: list[int], params: GenerateParameters,
                  images: list[EncodedImage]) -> Encoded:
