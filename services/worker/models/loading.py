@@ -126,15 +126,8 @@ def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str
 
 def _load_vision(source: ModelSource, config: TransformersConfig, dtype: torch.dtype, device: torch.device,
                  quantize: str, started: float) -> LoadedModel:
-    """A vision-language model: its text part as `module`, its encoder as `vision`; ValueError for
-    a GGUF or `--quantize gguf` (the encoder stays in float; int8/int4 apply to a Llama text part,
-    as the native forward takes them)."""
-    if source.gguf_file is not None or quantize == "gguf":
-        raise ValueError(f"{source.name}: a vision-language model ({config.model_type}) is served from its "
-                         "safetensors, not from a GGUF file's blocks; use --quantize none, int8 or int4")
-    if quantize not in QUANTIZE:
-        raise ValueError(f"--quantize {quantize!r} must be one of {', '.join(QUANTIZE)}")
-    quantize = "none" if quantize == "auto" else quantize
+    """A vision-language model: its text part as `module`, its encoder as `vision`."""
+    quantize = _vision_quantize(source, config, quantize)
     path, arguments = source.pretrained_arguments()
     multimodal = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, device_map=str(device),
                                                              **arguments).eval()
@@ -146,6 +139,17 @@ def _load_vision(source: ModelSource, config: TransformersConfig, dtype: torch.d
     logger.info("loaded %s on %s (%s, vision-language: %s) in %.1f s; eos %s", loaded.name, device,
                 str(dtype)[6:], config.model_type, time.monotonic() - started, sorted(loaded.eos_token_ids))
     return loaded
+
+
+def _vision_quantize(source: ModelSource, config: TransformersConfig, quantize: str) -> str:
+    """`auto` is `none`; ValueError for a GGUF or `gguf` (the encoder stays in float; int8/int4
+    apply to a Llama text part, as the native forward takes them)."""
+    if source.gguf_file is not None or quantize == "gguf":
+        raise ValueError(f"{source.name}: a vision-language model ({config.model_type}) is served from its "
+                         "safetensors, not from a GGUF file's blocks; use --quantize none, int8 or int4")
+    if quantize not in QUANTIZE:
+        raise ValueError(f"--quantize {quantize!r} must be one of {', '.join(QUANTIZE)}")
+    return "none" if quantize == "auto" else quantize
 
 
 def _from_pretrained(source: ModelSource, dtype: torch.dtype, device: torch.device) -> TransformersModule:
