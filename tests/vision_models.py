@@ -168,7 +168,8 @@ IMAGE_STRINGS = {"idefics3": "<image>", "qwen2_vl": "<|vision_start|><|image_pad
 def reference_inputs(family: str, directory: str, text: str, images: list[bytes]) -> dict[str, torch.Tensor]:
     """transformers' model inputs for a prompt `text` holding one IMAGE_STRINGS[family] per image:
     Idefics3Processor's output, or for Qwen2-VL its image processor's with each `<|image_pad|>`
-    repeated as Qwen2VLProcessor documents (grid_t * grid_h * grid_w / merge_size**2 times)."""
+    repeated as Qwen2VLProcessor documents (grid_t * grid_h * grid_w / merge_size**2 times) and its
+    `mm_token_type_ids` (1 at image tokens)."""
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
     pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
@@ -182,7 +183,10 @@ def reference_inputs(family: str, directory: str, text: str, images: list[bytes]
     expanded = pieces[0]
     for grid, piece in zip(tensors.get("image_grid_thw", []), pieces[1:]):
         expanded += "<|image_pad|>" * (int(grid.prod()) // image_processor.merge_size ** 2) + piece
-    return {**dict(tokenizer(expanded, return_tensors="pt")), **tensors}
+    inputs = {**dict(tokenizer(expanded, return_tensors="pt")), **tensors}
+    # what Qwen2VLProcessor adds: without it transformers falls back to one-dimensional positions
+    inputs["mm_token_type_ids"] = (inputs["input_ids"] == tokenizer.convert_tokens_to_ids("<|image_pad|>")).int()
+    return inputs
 
 
 def chat_text(directory: str, conversation: list[dict]) -> str:  # type: ignore[type-arg]
@@ -203,8 +207,19 @@ def chat_text(directory: str, conversation: list[dict]) -> str:  # type: ignore[
 
 def greedy_reference(directory: str, inputs: dict[str, torch.Tensor], max_new_tokens: int) -> list[int]:
     """transformers' greedy continuation (float32) of `inputs`: the ids after the prompt."""
+    return greedy_logprobs(directory, inputs, max_new_tokens)[0]
+
+
+def greedy_logprobs(directory: str, inputs: dict[str, torch.Tensor],
+                    max_new_tokens: int) -> tuple[list[int], list[float]]:
+    """transformers' greedy continuation (float32) of `inputs` and each chosen token's logprob: the
+    random models' distributions are nearly flat, so a test that only compares ids could miss a
+    small error that a logprob shows."""
     from transformers import AutoModelForImageTextToText
 
     model = AutoModelForImageTextToText.from_pretrained(directory, dtype=torch.float32).eval()
-    output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-    return output[0, inputs["input_ids"].shape[1]:].tolist()
+    output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, output_scores=True,
+                            return_dict_in_generate=True)
+    ids = output.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    logprobs = [float(torch.log_softmax(scores[0].float(), -1)[token]) for scores, token in zip(output.scores, ids)]
+    return ids, logprobs

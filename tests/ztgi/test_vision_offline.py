@@ -10,12 +10,12 @@ import io
 import pytest
 from PIL import Image
 
-from tests.vision_models import IMAGE_STRINGS, chat_text, drawn_image, greedy_reference, reference_inputs
-from ztgi import LLM, SamplingParams
+from tests.vision_models import IMAGE_STRINGS, chat_text, drawn_image, greedy_logprobs, reference_inputs
+from ztgi import LLM, RequestOutput, SamplingParams
 
 NUM_TOKENS = 6
 IMAGES = [drawn_image(40, 30, seed=3), drawn_image(24, 36, seed=4)]
-GREEDY = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=1)
 
 
 @pytest.fixture(scope="module", params=["idefics3", "qwen2_vl"])
@@ -28,9 +28,18 @@ def _pil(image: bytes) -> Image.Image:
     return Image.open(io.BytesIO(image))
 
 
-def _reference(family: str, directory: str, text: str, images: list[bytes]) -> list[int]:
-    inputs = reference_inputs(family, directory, text, images)
-    return greedy_reference(directory, inputs, NUM_TOKENS)
+def _reference(family: str, directory: str, text: str, images: list[bytes]) -> tuple[list[int], list[float]]:
+    return greedy_logprobs(directory, reference_inputs(family, directory, text, images), NUM_TOKENS)
+
+
+def _greedy(output: RequestOutput) -> tuple[list[int], list[float]]:
+    """The ids and the logprob of each."""
+    completion = output.outputs[0]
+    ids = list(completion.token_ids)
+    assert completion.logprobs is not None
+    return ids, [step[token].logprob for token, step in zip(ids, completion.logprobs)]
+
+
 
 
 def test_generate_with_multi_modal_data_beside_a_text_prompt(offline: tuple[str, str, LLM]) -> None:
@@ -43,7 +52,9 @@ def test_generate_with_multi_modal_data_beside_a_text_prompt(offline: tuple[str,
     expected = [_reference(family, directory, f"Look: {image} and {image}.", IMAGES),
                 _reference(family, directory, f"{image}What is this?", IMAGES[1:]),
                 _reference(family, directory, "A story about a clock:", [])]
-    assert [list(output.outputs[0].token_ids) for output in outputs] == expected
+    for output, reference in zip(outputs, expected):
+        assert output.outputs[0].token_ids == reference[0]
+        assert _greedy(output)[1] == pytest.approx(reference[1], abs=1e-4)
 
 
 def test_chat_with_image_parts(offline: tuple[str, str, LLM]) -> None:
@@ -53,9 +64,11 @@ def test_chat_with_image_parts(offline: tuple[str, str, LLM]) -> None:
                                                  {"type": "text", "text": "Describe it."},
                                                  {"type": "image_pil", "image_pil": _pil(IMAGES[1])}]}]
     output = llm.chat(conversation, GREEDY, use_tqdm=False)[0]
-    text = chat_text(directory, [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe it."},
-                                                              {"type": "image"}]}])
-    assert list(output.outputs[0].token_ids) == _reference(family, directory, text, IMAGES)
+    parts = [{"type": "image"}, {"type": "text", "text": "Describe it."}, {"type": "image"}]
+    text = chat_text(directory, [{"role": "user", "content": parts}])
+    ids, logprobs = _reference(family, directory, text, IMAGES)
+    assert output.outputs[0].token_ids == ids
+    assert _greedy(output)[1] == pytest.approx(logprobs, abs=1e-4)
 
 
 def test_bad_images_are_named_before_any_work(offline: tuple[str, str, LLM]) -> None:
