@@ -44,9 +44,10 @@ FAMILIES: dict[str, Family] = {
     "gemma2": Family(gemma=True),
     "gemma3_text": Family(gemma=True, rotary_by_layer_type=True),
     "qwen2_vl_text": Family(),  # Qwen2-VL's text model: Qwen2's blocks, multimodal rotary positions
+    "qwen2_5_vl_text": Family(),  # Qwen2.5-VL's: the same
 }
 SUPPORTED = ("llama", *FAMILIES)
-BIASED_QKV = ("qwen2", "qwen2_vl_text")
+BIASED_QKV = ("qwen2", "qwen2_vl_text", "qwen2_5_vl_text")
 
 
 def supports(config: TransformersConfig) -> bool:

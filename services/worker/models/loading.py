@@ -18,7 +18,7 @@ from ztgi.services.worker.models.gguf_checkpoint import GgufCheckpoint
 from ztgi.services.worker.models.pooling import Pooling, read_pooling
 from ztgi.services.worker.vision.text_view import TextView
 from ztgi.services.worker.vision.vision_encoder import MODEL_TYPES as VISION_MODEL_TYPES
-from ztgi.services.worker.vision.vision_encoder import VisionEncoder
+from ztgi.services.worker.vision.vision_encoder import QWEN2_VL_TYPES, VisionEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def _load_vision(source: ModelSource, config: TransformersConfig, dtype: torch.d
     multimodal = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, device_map=str(device),
                                                              **arguments).eval()
     text = TextView.of(multimodal)
-    merge = config.vision_config.spatial_merge_size if config.model_type == "qwen2_vl" else None
+    merge = config.vision_config.spatial_merge_size if config.model_type in QWEN2_VL_TYPES else None
     encoder = VisionEncoder(config.model_type, multimodal.model, int(config.image_token_id), dtype, device, merge)
     loaded = LoadedModel(source.name, device, dtype, text, text.config, frozenset(_eos_token_ids(text)),
                          quantize, pooling=read_pooling(source.path, config), vision=encoder)

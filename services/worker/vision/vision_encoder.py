@@ -17,7 +17,7 @@ from ztgi.services.worker.layers.transformers_module import TransformersModule
 from ztgi.services.worker.vision.raw_tensors import image_tensors
 
 IDEFICS3_TYPES = ("idefics3", "smolvlm")
-QWEN2_VL_TYPES = ("qwen2_vl",)
+QWEN2_VL_TYPES = ("qwen2_vl", "qwen2_5_vl")  # the same image inputs, rows and positions
 MODEL_TYPES = (*IDEFICS3_TYPES, *QWEN2_VL_TYPES)
 
 

@@ -19,8 +19,8 @@ PROMPTS = [
 ]
 
 
-# Qwen2-VL's text model has no causal LM of its own: tests/worker/vision runs it with its images
-CAUSAL_LM_FAMILIES = sorted(set(FAMILIES) - {"qwen2_vl_text"})
+# Qwen2-VL's text models have no causal LM of their own: tests/worker/vision runs them with their images
+CAUSAL_LM_FAMILIES = sorted(set(FAMILIES) - {"qwen2_vl_text", "qwen2_5_vl_text"})
 
 
 @pytest.fixture(scope="module", params=CAUSAL_LM_FAMILIES)
@@ -77,7 +77,7 @@ def test_unsupported_architecture_names_the_supported_ones():
     auto falls back to the padded transformers forward."""
     from transformers import GPT2Config
 
-    supported = "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, qwen2_vl_text"
+    supported = "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, qwen2_vl_text, qwen2_5_vl_text"
     with pytest.raises(ValueError, match=f"gpt2.*supported: {supported}"):
         resolve_kv_cache("paged", "auto", GPT2Config())
     assert resolve_kv_cache("auto", "auto", GPT2Config()) == "padded"

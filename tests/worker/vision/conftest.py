@@ -8,7 +8,7 @@ import torch
 from ztgi.services.worker.model_loader import load_model
 from ztgi.services.worker.paged.model import PagedModel
 
-FAMILIES = ("idefics3", "qwen2_vl")
+FAMILIES = ("idefics3", "qwen2_vl", "qwen2_5_vl")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

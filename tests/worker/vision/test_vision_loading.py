@@ -15,7 +15,7 @@ def test_the_worker_says_it_takes_images(vision_model, family):
     """WorkerInfo.vision is set; the text config is the language model's."""
     info = vision_model.info()
     assert info.vision and info.hidden_size == 64
-    assert vision_model.loaded.vision is not None and vision_model.loaded.vision.uses_mrope == (family == "qwen2_vl")
+    assert vision_model.loaded.vision is not None and vision_model.loaded.vision.uses_mrope == (family != "idefics3")
 
 
 def test_the_padded_engine_and_other_quantizations_refuse_images(vision_dirs):
