@@ -20,7 +20,8 @@ from ztgi.services.tokenizer.vision_processor import (
 logger = logging.getLogger(__name__)
 
 IDEFICS3_TYPES = ("idefics3", "smolvlm")
-VISION_TYPES = (*IDEFICS3_TYPES, "qwen2_vl")
+QWEN2_VL_TYPES = ("qwen2_vl", "qwen2_5_vl")  # one image processor and placeholder expansion
+VISION_TYPES = (*IDEFICS3_TYPES, *QWEN2_VL_TYPES)
 
 
 def load_tokenizer(model_id: str) -> PreTrainedTokenizerBase:
@@ -36,7 +37,7 @@ def load_tokenizer(model_id: str) -> PreTrainedTokenizerBase:
 
 def load_vision_processor(model_id: str, tokenizer: PreTrainedTokenizerBase,
                           max_image_pixels: int = MAX_IMAGE_PIXELS.default) -> VisionProcessor | None:
-    """The image side of a vision-language model (Idefics3, SmolVLM, Qwen2-VL), with its PIL image
+    """The image side of a vision-language model (Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL), with its PIL image
     processor (torchvision is not needed); None for a text model, whose requests with images are
     refused. A vision model of another family is served as text, with a warning. Gives `tokenizer`
     the processor's chat template where the tokenizer has none (older Idefics3 checkpoints)."""

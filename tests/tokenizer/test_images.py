@@ -301,7 +301,8 @@ def test_text_and_unsupported_vision_models_load_no_processor(tokenizer: PreTrai
     assert load_vision_processor(tokenizer.name_or_path, tokenizer) is None
     (tmp_path / "config.json").write_text('{"model_type": "llava", "vision_config": {}}')
     assert load_vision_processor(str(tmp_path), tokenizer) is None
-    assert "llava vision-language model: images are supported for idefics3, smolvlm, qwen2_vl only" in caplog.text
+    assert ("llava vision-language model: images are supported for idefics3, smolvlm, qwen2_vl, qwen2_5_vl only"
+            in caplog.text)
 
 
 def test_a_text_model_refuses_images(tokenizer: PreTrainedTokenizerBase) -> None:

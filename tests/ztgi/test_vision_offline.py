@@ -1,6 +1,7 @@
 """Offline `LLM` with images, vLLM's way: `generate` with `multi_modal_data` on a prompt holding the
-model's image placeholders, and `chat` with image parts, on tiny random Idefics3 and Qwen2-VL models
-(float32): the same greedy tokens as transformers, image and text prompts in one run."""
+model's image placeholders, and `chat` with image parts, on tiny random Idefics3, Qwen2-VL and
+Qwen2.5-VL models (float32): the same greedy tokens and logprobs as transformers, image and text
+prompts in one run."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ IMAGES = [drawn_image(40, 30, seed=3), drawn_image(24, 36, seed=4)]
 GREEDY = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=1)
 
 
-@pytest.fixture(scope="module", params=["idefics3", "qwen2_vl"])
+@pytest.fixture(scope="module", params=["idefics3", "qwen2_vl", "qwen2_5_vl"])
 def offline(request: pytest.FixtureRequest, vision_dirs: dict[str, str]) -> tuple[str, str, LLM]:
     family = request.param
     return family, vision_dirs[family], LLM(vision_dirs[family], dtype="float32")
