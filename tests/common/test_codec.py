@@ -114,7 +114,7 @@ def test_post_init_validation() -> None:
     """Generate with both inputs and messages is rejected on decode."""
     with pytest.raises(MessageError, match="exactly one of inputs, messages and input_ids"):
         wire = msgpack.unpackb(encode(m.Generate("r", "x", None, m.GenerateParameters())))
-        wire[3] = [["user", "hi", None, None]]
+        wire[3] = [["user", "hi", None, None, None]]
         decode(msgpack.packb(wire))
 
 
