@@ -21,8 +21,14 @@ from typing import Any, TypeVar, dataclass_transform
 
 import msgpack
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-"""Frames larger than this are rejected before they are unpacked."""
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+"""Frames larger than this are rejected before they are unpacked (ZMQ drops them unread)."""
+
+MAX_IMAGE_BYTES_PER_MESSAGE = 96 * 1024 * 1024
+"""What images may take of one frame: one request's files (gateway to scheduler), one request's pixel
+tensors (tokenizer to scheduler), all of one Prefill's (scheduler to worker; a request alone may fill
+it). The rest of the frame is room for its text and ids. SmolVLM's largest tiling of one image (17
+tiles of 512 pixels in float32) is 53.5 MB."""
 
 
 class MessageError(ValueError):

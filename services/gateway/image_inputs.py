@@ -17,6 +17,7 @@ import dataclasses
 
 import yarl
 
+from ztgi.common.codec import MAX_IMAGE_BYTES_PER_MESSAGE
 from ztgi.common.messages import ChatMessage, ContentPart
 from ztgi.common.parameters import ValidationError
 
@@ -57,6 +58,15 @@ def check_num_images(num_images: int, max_images: int, field: str) -> None:
     if num_images > max_images:
         raise ValidationError(field, f"the request has {num_images} images, more than --max-images-per-request "
                                      f"{max_images}")
+
+
+def check_total_bytes(files: list[bytes], field: str) -> None:
+    """A request's files must fit, together, in the message that takes them to the scheduler."""
+    total = sum(len(data) for data in files)
+    if total > MAX_IMAGE_BYTES_PER_MESSAGE:
+        raise ValidationError(field, f"the request's {len(files)} images take {total} bytes, more than the "
+                                     f"{MAX_IMAGE_BYTES_PER_MESSAGE} one request may carry: send fewer or smaller "
+                                     f"images")
 
 
 def is_data_url(url: str) -> bool:

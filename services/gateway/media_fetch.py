@@ -21,6 +21,7 @@ from ztgi.common.parameters import ValidationError
 from ztgi.services.gateway.config import GatewayConfig
 from ztgi.services.gateway.image_inputs import (
     check_num_images,
+    check_total_bytes,
     decode_data_url,
     fetched_url,
     is_data_url,
@@ -54,11 +55,14 @@ class MediaFetcher:
         return await self.load(urls, field) if urls else None
 
     async def load(self, urls: list[str], field: str) -> list[bytes]:
-        """One file per URL, in order; ValidationError (`field`) for the first URL that fails."""
+        """One file per URL, in order; ValidationError (`field`) for the first URL that fails, or
+        files that together would not fit in one message to the scheduler."""
         check_num_images(len(urls), self.max_images, field)
         sources = [self._source(url, field) for url in urls]
         fetched = iter(await self._fetch_all([s for s in sources if isinstance(s, yarl.URL)], field))
-        return [next(fetched) if isinstance(source, yarl.URL) else source for source in sources]
+        files = [next(fetched) if isinstance(source, yarl.URL) else source for source in sources]
+        check_total_bytes(files, field)
+        return files
 
     async def fetch(self, url: yarl.URL, field: str) -> bytes:
         """The body of a 2xx answer to GET `url`, within the time and size limits."""

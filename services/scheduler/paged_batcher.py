@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ztgi.common.codec import MAX_IMAGE_BYTES_PER_MESSAGE
 from ztgi.services.scheduler.block_allocator import BlockAllocator
 from ztgi.services.scheduler.config import SchedulerConfig
 from ztgi.services.scheduler.placement import PlacementPolicy
@@ -116,8 +117,10 @@ class PagedBatcher:
         """From the front of the queue while tokens, blocks and the batch size allow (skipping the
         requests `placement` keeps for another worker, and those of a LoRA adapter when the worker
         runs --max-loras others: `adapters` are the ones it runs). A request takes the blocks of its
-        whole input at once, so its later chunks never wait for blocks."""
+        whole input at once, so its later chunks never wait for blocks. The Prefill takes images up to
+        what one message holds (a request alone may fill it): the next ones wait for the next step."""
         reserve = int(allocator.num_blocks * RESERVE_FRACTION) if size else 0
+        image_bytes = 0
         max_size = self.config.max_batch_size
         prefilling = [r for r in step.running if r.seq_id in step.chunks]  # prompts being computed
         num_waiting = 0
@@ -128,6 +131,8 @@ class PagedBatcher:
             adapter = request.adapter.name if request.adapter is not None else None
             if adapter is not None and adapter not in adapters and len(adapters) >= self.config.max_loras:
                 continue  # waits until one of the worker's adapters has no running request
+            if image_bytes and image_bytes + request.image_bytes > MAX_IMAGE_BYTES_PER_MESSAGE:
+                return
             prefill_len = request.input_length
             reuses = allocator.cache is not None and self._may_reuse(request)
             tokens = request.cache_tokens
@@ -154,6 +159,7 @@ class PagedBatcher:
             step.num_new[request.seq_id] = chunk
             used += chunk
             size += 1
+            image_bytes += request.image_bytes
             if adapter is not None:
                 adapters.add(adapter)
 

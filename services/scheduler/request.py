@@ -69,6 +69,12 @@ class Request:
         return self._prompt_cache_ids + self.generated_ids
 
     @property
+    def image_bytes(self) -> int:
+        """The bytes of its images' tensors: what it adds to the Prefill that starts it."""
+        assert self.encoded is not None
+        return sum(len(tensor.data) for image in self.encoded.images for tensor in image.tensors)
+
+    @property
     def tokenizer_id(self) -> bytes:
         assert self.encoded is not None
         return self.encoded.tokenizer_id

@@ -20,12 +20,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from ztgi.common.codec import MAX_IMAGE_BYTES_PER_MESSAGE
 from ztgi.common.messages import RawTensor
 from ztgi.common.parameters import ValidationError
 from ztgi.services.tokenizer.image_decoder import decode_image
 from ztgi.services.tokenizer.raw_tensor import raw_tensor, tensors_digest
 
-MAX_TENSOR_BYTES = 48 * 1024 * 1024  # of one request's images: the wire's frames stop at 64 MiB (codec)
+MAX_TENSOR_BYTES = MAX_IMAGE_BYTES_PER_MESSAGE  # of one request's images: what a frame leaves them (codec)
 
 
 @dataclasses.dataclass(frozen=True)

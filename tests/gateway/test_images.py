@@ -28,6 +28,7 @@ from ztgi.common.config import ConfigError, config_from_namespace
 from ztgi.common.free_ports import free_port
 from ztgi.common.messages import ChatMessage, ContentPart, Generate
 from ztgi.common.parameters import ValidationError
+from ztgi.services.gateway import image_inputs
 from ztgi.services.gateway.config import GatewayConfig
 from ztgi.services.gateway.image_inputs import decode_data_url, host_allowed, pending_image, with_images
 
@@ -353,6 +354,16 @@ def test_data_urls_decode_to_the_file() -> None:
     assert "\n" in wrapped and decode_data_url(wrapped, len(PNG), "messages") == PNG
     with pytest.raises(ValidationError, match=f"an image of {len(PNG)} bytes is larger than --max-image-bytes"):
         decode_data_url(data_url(PNG), len(PNG) - 1, "messages")
+
+
+def test_files_must_fit_together_in_one_message_to_the_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Images each under --max-image-bytes whose sum would not fit in the Generate message are refused
+    (a frame over the limit would be dropped unread by the scheduler's socket)."""
+    monkeypatch.setattr(image_inputs, "MAX_IMAGE_BYTES_PER_MESSAGE", len(PNG) + len(JPEG) - 1)
+    image_inputs.check_total_bytes([PNG], "messages")
+    with pytest.raises(ValidationError, match="the request's 2 images take .* bytes, more than the .* one request "
+                                              "may carry: send fewer or smaller images"):
+        image_inputs.check_total_bytes([PNG, JPEG], "messages")
 
 
 def test_files_replace_pending_images_in_order() -> None:

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from tests.scheduler.test_paged_batching import BLOCK_SIZE, PagedPeer, next_token
 from tests.scheduler.test_scheduler import CLIENT, INFO, TOKENIZER
 from ztgi.common import messages as m
 from ztgi.common.codec import decode, encode
+from ztgi.services.scheduler import paged_batcher
 from ztgi.services.scheduler.config import SchedulerConfig
 from ztgi.services.scheduler.scheduler import Scheduler
 
@@ -113,9 +116,24 @@ def test_shared_prefix_requests_reuse_the_cache_and_answer_as_without_it() -> No
     assert harness.scheduler.metrics.prefix_cache_hit_tokens.values[()] == 7 * 60
 
 
-def _image(digest: bytes, start: int, end: int) -> m.EncodedImage:
-    pixels = m.RawTensor("pixel_values", "float32", [2], bytes(8))
+def _image(digest: bytes, start: int, end: int, num_bytes: int = 8) -> m.EncodedImage:
+    pixels = m.RawTensor("pixel_values", "float32", [num_bytes // 4], bytes(num_bytes))
     return m.EncodedImage(digest, start, end, end - start, [pixels])
+
+
+def test_a_prefill_takes_images_up_to_what_one_message_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three image requests of 40 bytes each where a message holds 100 bytes of images: the first
+    Prefill starts two, the third waits for the next step (a text request is not held back by it
+    beyond that), and every request answers as without the limit."""
+    monkeypatch.setattr(paged_batcher, "MAX_IMAGE_BYTES_PER_MESSAGE", 100)
+    harness = Harness(step_tokens=1024)
+    prompts = {f"image {i}": [10 + i] * 8 + DOCUMENT[:12] for i in range(3)}
+    for i, (rid, prompt) in enumerate(prompts.items()):
+        harness.submit(rid, prompt, 3, [_image(bytes([i]) * 16, 0, 8, num_bytes=40)])
+    harness.step()
+    assert set(harness.placements) == {"image 0", "image 1"}
+    harness.run()
+    assert harness.tokens == {rid: expected_tokens(prompt, 3) for rid, prompt in prompts.items()}
 
 
 def test_blocks_covering_an_image_are_shared_only_with_the_same_image() -> None:

@@ -277,7 +277,7 @@ def test_an_image_the_processor_refuses(encoders: dict[str, Encoder]) -> None:
 
 
 def test_too_much_pixel_data_is_refused(encoders: dict[str, Encoder], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tensors over the per-request budget (48 MiB: a frame stops at 64) ask for fewer or smaller images."""
+    """Tensors over the per-request budget (96 MiB: a frame stops at 128) ask for fewer or smaller images."""
     monkeypatch.setattr(vision_processor, "MAX_TENSOR_BYTES", 40_000)
     with pytest.raises(ValidationError, match="send fewer or smaller images"):
         encoders["idefics3"].encode(KEY, _generate("![](a)![](b)", images=PICTURES))
