@@ -73,16 +73,31 @@ def write_tiny_idefics3(directory: str, smollm2_dir: str, seed: int = 0) -> str:
     return directory
 
 
-def write_tiny_qwen2_vl(directory: str, smollm2_dir: str, seed: int = 0) -> str:
-    """Qwen2-VL with a 2-layer vision transformer on 4-pixel patches merged 2x2 and a 2-layer Qwen2
-    (multimodal rotary sections 2+3+3 of a 16-wide head); images between 8x8 and 32x32 pixels after
-    resizing."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil
+QWEN2_VL_VISION = {"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2}
+QWEN2_5_VL_VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                     "window_size": 16, "fullatt_block_indexes": [1]}
 
+
+def write_tiny_qwen2_vl(directory: str, smollm2_dir: str, seed: int = 0, version: str = "2") -> str:
+    """Qwen2-VL (`version` "2") or Qwen2.5-VL ("2.5": RMSNorm, gated MLP, windowed attention in all
+    vision blocks but the last) with a 2-layer vision transformer on 4-pixel patches merged 2x2 and a
+    2-layer Qwen2 (multimodal rotary sections 2+3+3 of a 16-wide head); images between 8x8 and
+    32x32 pixels after resizing."""
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen2VLImageProcessorPil,
+    )
+
+    config_class, model_class, vision = ((Qwen2VLConfig, Qwen2VLForConditionalGeneration, QWEN2_VL_VISION)
+                                         if version == "2" else
+                                         (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, QWEN2_5_VL_VISION))
     tokenizer = _tokenizer(smollm2_dir, ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
                                          "<|im_end|>"])
     ids = tokenizer.convert_tokens_to_ids
-    config = Qwen2VLConfig(
+    config = config_class(
         image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
         vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
         text_config={"vocab_size": _vocab_size(tokenizer), "hidden_size": 64, "intermediate_size": 128,
@@ -90,10 +105,9 @@ def write_tiny_qwen2_vl(directory: str, smollm2_dir: str, seed: int = 0) -> str:
                      "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2,
                      "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                          "mrope_section": [2, 3, 3]}},
-        vision_config={"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2,
-                       "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2})
+        vision_config={**vision, "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2})
     torch.manual_seed(seed)
-    Qwen2VLForConditionalGeneration(config).save_pretrained(directory)
+    model_class(config).save_pretrained(directory)
     image_processor = Qwen2VLImageProcessorPil(min_pixels=8 * 8, max_pixels=32 * 32, patch_size=4, merge_size=2,
                                                temporal_patch_size=2)
     image_processor.save_pretrained(directory)  # Qwen2VLProcessor insists on a torchvision video processor
@@ -103,32 +117,7 @@ def write_tiny_qwen2_vl(directory: str, smollm2_dir: str, seed: int = 0) -> str:
 
 
 def write_tiny_qwen2_5_vl(directory: str, smollm2_dir: str, seed: int = 0) -> str:
-    """Qwen2.5-VL: the Qwen2-VL test model's text side and processor, and Qwen2.5's vision tower
-    (RMSNorm, gated MLP, windowed attention in all blocks but the last) on 4-pixel patches."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
-
-    tokenizer = _tokenizer(smollm2_dir, ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
-                                         "<|im_end|>"])
-    ids = tokenizer.convert_tokens_to_ids
-    config = Qwen2_5_VLConfig(
-        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
-        text_config={"vocab_size": _vocab_size(tokenizer), "hidden_size": 64, "intermediate_size": 128,
-                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                     "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2,
-                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                         "mrope_section": [2, 3, 3]}},
-        vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
-                       "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 16,
-                       "fullatt_block_indexes": [1]})
-    torch.manual_seed(seed)
-    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(directory)
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=8 * 8, max_pixels=32 * 32, patch_size=4, merge_size=2,
-                                               temporal_patch_size=2)
-    image_processor.save_pretrained(directory)
-    tokenizer.chat_template = QWEN2_VL_TEMPLATE
-    tokenizer.save_pretrained(directory)
-    return directory
+    return write_tiny_qwen2_vl(directory, smollm2_dir, seed, version="2.5")
 
 
 def drawn_image(width: int, height: int, seed: int, image_format: str = "PNG") -> bytes:

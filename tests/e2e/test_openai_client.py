@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Iterator
 from unittest import mock
@@ -11,6 +12,7 @@ import pytest
 import requests
 
 from tests.e2e.server import LaunchedServer
+from tests.vision_models import drawn_image
 
 API_KEY = "e2e-key"
 ORIGIN = "https://chat.example.com"
@@ -157,6 +159,18 @@ def test_x_request_id_is_echoed_names_the_answer_and_the_log(client: openai.Open
     refused = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 1},
                           headers={"x-request-id": "x" * 200, "Authorization": f"Bearer {API_KEY}"})
     assert refused.status_code == 400 and "x-request-id" in refused.json()["error"]["message"]
+
+
+def test_an_image_sent_to_this_text_model_is_refused(client: openai.OpenAI) -> None:
+    """SmolLM2 takes no images: an image part is the client's error (422) naming the model, and /v1/models
+    says so; the next request is served."""
+    image = "data:image/png;base64," + base64.b64encode(drawn_image(16, 16, seed=0)).decode()
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client.chat.completions.create(model="any", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "What is this?"}]}])
+    assert "this model does not take images" in caught.value.body["message"]
+    assert client.models.list().data[0].model_extra["input_modalities"] == ["text"]
+    assert client.chat.completions.create(model="any", messages=QUESTION, max_tokens=1).choices[0].message.content
 
 
 @pytest.mark.parametrize("arguments,field", [
