@@ -1,5 +1,5 @@
 """A bounded soak: mixed load with random disconnects; nothing that should succeed fails, and
-every service's memory stays flat. `ZTGI_SOAK_S` sets the load time (default 50 s in CI)."""
+every service's memory stays flat. `ZTGI_SOAK_S` sets the load time (default 40 s in CI)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tests.e2e.faults import (
 from tests.e2e.server import LaunchedServer
 from ztgi.common.client.sync_client import ZtgiClient
 
-SOAK_S = float(os.environ.get("ZTGI_SOAK_S", "50"))
+SOAK_S = float(os.environ.get("ZTGI_SOAK_S", "40"))
 NUM_CLIENTS = 8
 DISCONNECT_RATE = 0.25
 WARMUP_FRACTION = 0.2  # RSS samples before this share of the run are warm-up (allocator arenas, caches)
