@@ -126,12 +126,16 @@ def test_dequantize_in_c_gives_the_weights(kind):
 
 @needs_kernel
 def test_layer_keeps_the_input_shape_and_dtype():
-    """3-d, 2-d and bfloat16 inputs; the short path for a step's 2-d bfloat16 rows computes the same."""
+    """3-d, 2-d and bfloat16 inputs; the short path for a step's 2-d bfloat16 rows computes the same;
+    float32 rows (two levels) differ from bfloat16's (one) by at most 8-bit rows' rounding."""
     layer = Int8BlockLinear.load(*quantize_blocks(_weight(48, 64)))
     x = torch.randn(2, 3, 64).to(torch.bfloat16)
     y = layer(x)
     assert y.shape == (2, 3, 48) and y.dtype == torch.bfloat16
-    torch.testing.assert_close(y[1, 2].float(), layer(x[1, 2:3].float())[0].to(torch.bfloat16).float())
+    weights = layer.dequantized().float()
+    rounding = weights.abs() @ x[1, 2].float().view(-1, BLOCK_SIZE).abs().amax(-1).repeat_interleave(BLOCK_SIZE) / 254
+    difference = (y[1, 2].float() - layer(x[1, 2:3].float())[0]).abs()
+    assert (difference <= rounding * 1.01 + y[1, 2].float().abs() * 2.0**-8).all()
     assert torch.equal(layer(x[1]), y[1])
     assert layer(x.double()).dtype == torch.float64
 

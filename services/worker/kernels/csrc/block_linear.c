@@ -3,11 +3,14 @@
  * 32 inputs, each a float16 (or float32) factor per super-block times an int8 per sub-block, as
  * the file stores them: the product forms each scale (exact in float32) as it reads the block.
  *
- * Integer products, as llama.cpp computes these formats, with finer activations: each row of x is
- * rounded per block of 32 inputs to int8 codes c1 in steps of its largest magnitude over 127, and
- * what that leaves to int8 codes c2 in steps 254 times finer, so x = step (254 c1 + c2) / 254 to
- * about 16 bits (llama.cpp keeps c1 alone, 8 bits, which moved greedy texts off float weights'
- * twice as often). Each sub-block's products of codes are summed exactly in int32 with
+ * Integer products, as llama.cpp computes these formats: each row of x is rounded per block of 32
+ * inputs to int8 codes c1 in steps of its largest magnitude over 127. Rows of bfloat16 keep c1
+ * alone, 8 bits as llama.cpp's (and as fine as bfloat16's own mantissa), one VNNI product per
+ * group. Rows of float32, the exactness dtype, also round what c1 leaves to int8 codes c2 in
+ * steps 254 times finer, so x = step (254 c1 + c2) / 254 to about 16 bits, for a second product
+ * per group: 8-bit rows moved greedy texts off float weights' twice as often, and the second
+ * product costs a step of many rows half again its time. Each sub-block's products of codes are
+ * summed exactly in int32 with
  * AVX512-VNNI, then per output step * (scale * dot + offset * sum of x's codes) in float32. VNNI
  * multiplies unsigned bytes by signed ones: the weights' codes are unsigned. Where the offsets
  * are -center scales, center times the code sum is taken off the integer dot instead (exact).
@@ -41,8 +44,8 @@ typedef struct {
     const BlockWeights *w;
     int64_t blocks;
     const int8_t *codes;      /* x rounded: [rows][blocks][c1 32, c2 32] */
-    const float *steps;       /* [rows][blocks]: what one unit of 254 c1 + c2 is worth */
-    const int32_t *code_sums; /* [rows][blocks * 2]: sums of 254 c1 + c2 per 16 inputs */
+    const float *steps;       /* [rows][blocks]: what one unit of the row's code is worth */
+    const int32_t *code_sums; /* [rows][blocks * 2]: sums of the codes per 16 inputs */
     void *out;
     int64_t out_stride;
     int bf16;                 /* x and out bfloat16, else float32 */
@@ -54,11 +57,15 @@ static inline __m512 load16(const void *row, int64_t at, int bf16) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
-/* 16 values times `inverse` (first-level steps per unit) to c1 (at `codes`) and c2 (BLOCK further);
- * returns the sum of 254 c1 + c2. What c1 leaves is taken from the exact product (one fused
- * operation), so it does not hang on the compiler's choice to fuse. */
-static inline int32_t round16(__m512 x, __m512 inverse, int8_t *codes) {
+/* 16 values times `inverse` (first-level steps per unit) to c1 (at `codes`); returns their sum,
+ * or with two `levels` also c2 (BLOCK further) and the sum of 254 c1 + c2. What c1 leaves is taken
+ * from the exact product (one fused operation), so it does not hang on the compiler's choice to fuse. */
+static inline int32_t round16(__m512 x, __m512 inverse, int8_t *codes, int levels) {
     __m512i first = _mm512_cvtps_epi32(_mm512_mul_ps(x, inverse));  /* nearest, ties to even */
+    if (levels == 1) {
+        _mm_storeu_si128((__m128i *)codes, _mm512_cvtsepi32_epi8(first));
+        return _mm512_reduce_add_epi32(first);
+    }
     __m512 left = _mm512_fmsub_ps(x, inverse, _mm512_cvtepi32_ps(first));
     __m512i second = _mm512_cvtps_epi32(_mm512_mul_ps(left, _mm512_set1_ps((float)FINER)));
     _mm_storeu_si128((__m128i *)codes, _mm512_cvtsepi32_epi8(first));
@@ -66,16 +73,18 @@ static inline int32_t round16(__m512 x, __m512 inverse, int8_t *codes) {
     return _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_mullo_epi32(first, _mm512_set1_epi32(FINER)), second));
 }
 
-/* One row of x rounded per block of 32: its codes, each block's step, the sums of codes per 16. */
-static void round_row(const void *x, int bf16, int64_t blocks, int8_t *codes, float *steps, int32_t *sums) {
+/* One row of x rounded per block of 32 to `levels` codes: its codes, each block's step, the sums of
+ * codes per 16. */
+static void round_row(const void *x, int bf16, int levels, int64_t blocks, int8_t *codes, float *steps,
+                      int32_t *sums) {
     for (int64_t b = 0; b < blocks; b++) {
         __m512 low = load16(x, b * BLOCK, bf16), high = load16(x, b * BLOCK + HALF, bf16);
         float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
         __m512 inverse = _mm512_set1_ps(largest > 0.f ? 127.f / largest : 0.f);
         int8_t *block = codes + b * 2 * BLOCK;
-        sums[2 * b] = round16(low, inverse, block);
-        sums[2 * b + 1] = round16(high, inverse, block + HALF);
-        steps[b] = largest / 127.f / (float)FINER;
+        sums[2 * b] = round16(low, inverse, block, levels);
+        sums[2 * b + 1] = round16(high, inverse, block + HALF, levels);
+        steps[b] = levels == 1 ? largest / 127.f : largest / 127.f / (float)FINER;
     }
 }
 
@@ -103,14 +112,16 @@ ALWAYS_INLINE void load_groups(const BlockWeights *w, int64_t blocks, int64_t ti
     }
 }
 
-/* A tile's groups [from, to) against one row block's 254 c1 + c2, per output. */
-ALWAYS_INLINE __m512i block_dot(const __m512i groups[GROUPS], const int8_t *codes, const int from, const int to) {
+/* A tile's groups [from, to) against one row block's c1, or 254 c1 + c2 with two `levels`, per output. */
+ALWAYS_INLINE __m512i block_dot(const __m512i groups[GROUPS], const int8_t *codes, const int from, const int to,
+                                const int levels) {
     const int32_t *c1 = (const int32_t *)codes, *c2 = (const int32_t *)(codes + BLOCK);
     __m512i first = _mm512_setzero_si512(), second = _mm512_setzero_si512();
     for (int g = from; g < to; g++) {
         first = _mm512_dpbusd_epi32(first, groups[g], _mm512_set1_epi32(c1[g]));
-        second = _mm512_dpbusd_epi32(second, groups[g], _mm512_set1_epi32(c2[g]));
+        if (levels == 2) second = _mm512_dpbusd_epi32(second, groups[g], _mm512_set1_epi32(c2[g]));
     }
+    if (levels == 1) return first;
     return _mm512_add_epi32(_mm512_mullo_epi32(first, _mm512_set1_epi32(FINER)), second);
 }
 
@@ -155,7 +166,7 @@ ALWAYS_INLINE __m512 add_term(__m512 sums, __m512i dot, int32_t code_sum, float 
 
 /* `count` rows of x from `first` against one tile of 16 outputs. */
 ALWAYS_INLINE void tile_rows(const Product *p, int64_t tile, int64_t first, const int count, const int bits,
-                             const int sub_block, const int has_offsets) {
+                             const int sub_block, const int has_offsets, const int levels) {
     const BlockWeights *w = p->w;
     const int center = w->center, subs = BLOCK / sub_block, half = w->half_factors;
     const int super_shift = __builtin_ctz((unsigned)w->super_block);
@@ -188,12 +199,12 @@ ALWAYS_INLINE void tile_rows(const Product *p, int64_t tile, int64_t first, cons
             const int8_t *codes = p->codes + row_block * 2 * BLOCK;
             float step = p->steps[row_block];
             if (sub_block == BLOCK) {
-                __m512i dot = block_dot(groups, codes, 0, GROUPS);
+                __m512i dot = block_dot(groups, codes, 0, GROUPS, levels);
                 sums[r] = add_term(sums[r], dot, code_sums[0] + code_sums[1], step, scales[0], offsets[0], center,
                                    has_offsets);
             } else {
                 for (int s = 0; s < 2; s++) {
-                    __m512i dot = block_dot(groups, codes, s * GROUPS / 2, (s + 1) * GROUPS / 2);
+                    __m512i dot = block_dot(groups, codes, s * GROUPS / 2, (s + 1) * GROUPS / 2, levels);
                     sums[r] = add_term(sums[r], dot, code_sums[s], step, scales[s], offsets[s], center, has_offsets);
                 }
             }
@@ -210,28 +221,30 @@ ALWAYS_INLINE void tile_rows(const Product *p, int64_t tile, int64_t first, cons
     }
 }
 
-/* Every row of x against tile t, a pass of up to 8 rows at a time: one function per weight kind,
- * with the row count a constant in each pass so the sums stay in registers. */
-#define TILE_FUNCTION(name, bits, sub_block, has_offsets)                                     \
-    static void name(const Product *p, int64_t t, int64_t rows) {                              \
-        for (int64_t first = 0; first < rows; first += ROWS_PER_PASS) {                       \
-            int n = rows - first < ROWS_PER_PASS ? (int)(rows - first) : ROWS_PER_PASS;       \
-            switch (n) {                                                                       \
-            case 1: tile_rows(p, t, first, 1, bits, sub_block, has_offsets); break;            \
-            case 2: tile_rows(p, t, first, 2, bits, sub_block, has_offsets); break;            \
-            case 3: tile_rows(p, t, first, 3, bits, sub_block, has_offsets); break;            \
-            case 4: tile_rows(p, t, first, 4, bits, sub_block, has_offsets); break;            \
-            case 5: tile_rows(p, t, first, 5, bits, sub_block, has_offsets); break;            \
-            case 6: tile_rows(p, t, first, 6, bits, sub_block, has_offsets); break;            \
-            case 7: tile_rows(p, t, first, 7, bits, sub_block, has_offsets); break;            \
-            default: tile_rows(p, t, first, 8, bits, sub_block, has_offsets); break;           \
-            }                                                                                  \
-        }                                                                                      \
+/* Every row of x against tile t, a pass of up to 8 rows at a time: one function per weight kind
+ * and levels, with the row count a constant in each pass so the sums stay in registers. */
+#define TILE_FUNCTION(name, bits, sub_block, has_offsets, levels)                                     \
+    static void name(const Product *p, int64_t t, int64_t rows) {                                      \
+        for (int64_t first = 0; first < rows; first += ROWS_PER_PASS) {                               \
+            int n = rows - first < ROWS_PER_PASS ? (int)(rows - first) : ROWS_PER_PASS;               \
+            switch (n) {                                                                               \
+            case 1: tile_rows(p, t, first, 1, bits, sub_block, has_offsets, levels); break;            \
+            case 2: tile_rows(p, t, first, 2, bits, sub_block, has_offsets, levels); break;            \
+            case 3: tile_rows(p, t, first, 3, bits, sub_block, has_offsets, levels); break;            \
+            case 4: tile_rows(p, t, first, 4, bits, sub_block, has_offsets, levels); break;            \
+            case 5: tile_rows(p, t, first, 5, bits, sub_block, has_offsets, levels); break;            \
+            case 6: tile_rows(p, t, first, 6, bits, sub_block, has_offsets, levels); break;            \
+            case 7: tile_rows(p, t, first, 7, bits, sub_block, has_offsets, levels); break;            \
+            default: tile_rows(p, t, first, 8, bits, sub_block, has_offsets, levels); break;           \
+            }                                                                                          \
+        }                                                                                              \
     }
 
-#define KIND(bits, sub_block)                                   \
-    TILE_FUNCTION(tile_##bits##_##sub_block##_c, bits, sub_block, 0) \
-    TILE_FUNCTION(tile_##bits##_##sub_block##_o, bits, sub_block, 1)
+#define KIND(bits, sub_block)                                            \
+    TILE_FUNCTION(tile_##bits##_##sub_block##_c1, bits, sub_block, 0, 1) \
+    TILE_FUNCTION(tile_##bits##_##sub_block##_o1, bits, sub_block, 1, 1) \
+    TILE_FUNCTION(tile_##bits##_##sub_block##_c2, bits, sub_block, 0, 2) \
+    TILE_FUNCTION(tile_##bits##_##sub_block##_o2, bits, sub_block, 1, 2)
 KIND(4, 32)
 KIND(4, 16)
 KIND(5, 32)
@@ -243,10 +256,11 @@ KIND(8, 16)
 
 typedef void (*TileFn)(const Product *, int64_t, int64_t);
 
-#define PICK(bits, sub_block) \
-    (w->offset_factors ? tile_##bits##_##sub_block##_o : tile_##bits##_##sub_block##_c)
+#define PICK(bits, sub_block)                                                                     \
+    (w->offset_factors ? (levels == 1 ? tile_##bits##_##sub_block##_o1 : tile_##bits##_##sub_block##_o2) \
+                       : (levels == 1 ? tile_##bits##_##sub_block##_c1 : tile_##bits##_##sub_block##_c2))
 
-static TileFn tile_function(const BlockWeights *w) {
+static TileFn tile_function(const BlockWeights *w, int levels) {
     int fine = w->sub_block == HALF;
     switch (w->bits) {
     case 4: return fine ? PICK(4, 16) : PICK(4, 32);
@@ -293,13 +307,13 @@ static int64_t tile_count(const BlockWeights *w) { return (w->out_features + TIL
 
 /* One Product per part, its outputs `first` columns on in `out`; returns the tiles of all. */
 static int64_t products(const BlockWeights *parts[], int count, const Product *base, Product each[], TileFn fns[],
-                        int64_t first_tiles[]) {
+                        int64_t first_tiles[], int levels) {
     int64_t tiles = 0, first = 0;
     for (int i = 0; i < count; i++) {
         each[i] = *base;
         each[i].w = parts[i];
         each[i].out = (char *)base->out + first * (base->bf16 ? 2 : 4);
-        fns[i] = tile_function(parts[i]);
+        fns[i] = tile_function(parts[i], levels);
         first_tiles[i] = tiles;
         tiles += tile_count(parts[i]);
         first += parts[i]->out_features;
@@ -313,18 +327,19 @@ int block_linear(const void *x, int bf16, int64_t rows, const BlockWeights *w, v
     int count = parts_of(w, parts);
     if (rows < 1 || count == 0 || out_stride < w->out_features) return 1;
     int64_t in_features = w->in_features, blocks = in_features / BLOCK;
+    int levels = bf16 ? 1 : 2;
     int8_t *codes = malloc((size_t)(rows * in_features * 2));
     float *steps = malloc(sizeof(float) * (size_t)(rows * blocks));
     int32_t *code_sums = malloc(sizeof(int32_t) * (size_t)(rows * blocks * 2));
     int failed = codes == NULL || steps == NULL || code_sums == NULL;
     if (!failed) {
         for (int64_t r = 0; r < rows; r++)
-            round_row((const char *)x + r * in_features * (bf16 ? 2 : 4), bf16, blocks, codes + r * in_features * 2,
-                      steps + r * blocks, code_sums + r * blocks * 2);
+            round_row((const char *)x + r * in_features * (bf16 ? 2 : 4), bf16, levels, blocks,
+                      codes + r * in_features * 2, steps + r * blocks, code_sums + r * blocks * 2);
         Product base = {w, blocks, codes, steps, code_sums, out, out_stride, bf16}, each[MAX_PARTS];
         TileFn fns[MAX_PARTS];
         int64_t first_tiles[MAX_PARTS];
-        int64_t tiles = products(parts, count, &base, each, fns, first_tiles);
+        int64_t tiles = products(parts, count, &base, each, fns, first_tiles, levels);
 #pragma omp parallel for num_threads(num_threads) schedule(static)
         for (int64_t t = 0; t < tiles; t++) {
             int i = count - 1;

@@ -6,11 +6,13 @@ weights' bytes and how fast the products consume them. torch's CPU int4 kernel w
 weights to bfloat16 and multiplies in float. llama.cpp instead rounds each activation row to int8
 per block of 32 inputs and sums each block's products exactly in int32 with the CPU's VNNI dot
 products, several times the multiplies per instruction. `kernels/csrc/block_linear.c` does the same
-with finer activations: what the int8 rounding leaves is rounded again to int8 in steps 254 times
-finer, so each row keeps about 16 bits per block (with 8-bit rows, as llama.cpp's, 28% of greedy
-requests kept float weights' text against 52%; BENCHMARKS.md "Quantized weights"), for a second
-VNNI product per block that costs little where the weights' bytes are the time. One kernel takes
-4-, 5-, 6- and 8-bit codes by sub-blocks of 16 or 32 (`block_layout`).
+for bfloat16 rows (the serving dtype, whose own mantissa has 8 bits). Rows of float32, the dtype of
+exact parity, are rounded finer: what the int8 rounding leaves is rounded again to int8 in steps
+254 times finer, so each row keeps about 16 bits per block (with 8-bit rows 28% of greedy requests
+kept float weights' text against 52%; BENCHMARKS.md "Quantized weights"), for a second VNNI product
+per block: little where the weights' bytes are the time (one row), but half again the time of a
+step of many rows, which the compute decides. One kernel takes 4-, 5-, 6- and 8-bit codes by
+sub-blocks of 16 or 32 (`block_layout`).
 
 A call of more than `LARGE_ROWS[bits]` rows (a prefill chunk) is compute-bound: there the layer
 de-quantizes its weights into a buffer shared by all layers (`WeightScratch`) and multiplies with
