@@ -62,9 +62,9 @@ def _block(layer: object) -> tuple[BlockLinear, int] | None:
     """The layer's block product and the most rows it takes it for (above, the layer hands them to
     a float product); None for any other kind."""
     if isinstance(layer, RowDispatch) and isinstance(layer.quantized, BlockLinear):
-        return layer.quantized, min(layer.max_elements // layer.in_features, layer.quantized.large_rows)
+        return layer.quantized, min(layer.max_elements // layer.in_features, layer.quantized.most_rows(torch.bfloat16))
     if isinstance(layer, BlockLinear):
-        return layer, layer.large_rows
+        return layer, layer.most_rows(torch.bfloat16)
     return None
 
 

@@ -17,8 +17,10 @@ from tests.worker.layers.block_helpers import (
     rounded_rows,
 )
 from tests.worker.layers.test_quantized_linear import _weight, _write_gguf
+from ztgi.services.worker.layers.quantization import block_linear
 from ztgi.services.worker.layers.quantization.block_linear import (
     BLOCK_SIZE,
+    LARGE_ROWS,
     BlockLinear,
     Int4BlockLinear,
     Int8BlockLinear,
@@ -95,19 +97,34 @@ def test_product_into_a_column_slice_of_a_wider_output(dtype):
 @needs_kernel
 @pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
-def test_large_row_calls_multiply_the_dequantized_weights(kind, dtype):
-    """Above `large_rows` rows (by its bits) the layer multiplies its weights de-quantized (into the shared
-    scratch) with torch: x @ W.T to the dtype's rounding, rows not rounded."""
+def test_large_row_calls_multiply_the_dequantized_weights(kind, dtype, monkeypatch):
+    """Above `most_rows` rows (by its bits; bfloat16's on a CPU with AMX) the layer multiplies its weights
+    de-quantized (into the shared scratch) with torch: x @ W.T to the dtype's rounding, rows not rounded."""
+    monkeypatch.setattr(block_linear, "_has_amx", lambda: True)
     codes = block_codes(*kind, 40, 96, kind[0] == 8, seed=2)
     layer = BlockLinear.load(codes)
+    assert layer.most_rows(dtype) == LARGE_ROWS[kind[0]]
     weights = codes.dequantized().double()
-    for rows in (layer.large_rows + 1, 3 * layer.large_rows):
+    for rows in (layer.most_rows(dtype) + 1, 3 * layer.most_rows(dtype)):
         x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).to(dtype)
         exact = x.double() @ weights.T
         tolerance = 2.0**-7 if dtype is torch.bfloat16 else 2.0**-20
         scale = x.double().abs() @ weights.abs().T
         assert ((layer(x).double() - exact).abs() <= tolerance * scale + 1e-12).all()
     assert torch.equal(layer(x), torch.mm(x, layer.dequantize(dtype).t()))
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+def test_bfloat16_rows_without_amx_stay_on_the_integer_product(kind, monkeypatch):
+    """Without AMX, bfloat16 rows take the integer product (one int8 level) at any count: it is faster
+    than de-quantizing and torch's bfloat16 product there; float32 rows keep the crossover."""
+    monkeypatch.setattr(block_linear, "_has_amx", lambda: False)
+    codes = block_codes(*kind, 40, 96, kind[0] == 8, seed=4)
+    layer = BlockLinear.load(codes)
+    assert layer.most_rows(torch.float32) == LARGE_ROWS[kind[0]] and layer.most_rows(torch.bfloat16) > 10**9
+    x = torch.randn(3 * LARGE_ROWS[kind[0]], 96, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    assert_sum_of(layer(x), exact_terms(x, codes, layer.layout.center))
 
 
 @needs_kernel

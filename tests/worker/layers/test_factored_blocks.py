@@ -9,6 +9,7 @@ import torch
 
 from tests.worker.layers.block_helpers import assert_sum_of, exact_terms, needs_kernel
 from tests.worker.layers.gguf_files import Q, random_blocks
+from ztgi.services.worker.layers.quantization import block_linear
 from ztgi.services.worker.layers.quantization.block_codes import BlockCodes
 from ztgi.services.worker.layers.quantization.block_layout import BlockLayout
 from ztgi.services.worker.layers.quantization.block_linear import BlockLinear
@@ -71,12 +72,13 @@ def test_product_of_every_type_equals_exact_block_arithmetic(kind, rows, dtype):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_large_row_calls_of_a_k_quant_multiply_its_exact_weights(dtype):
-    """Above `large_rows` the factored Q4_K weights de-quantized in C (the scratch) are the codes'."""
+def test_large_row_calls_of_a_k_quant_multiply_its_exact_weights(dtype, monkeypatch):
+    """Above `most_rows` the factored Q4_K weights de-quantized in C (the scratch) are the codes'."""
+    monkeypatch.setattr(block_linear, "_has_amx", lambda: True)  # bfloat16's crossover is AMX's
     codes = _codes(Q.Q4_K)
     layer = BlockLinear.load(codes)
     assert layer is not None
-    x = torch.randn(layer.large_rows + 1, IN_FEATURES, generator=torch.Generator().manual_seed(5)).to(dtype)
+    x = torch.randn(layer.most_rows(dtype) + 1, IN_FEATURES, generator=torch.Generator().manual_seed(5)).to(dtype)
     assert torch.equal(layer(x), torch.mm(x, codes.dequantized().to(dtype).t()))
 
 
@@ -117,10 +119,11 @@ def test_integers_out_of_int8_range_are_refused():
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_parts_of_different_kinds_stack_each_as_stored(dtype):
+def test_parts_of_different_kinds_stack_each_as_stored(dtype, monkeypatch):
     """Q4_K q and k beside a Q6_K v: one layer of two packed parts (q and k as one 4-bit matrix, v
     6-bit), no code widened; one call gives each part's exact block arithmetic in its columns, also
-    into a slice of wider rows; de-quantized (and above `large_rows`) the parts' weights stacked."""
+    into a slice of wider rows; de-quantized (and above `most_rows`) the parts' weights stacked."""
+    monkeypatch.setattr(block_linear, "_has_amx", lambda: True)  # bfloat16's crossover is AMX's
     q, k, v = _codes(Q.Q4_K, 32, seed=1), _codes(Q.Q4_K, 16, seed=2), _codes(Q.Q6_K, 21, seed=3)
     layer = BlockLinear.load_stacked([q, k, v])
     assert layer is not None and [lay.bits for lay in layer.layouts] == [4, 6] and layer.out_features == 69
@@ -137,7 +140,7 @@ def test_parts_of_different_kinds_stack_each_as_stored(dtype):
         for part, columns in ((q, slice(0, 32)), (k, slice(32, 48)), (v, slice(48, 69))):
             assert_sum_of(got[:, columns], exact_terms(x, part, BlockLayout.pack(part).center))
         assert wide[:, :4].isnan().all() and wide[:, 73:].isnan().all()
-    x = torch.randn(layer.large_rows + 1, IN_FEATURES, generator=torch.Generator().manual_seed(9)).to(dtype)
+    x = torch.randn(layer.most_rows(dtype) + 1, IN_FEATURES, generator=torch.Generator().manual_seed(9)).to(dtype)
     assert torch.equal(layer(x), torch.mm(x, weights.to(dtype).t()))
 
 

@@ -14,9 +14,12 @@ per block: little where the weights' bytes are the time (one row), but half agai
 step of many rows, which the compute decides. One kernel takes 4-, 5-, 6- and 8-bit codes by
 sub-blocks of 16 or 32 (`block_layout`).
 
-A call of more than `LARGE_ROWS[bits]` rows (a prefill chunk) is compute-bound: there the layer
-de-quantizes its weights into a buffer shared by all layers (`WeightScratch`) and multiplies with
-torch (oneDNN, AMX where the CPU has it), without a float copy of the weights kept in memory.
+A call of many rows (a prefill chunk) is compute-bound. Rows of float32 (two levels), and of
+bfloat16 where the CPU has AMX, above `LARGE_ROWS[bits]` are multiplied by torch: the layer
+de-quantizes its weights into a buffer shared by all layers (`WeightScratch`), without a float copy
+of the weights kept in memory, and oneDNN multiplies (with AMX's tiles where there are). bfloat16
+rows without AMX stay on the integer product at any count: one int8 level beats de-quantizing and
+torch's bfloat16 product at every count measured (BENCHMARKS.md, issue 39).
 
 - `BlockLinear.load(codes)`: any `BlockCodes`; `load_stacked(parts)`: parts stacked by rows (fused
   q/k/v, gate/up), those of different kinds each in its own codes, all in one kernel call.
@@ -46,6 +49,7 @@ CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
 # by the codes' bits, the most rows the integer product takes; more are de-quantized into the
 # scratch and multiplied by torch (measured crossovers: the commit that set them)
 LARGE_ROWS = {4: 96, 5: 80, 6: 48, 8: 128}
+NO_ROW_LIMIT = 1 << 62
 
 __all__ = ["BLOCK_SIZE", "BlockLinear", "Int4BlockLinear", "Int8BlockLinear", "quantize_blocks"]
 
@@ -71,6 +75,11 @@ class BlockWeights(ctypes.Structure):
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     return native_library.load_or_none("block_linear.c", "quantized products", CPU_FLAGS)
+
+
+@functools.cache
+def _has_amx() -> bool:
+    return "amx_bf16" in native_library.cpu_flags()
 
 
 @functools.cache
@@ -142,7 +151,8 @@ class BlockLinear:
         self.layouts = [BlockLayout.pack(part) for part in parts]
         self.out_features, self.in_features = sum(p.out_features for p in parts), parts[0].in_features
         self.bits, self.sub_block = max(p.bits for p in parts), min(p.sub_block for p in parts)
-        self.large_rows = min(LARGE_ROWS[p.bits] for p in parts)
+        self._large_rows = min(LARGE_ROWS[p.bits] for p in parts)
+        self._large_bf16_rows = self._large_rows if _has_amx() else NO_ROW_LIMIT
         self._kernel, self._dequantize = kernels
         self.weights = BlockWeights.of(self.layouts[0])
         if len(self.layouts) > 1:
@@ -193,11 +203,16 @@ class BlockLinear:
                              f"{out.dtype} with strides {out.stride()}")
         return self._product(rows, out)
 
+    def most_rows(self, dtype: torch.dtype) -> int:
+        """The most rows of `dtype` one call multiplies with the integer product; more are de-quantized
+        and multiplied by torch."""
+        return self._large_bf16_rows if dtype is torch.bfloat16 else self._large_rows
+
     def _product(self, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """`product_into` over arguments already checked."""
         if not rows.shape[0]:  # a step with no row to compute (a prefill chunk that needs no logits)
             return out
-        if rows.shape[0] > self.large_rows:
+        if rows.shape[0] > self.most_rows(rows.dtype):
             return torch.mm(rows, self._dequantized_into_scratch(rows.dtype).t(), out=out)
         status = self._kernel(rows.data_ptr(), rows.dtype is torch.bfloat16, rows.shape[0], self._weights_address,
                               out.data_ptr(), out.stride(0), torch.get_num_threads())
