@@ -112,17 +112,41 @@ ALWAYS_INLINE void load_groups(const BlockWeights *w, int64_t blocks, int64_t ti
     }
 }
 
+/* acc + the VNNI product of `group` with the four codes at `codes` broadcast, the broadcast folded
+ * into the instruction's memory operand (GCC keeps a separate broadcast for the intrinsics). */
+ALWAYS_INLINE __m512i dpbusd_broadcast(__m512i acc, __m512i group, const int32_t *codes) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(group), "m"(*codes));
+    return acc;
+}
+
 /* A tile's groups [from, to) against one row block's c1, or 254 c1 + c2 with two `levels`, per output. */
 ALWAYS_INLINE __m512i block_dot(const __m512i groups[GROUPS], const int8_t *codes, const int from, const int to,
                                 const int levels) {
     const int32_t *c1 = (const int32_t *)codes, *c2 = (const int32_t *)(codes + BLOCK);
     __m512i first = _mm512_setzero_si512(), second = _mm512_setzero_si512();
     for (int g = from; g < to; g++) {
-        first = _mm512_dpbusd_epi32(first, groups[g], _mm512_set1_epi32(c1[g]));
-        if (levels == 2) second = _mm512_dpbusd_epi32(second, groups[g], _mm512_set1_epi32(c2[g]));
+        first = dpbusd_broadcast(first, groups[g], c1 + g);
+        if (levels == 2) second = dpbusd_broadcast(second, groups[g], c2 + g);
     }
     if (levels == 1) return first;
     return _mm512_add_epi32(_mm512_mullo_epi32(first, _mm512_set1_epi32(FINER)), second);
+}
+
+/* `count` rows' dots with a tile's groups [from, to) of one block (`block_dot`'s), one accumulator
+ * per row and the rows' products interleaved, so that no row waits on another's. */
+ALWAYS_INLINE void rows_dot(const __m512i groups[GROUPS], const int8_t *const codes[ROWS_PER_PASS], const int count,
+                            const int from, const int to, const int levels, __m512i dots[ROWS_PER_PASS]) {
+    if (levels == 2) {
+        for (int r = 0; r < count; r++) dots[r] = block_dot(groups, codes[r], from, to, levels);
+        return;
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < count; r++) dots[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int g = from; g < to; g++) {
+#pragma GCC unroll 8
+        for (int r = 0; r < count; r++) dots[r] = dpbusd_broadcast(dots[r], groups[g], (const int32_t *)codes[r] + g);
+    }
 }
 
 /* 16 outputs' factors from `at`, float16 (`half`) or float32. */
@@ -193,20 +217,20 @@ ALWAYS_INLINE void tile_rows(const Product *p, int64_t tile, int64_t first, cons
                 offsets[s] = has_offsets ? load_factors(w->offset_factors, factor_at, half) : _mm512_setzero_ps();
             }
         }
-        for (int r = 0; r < count; r++) {
-            int64_t row_block = (first + r) * p->blocks + b;
-            const int32_t *code_sums = p->code_sums + 2 * row_block;
-            const int8_t *codes = p->codes + row_block * 2 * BLOCK;
-            float step = p->steps[row_block];
-            if (sub_block == BLOCK) {
-                __m512i dot = block_dot(groups, codes, 0, GROUPS, levels);
-                sums[r] = add_term(sums[r], dot, code_sums[0] + code_sums[1], step, scales[0], offsets[0], center,
+        const int8_t *codes[ROWS_PER_PASS];
+#pragma GCC unroll 8
+        for (int r = 0; r < count; r++) codes[r] = p->codes + ((first + r) * p->blocks + b) * 2 * BLOCK;
+#pragma GCC unroll 2
+        for (int s = 0; s < subs; s++) {
+            __m512i dots[ROWS_PER_PASS];
+            rows_dot(groups, codes, count, s * GROUPS / subs, (s + 1) * GROUPS / subs, levels, dots);
+#pragma GCC unroll 8
+            for (int r = 0; r < count; r++) {
+                int64_t row_block = (first + r) * p->blocks + b;
+                const int32_t *code_sums = p->code_sums + 2 * row_block;
+                int32_t code_sum = subs == 1 ? code_sums[0] + code_sums[1] : code_sums[s];
+                sums[r] = add_term(sums[r], dots[r], code_sum, p->steps[row_block], scales[s], offsets[s], center,
                                    has_offsets);
-            } else {
-                for (int s = 0; s < 2; s++) {
-                    __m512i dot = block_dot(groups, codes, s * GROUPS / 2, (s + 1) * GROUPS / 2, levels);
-                    sums[r] = add_term(sums[r], dot, code_sums[s], step, scales[s], offsets[s], center, has_offsets);
-                }
             }
         }
     }
