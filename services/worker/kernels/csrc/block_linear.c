@@ -46,6 +46,7 @@ typedef struct {
     const int8_t *codes;      /* x rounded: [rows][blocks][c1 32, c2 32] */
     const float *steps;       /* [rows][blocks]: what one unit of the row's code is worth */
     const int32_t *code_sums; /* [rows][blocks * 2]: sums of the codes per 16 inputs */
+    const float *sum_terms;   /* [rows][blocks * 3]: step times the code sums of each 16 inputs and of the 32 */
     void *out;
     int64_t out_stride;
     int bf16;                 /* x and out bfloat16, else float32 */
@@ -74,9 +75,9 @@ static inline int32_t round16(__m512 x, __m512 inverse, int8_t *codes, int level
 }
 
 /* One row of x rounded per block of 32 to `levels` codes: its codes, each block's step, the sums of
- * codes per 16. */
+ * codes per 16 and those sums times the step (once per row, not once per tile of outputs). */
 static void round_row(const void *x, int bf16, int levels, int64_t blocks, int8_t *codes, float *steps,
-                      int32_t *sums) {
+                      int32_t *sums, float *terms) {
     for (int64_t b = 0; b < blocks; b++) {
         __m512 low = load16(x, b * BLOCK, bf16), high = load16(x, b * BLOCK + HALF, bf16);
         float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
@@ -85,6 +86,9 @@ static void round_row(const void *x, int bf16, int levels, int64_t blocks, int8_
         sums[2 * b] = round16(low, inverse, block, levels);
         sums[2 * b + 1] = round16(high, inverse, block + HALF, levels);
         steps[b] = levels == 1 ? largest / 127.f : largest / 127.f / (float)FINER;
+        terms[3 * b] = steps[b] * (float)sums[2 * b];
+        terms[3 * b + 1] = steps[b] * (float)sums[2 * b + 1];
+        terms[3 * b + 2] = steps[b] * (float)(sums[2 * b] + sums[2 * b + 1]);
     }
 }
 
@@ -178,14 +182,15 @@ static inline void scale_at(const BlockWeights *w, int64_t tile, int64_t input, 
     *integer_at = ((tile * (w->in_features >> sub_shift)) + (input >> sub_shift)) * TILE;
 }
 
-/* One sub-block's term added to a row's sums: step * (scale * dot + offset * code_sum). */
-ALWAYS_INLINE __m512 add_term(__m512 sums, __m512i dot, int32_t code_sum, float step, __m512 scales,
-                              __m512 offsets, const int center, const int has_offsets) {
+/* One sub-block's term added to a row's sums: step * (scale * dot + offset * code_sum), with
+ * `*sum_term` = step * code_sum. */
+ALWAYS_INLINE __m512 add_term(__m512 sums, __m512i dot, int32_t code_sum, const float *sum_term, const float *step,
+                              __m512 scales, __m512 offsets, const int center, const int has_offsets) {
     if (has_offsets)
-        sums = _mm512_fmadd_ps(offsets, _mm512_set1_ps(step * (float)code_sum), sums);
+        sums = _mm512_fmadd_ps(offsets, _mm512_set1_ps(*sum_term), sums);
     else
         dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(center * code_sum));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scales, _mm512_set1_ps(step)), sums);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scales, _mm512_set1_ps(*step)), sums);
 }
 
 /* `count` rows of x from `first` against one tile of 16 outputs. */
@@ -228,9 +233,10 @@ ALWAYS_INLINE void tile_rows(const Product *p, int64_t tile, int64_t first, cons
             for (int r = 0; r < count; r++) {
                 int64_t row_block = (first + r) * p->blocks + b;
                 const int32_t *code_sums = p->code_sums + 2 * row_block;
-                int32_t code_sum = subs == 1 ? code_sums[0] + code_sums[1] : code_sums[s];
-                sums[r] = add_term(sums[r], dots[r], code_sum, p->steps[row_block], scales[s], offsets[s], center,
-                                   has_offsets);
+                int32_t code_sum = has_offsets ? 0 : subs == 1 ? code_sums[0] + code_sums[1] : code_sums[s];
+                const float *sum_term = p->sum_terms + 3 * row_block + (subs == 1 ? 2 : s);
+                sums[r] = add_term(sums[r], dots[r], code_sum, sum_term, p->steps + row_block, scales[s], offsets[s],
+                                   center, has_offsets);
             }
         }
     }
@@ -355,12 +361,14 @@ int block_linear(const void *x, int bf16, int64_t rows, const BlockWeights *w, v
     int8_t *codes = malloc((size_t)(rows * in_features * 2));
     float *steps = malloc(sizeof(float) * (size_t)(rows * blocks));
     int32_t *code_sums = malloc(sizeof(int32_t) * (size_t)(rows * blocks * 2));
-    int failed = codes == NULL || steps == NULL || code_sums == NULL;
+    float *sum_terms = malloc(sizeof(float) * (size_t)(rows * blocks * 3));
+    int failed = codes == NULL || steps == NULL || code_sums == NULL || sum_terms == NULL;
     if (!failed) {
         for (int64_t r = 0; r < rows; r++)
             round_row((const char *)x + r * in_features * (bf16 ? 2 : 4), bf16, levels, blocks,
-                      codes + r * in_features * 2, steps + r * blocks, code_sums + r * blocks * 2);
-        Product base = {w, blocks, codes, steps, code_sums, out, out_stride, bf16}, each[MAX_PARTS];
+                      codes + r * in_features * 2, steps + r * blocks, code_sums + r * blocks * 2,
+                      sum_terms + r * blocks * 3);
+        Product base = {w, blocks, codes, steps, code_sums, sum_terms, out, out_stride, bf16}, each[MAX_PARTS];
         TileFn fns[MAX_PARTS];
         int64_t first_tiles[MAX_PARTS];
         int64_t tiles = products(parts, count, &base, each, fns, first_tiles, levels);
@@ -374,6 +382,7 @@ int block_linear(const void *x, int bf16, int64_t rows, const BlockWeights *w, v
     free(codes);
     free(steps);
     free(code_sums);
+    free(sum_terms);
     return failed ? 2 : 0;
 }
 
