@@ -4,12 +4,14 @@ at the measured memory bandwidth and matrix peak, beside which the served figure
     python -m studies.machine_limits --model-id /work/models/llama-1b-Q4_K_M.gguf --prompt-tokens 190
 
 Measured here, on all the cores torch uses: the bandwidth of reading a 1 GiB tensor (a sum over it,
-best of 5) and the bfloat16 matrix product's rate on a prefill-shaped product (512 rows through a
-2048 x 8192 weight, best of 5). The model's bytes per decode step are its packed layers as the
+best of 5), and the bfloat16 and int8 matrix products' rates on a prefill-shaped product (512 rows
+through a 2048 x 8192 weight, best of 5; int8 by oneDNN's VNNI product, `torch._int_mm`, the rate
+the block products' integer dots are judged against). The model's bytes per decode step are its packed layers as the
 worker holds them (`--quantize gguf`), read once per step whatever the batch; its FLOPs per token
 are two per weight. The limits: decode steps per second <= bandwidth / bytes per step (times the
 rows of a step for tokens per second, while the step stays memory-bound), prefill tokens per second
-<= matrix rate / FLOPs per token.
+<= matrix rate / FLOPs per token, and a decode step of `--step-rows` rows takes at least the longer
+of reading the layers and their int8 products.
 """
 
 from __future__ import annotations
@@ -48,6 +50,13 @@ def bfloat16_matrix_rate(rows: int = 512, inputs: int = 2048, outputs: int = 819
     return 2 * rows * inputs * outputs / best_seconds(lambda: x @ weight)
 
 
+def int8_matrix_rate(rows: int = 512, inputs: int = 2048, outputs: int = 8192) -> float:
+    """Integer operations (a multiply and an add each) per second of an int8 `[rows, inputs] @ [inputs, outputs]`."""
+    x = torch.randint(-127, 128, (rows, inputs), dtype=torch.int8)
+    weight = torch.randint(-127, 128, (inputs, outputs), dtype=torch.int8)
+    return 2 * rows * inputs * outputs / best_seconds(lambda: torch._int_mm(x, weight))
+
+
 def packed_bytes(model_id: str) -> tuple[int, int]:
     """The bytes of the model's packed block layers as the worker holds them, and its weights."""
     model = load_paged_model(model_id, dtype="bfloat16", device="cpu", quantize="gguf")
@@ -70,15 +79,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-id", default="smollm2")
     parser.add_argument("--prompt-tokens", type=int, default=190, help="mean prompt of the workload")
+    parser.add_argument("--step-rows", type=int, default=16, help="rows of a decode step (requests in flight)")
     args = parser.parse_args(argv)
-    bandwidth, rate = read_bandwidth(), bfloat16_matrix_rate()
+    bandwidth, rate, int8_rate = read_bandwidth(), bfloat16_matrix_rate(), int8_matrix_rate()
     step_bytes, num_weights = packed_bytes(args.model_id)
     limits = {
         "threads": torch.get_num_threads(), "read_bandwidth_gb_s": bandwidth / 1e9,
         "bfloat16_matrix_gflop_s": rate / 1e9, "packed_layer_bytes": step_bytes, "layer_weights": num_weights,
         "decode_steps_per_s_at_most": bandwidth / step_bytes,
         "prefill_tokens_per_s_at_most": rate / (2 * num_weights),
-        "prompt_prefill_s_at_least": args.prompt_tokens * 2 * num_weights / rate}
+        "prompt_prefill_s_at_least": args.prompt_tokens * 2 * num_weights / rate,
+        "int8_matrix_gop_s": int8_rate / 1e9,
+        "step_of_rows_ms_at_least": 1e3 * max(step_bytes / bandwidth, args.step_rows * 2 * num_weights / int8_rate)}
     print(json.dumps(limits, indent=1))
     return 0
 

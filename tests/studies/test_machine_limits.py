@@ -8,6 +8,7 @@ from studies import machine_limits
 def test_rates_are_measured():
     assert machine_limits.read_bandwidth(1 << 24) > 1e8
     assert machine_limits.bfloat16_matrix_rate(32, 256, 256) > 1e8
+    assert machine_limits.int8_matrix_rate(32, 256, 256) > 1e8
 
 
 def test_packed_bytes_of_the_embedded_model():
