@@ -9,7 +9,8 @@ products, several times the multiplies per instruction. `kernels/csrc/block_line
 for bfloat16 rows (the serving dtype, whose own mantissa has 8 bits). Rows of float32, the dtype of
 exact parity, are rounded finer: what the int8 rounding leaves is rounded again to int8 in steps
 254 times finer, so each row keeps about 16 bits per block (with 8-bit rows 28% of greedy requests
-kept float weights' text against 52%; BENCHMARKS.md "Quantized weights"), for a second VNNI product
+kept float weights' text against 52%, BENCHMARKS.md "Quantized weights"; every GGUF type beside
+llama.cpp's: "One int8 level for bfloat16 rows" in its history), for a second VNNI product
 per block: little where the weights' bytes are the time (one row), but half again the time of a
 step of many rows, which the compute decides. One kernel takes 4-, 5-, 6- and 8-bit codes by
 sub-blocks of 16 or 32 (`block_layout`).
@@ -46,8 +47,9 @@ from ztgi.services.worker.layers.quantization.weight_scratch import WeightScratc
 
 INT8_MAX = 127
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
-# by the codes' bits, the most rows the integer product takes; more are de-quantized into the
-# scratch and multiplied by torch (measured crossovers: the commit that set them)
+# by the codes' bits, the most rows of float32 (and of bfloat16 where the CPU has AMX) the integer
+# product takes; more are de-quantized into the scratch and multiplied by torch (measured
+# crossovers: the commit that set them)
 LARGE_ROWS = {4: 96, 5: 80, 6: 48, 8: 128}
 NO_ROW_LIMIT = 1 << 62
 
