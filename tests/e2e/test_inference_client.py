@@ -15,8 +15,10 @@ NUM_TOKENS = 4
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
-    """One launched pipeline for the module (1 worker, 1 tokenizer, 1 gateway)."""
-    launched = LaunchedServer(str(tmp_path_factory.mktemp("run")))
+    """One launched pipeline for the module (1 worker, 1 tokenizer, 1 gateway), in float32: the tests
+    name greedy texts, and bfloat16 rows (one int8 level through the GGUF's blocks) part from them at
+    near-ties and tie top tokens."""
+    launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--dtype", "float32")
     yield launched
     assert launched.stop() == 0, launched.log
 

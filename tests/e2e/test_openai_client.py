@@ -23,9 +23,10 @@ NUM_TOKENS = 4  # the greedy chat answer, "The capital of France is Paris.", is 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
-    """One launched pipeline whose gateway needs an API key and allows one browser origin."""
+    """One launched pipeline whose gateway needs an API key and allows one browser origin; float32,
+    since the tests name greedy texts (bfloat16 parts from them at near-ties)."""
     with mock.patch.dict(os.environ, {"ZTGI_API_KEY": API_KEY, "ZTGI_CORS_ALLOW_ORIGIN": ORIGIN}):
-        launched = LaunchedServer(str(tmp_path_factory.mktemp("run")))
+        launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--dtype", "float32")
     yield launched
     assert launched.stop() == 0, launched.log
 

@@ -29,9 +29,10 @@ GREEDY = {"temperature": 0}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
+    """float32: the tests name greedy texts, from which bfloat16 parts at near-ties."""
     with mock.patch.dict(os.environ, {"ZTGI_API_KEY": API_KEY}):
         launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--reasoning-parser", "think",
-                                  startup_timeout_s=300)
+                                  "--dtype", "float32", startup_timeout_s=300)
     yield launched
     assert launched.stop() == 0, launched.log
 
