@@ -10,10 +10,10 @@
  * steps 254 times finer, so x = step (254 c1 + c2) / 254 to about 16 bits, for a second product
  * per group: 8-bit rows moved greedy texts off float weights' twice as often, and the second
  * product costs a step of many rows half again its time. Each sub-block's products of codes are
- * summed exactly in int32 with
- * AVX512-VNNI, then per output step * (scale * dot + offset * sum of x's codes) in float32. VNNI
- * multiplies unsigned bytes by signed ones: the weights' codes are unsigned. Where the offsets
- * are -center scales, center times the code sum is taken off the integer dot instead (exact).
+ * summed exactly in int32 with AVX512-VNNI, then per output step * (scale * dot + offset * sum of
+ * x's codes) in float32. VNNI multiplies unsigned bytes by signed ones: the weights' codes are
+ * unsigned. Where the offsets are -center scales, center times the code sum is taken off the
+ * integer dot instead (exact).
  *
  * The weights' layout is `block_weights.h`'s. x [rows, in_features] float32 or bfloat16 (`bf16`),
  * in_features a multiple of 32; out [rows, out_stride] in x's dtype (bfloat16 rounded to nearest
