@@ -40,8 +40,12 @@ def _write_dequantized(source: ModelSource, directory: str) -> None:
     path, arguments = source.pretrained_arguments()
     model = AutoModelForCausalLM.from_pretrained(path, **arguments)
     staging = directory + f".{os.getpid()}"
-    shutil.copytree(source.path, staging, dirs_exist_ok=True)  # config, generation config, tokenizer
-    save_model(model, os.path.join(staging, "model.safetensors"))
+    try:
+        shutil.copytree(source.path, staging, dirs_exist_ok=True)  # config, generation config, tokenizer
+        save_model(model, os.path.join(staging, "model.safetensors"))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a full disk keeps no half-written copy
+        raise
     shutil.rmtree(directory, ignore_errors=True)
     os.rename(staging, directory)
 
