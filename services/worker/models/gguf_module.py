@@ -12,11 +12,13 @@ with the values transformers' loader computes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from ztgi.common.model_source import ModelSource
+from ztgi.services.worker.layers.quantization import block_linear
 from ztgi.services.worker.layers.quantization.options import QUANTIZE
 from ztgi.services.worker.layers.transformers_module import TransformersConfig, TransformersModule
 from ztgi.services.worker.models import llama_weights
@@ -33,13 +35,18 @@ def reads_natively(config: TransformersConfig) -> bool:
 
 
 def resolve_quantize(quantize: str, source: ModelSource, config: TransformersConfig, device: torch.device,
-                     native_forward: bool) -> str:
+                     native_forward: bool, native_blocks: Callable[[], bool] = block_linear.runs_natively) -> str:
     """`auto`: `gguf` (the file's blocks, as stored) where they can be served here (a GGUF Llama,
-    the native forward, on CPU), else `none`. `gguf` asked for where it cannot be: ValueError."""
+    the native forward, on CPU) and this CPU runs the C block products (`native_blocks`, asked only
+    then), else `none`: torch's block products run anywhere but tens of times slower than float
+    weights. `gguf` asked for where it cannot be: ValueError; where only torch's products run: as asked."""
     if quantize not in QUANTIZE:
         raise ValueError(f"--quantize {quantize!r} must be one of {', '.join(QUANTIZE)}")
     reason = _why_not_as_stored(source, config, device, native_forward)
     if quantize == "auto":
+        if reason is None and not native_blocks():
+            reason = ("this CPU cannot run the C block products (they need AVX512-VNNI and AVX512-BF16), and "
+                      "torch's are tens of times slower than float weights")
         if reason and source.gguf_file is not None:
             logger.info("the GGUF's weights are dequantized: %s", reason)
         return "none" if reason else "gguf"

@@ -45,10 +45,11 @@ def test_every_layer_multiplies_the_files_blocks(mixed_gguf, caplog):
 
 
 def test_generation_from_every_block_type(mixed_gguf):
-    """`LLM` on the file (the default `auto`: as stored) generates; a prompt longer than the block
-    products' row limit runs the de-quantized-scratch path; the tokens equal the float model's
-    where its margins are wide (random weights: near-ties may part)."""
-    as_stored = LLM(mixed_gguf, dtype="bfloat16", device="cpu")
+    """`LLM` on the file as stored generates (with the C block products where this CPU runs them,
+    else torch's); a prompt longer than the block products' row limit runs the de-quantized-scratch
+    path; the tokens equal the float model's where its margins are wide (random weights: near-ties
+    may part)."""
+    as_stored = LLM(mixed_gguf, dtype="bfloat16", device="cpu", quantize="gguf")
     assert as_stored.model.loaded.quantize == "gguf"
     prompt = "The history of the city begins " * 20
     out = as_stored.generate([prompt, "Hi"], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
@@ -74,18 +75,37 @@ def test_no_weights_are_written_to_disk(mixed_gguf, tmp_path, monkeypatch):
     assert not [f for f in files if f.endswith((".safetensors", ".bin", ".pt"))]
 
 
-@pytest.mark.parametrize("quantize,gguf_file,device,native,expected", [
-    ("auto", "m.gguf", "cpu", True, "gguf"),
-    ("auto", None, "cpu", True, "none"),
-    ("auto", "m.gguf", "cuda", True, "none"),
-    ("auto", "m.gguf", "cpu", False, "none"),
-    ("none", "m.gguf", "cpu", True, "none"),
-    ("int4", "m.gguf", "cpu", True, "int4"),
+@pytest.mark.parametrize("quantize,gguf_file,device,native,blocks,expected", [
+    ("auto", "m.gguf", "cpu", True, True, "gguf"),
+    ("auto", "m.gguf", "cpu", True, False, "none"),  # no C block products on this CPU: float weights
+    ("gguf", "m.gguf", "cpu", True, False, "gguf"),  # asked for: torch's block products
+    ("auto", None, "cpu", True, True, "none"),
+    ("auto", "m.gguf", "cuda", True, True, "none"),
+    ("auto", "m.gguf", "cpu", False, True, "none"),
+    ("none", "m.gguf", "cpu", True, True, "none"),
+    ("int4", "m.gguf", "cpu", True, True, "int4"),
 ])
-def test_what_auto_means(smollm2_reference, quantize, gguf_file, device, native, expected):
+def test_what_auto_means(smollm2_reference, quantize, gguf_file, device, native, blocks, expected):
     source = ModelSource("directory", "model", gguf_file)
     assert gguf_module.resolve_quantize(quantize, source, smollm2_reference.config, torch.device(device),
-                                        native) == expected
+                                        native, lambda: blocks) == expected
+
+
+def test_auto_dequantizes_where_the_cpu_cannot_run_the_block_products(smollm2_reference, caplog):
+    """The log says why the file's weights are dequantized, and the probe is asked only for a GGUF on CPU."""
+    asked = []
+
+    def probe() -> bool:
+        asked.append(True)
+        return False
+
+    with caplog.at_level(logging.INFO):
+        assert gguf_module.resolve_quantize("auto", ModelSource("d", "m", "m.gguf"), smollm2_reference.config,
+                                            torch.device("cpu"), True, probe) == "none"
+    assert any("AVX512-VNNI" in record.getMessage() for record in caplog.records)
+    assert gguf_module.resolve_quantize("auto", ModelSource("d", "m"), smollm2_reference.config,
+                                        torch.device("cpu"), True, probe) == "none"
+    assert len(asked) == 1
 
 
 def test_gguf_where_it_cannot_run_is_refused(smollm2_reference):

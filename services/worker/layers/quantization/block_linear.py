@@ -53,7 +53,7 @@ CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
 LARGE_ROWS = {4: 96, 5: 80, 6: 48, 8: 128}
 NO_ROW_LIMIT = 1 << 62
 
-__all__ = ["BLOCK_SIZE", "BlockLinear", "Int4BlockLinear", "Int8BlockLinear", "quantize_blocks"]
+__all__ = ["BLOCK_SIZE", "BlockLinear", "Int4BlockLinear", "Int8BlockLinear", "quantize_blocks", "runs_natively"]
 
 
 class BlockWeights(ctypes.Structure):
@@ -77,6 +77,12 @@ class BlockWeights(ctypes.Structure):
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     return native_library.load_or_none("block_linear.c", "quantized products", CPU_FLAGS)
+
+
+def runs_natively() -> bool:
+    """Whether the C block products run on this CPU (built here, or prebuilt for it); where they
+    do not, `BlockLinear` multiplies with torch's ops, tens of times slower."""
+    return _kernels() is not None
 
 
 @functools.cache

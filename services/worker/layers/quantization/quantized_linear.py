@@ -40,7 +40,12 @@ import numpy as np
 import torch
 
 from ztgi.services.worker.layers.packed_linear import PackedLinear
-from ztgi.services.worker.layers.quantization.block_linear import Int4BlockLinear, Int8BlockLinear, quantize_blocks
+from ztgi.services.worker.layers.quantization.block_linear import (
+    Int4BlockLinear,
+    Int8BlockLinear,
+    quantize_blocks,
+    runs_natively,
+)
 from ztgi.services.worker.layers.quantization.options import (
     FALLBACK_QUANTIZED_MAX_ROWS,
     QUANTIZE,
@@ -65,7 +70,10 @@ def check_supported(quantize: str, device: torch.device, dtype: torch.dtype) -> 
         raise ValueError(f"--quantize {quantize} runs torch's CPU kernels; the device is {device.type}")
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"--quantize {quantize} needs float32 or bfloat16 activations, not {dtype}")
-    if dtype == torch.float32:
+    if quantize == "gguf" and not runs_natively():
+        logger.warning("--quantize gguf runs torch's block products here, tens of times slower than float "
+                       "weights (--quantize auto or none dequantizes the file)")
+    elif quantize != "gguf" and dtype == torch.float32:
         logger.warning("--quantize %s with float32 activations runs torch's scalar kernels, tens of times "
                        "slower than with --dtype bfloat16", quantize)
 
