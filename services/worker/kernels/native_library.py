@@ -1,8 +1,8 @@
 """A C source of ours compiled for this machine at first use, cached, and loaded with ctypes.
 
 The attention and layer kernels in `csrc/` need an x86 CPU with AVX512-BF16 (`REQUIRED_CPU_FLAGS`), the
-GGUF block products AVX512-VNNI too; elsewhere, with no compiler, or when the build fails, `load_or_none` says why
-in the log and the caller keeps torch's path.
+GGUF block products AVX512-VNNI too, or AVX2 for their twin `block_linear_avx2.c`; elsewhere, with no
+compiler, or when the build fails, `load_or_none` says why in the log and the caller keeps torch's path.
 
 The kernels in `csrc/` are built with `-march=native` on the machine that runs them (as inductor
 and Triton build theirs), so the binary is keyed by the source, the flags, the compiler and this

@@ -45,8 +45,9 @@ def resolve_quantize(quantize: str, source: ModelSource, config: TransformersCon
     reason = _why_not_as_stored(source, config, device, native_forward)
     if quantize == "auto":
         if reason is None and not native_blocks():
-            reason = ("this CPU cannot run the C block products (they need AVX512-VNNI and AVX512-BF16), and "
-                      "torch's are tens of times slower than float weights")
+            reason = ("this CPU cannot run the C block products (they need AVX512-VNNI and AVX512-BF16, or "
+                      "AVX2, FMA and F16C, and a C compiler), and torch's are tens of times slower than float "
+                      "weights")
         if reason and source.gguf_file is not None:
             logger.info("the GGUF's weights are dequantized: %s", reason)
         return "none" if reason else "gguf"

@@ -15,7 +15,7 @@ KIND_IDS = ["4-32", "5-32", "6-16", "8-32", "6-16-from-4-32"]
 
 needs_kernel = pytest.mark.skipif(BlockLinear.load(BlockCodes.plain(torch.zeros(16, 32, dtype=torch.uint8), 4, 32,
                                                               torch.ones(16, 1), torch.zeros(16, 1))) is None,
-                                  reason="no AVX512-VNNI CPU or no C compiler here")
+                                  reason="no AVX512-VNNI or AVX2 CPU, or no C compiler here")
 
 
 def block_codes(bits: int, sub_block: int, widened_from: tuple[int, int] | None, out_features: int,

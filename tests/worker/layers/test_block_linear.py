@@ -17,6 +17,7 @@ from tests.worker.layers.block_helpers import (
     rounded_rows,
 )
 from tests.worker.layers.test_quantized_linear import _weight, _write_gguf
+from ztgi.services.worker.kernels import native_library
 from ztgi.services.worker.layers.quantization import block_linear
 from ztgi.services.worker.layers.quantization.block_linear import (
     BLOCK_SIZE,
@@ -216,3 +217,23 @@ def test_embedded_gguf_head_blocks_equal_the_converted_float_weights(smollm2, sm
     codes, scales = source.output_blocks(head.shape)
     assert torch.equal((codes.float().view(head.shape[0], -1, BLOCK_SIZE) * scales[..., None]).view(head.shape),
                        head)
+
+
+@pytest.mark.skipif(not set(block_linear.AVX2_FLAGS) <= native_library.cpu_flags(), reason="no AVX2 CPU here")
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+@pytest.mark.parametrize("symmetric", [False, True], ids=["offsets", "centered"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_avx2_twin_gives_the_same_outputs(kind, symmetric, dtype):
+    """`block_linear_avx2.c` (what a CPU without AVX512 runs) gives exactly the outputs and weights of
+    the library this CPU runs by default (`block_linear.c` on an AVX512-VNNI CPU, where the twin is
+    otherwise never run), with offsets and centers, partial tiles and passes of rows."""
+    twin = block_linear.kernels_of(native_library.load("block_linear_avx2.c", block_linear.AVX2_FLAGS))
+    codes = block_codes(*kind, 40, 96, symmetric, seed=5)
+    default, avx2 = BlockLinear.load(codes), BlockLinear(codes, twin)
+    if default is None:
+        pytest.skip("no C compiler here")
+    x = torch.randn(11, 96, generator=torch.Generator().manual_seed(5)).to(dtype)
+    assert torch.equal(avx2(x), default(x))
+    assert torch.equal(avx2(x[:1]), default(x[:1]))
+    for weights in (torch.float32, torch.bfloat16):
+        assert torch.equal(avx2.dequantize(weights), default.dequantize(weights))

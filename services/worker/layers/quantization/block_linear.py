@@ -27,8 +27,10 @@ torch's bfloat16 product at every count measured (BENCHMARKS.md, issue 39).
 - `Int4BlockLinear`, `Int8BlockLinear`: Q4_1/Q4_0 blocks from codes, scales and offsets, and Q8_0
   blocks from int8 codes and scales (`quantize_blocks` rounds float weights to them).
 
-They need a CPU with AVX512-VNNI and AVX512-BF16 and a C compiler (`native_library`); elsewhere
-`load` returns None and the caller keeps torch's layers (`torch_block_linear`).
+They need a C compiler (`native_library`) and a CPU with AVX512-VNNI and AVX512-BF16, or one with
+AVX2, FMA and F16C, where `kernels/csrc/block_linear_avx2.c` computes the same products (the same
+rounding of the rows and the same float32 epilogue, its integer sums with `vpmaddubsw` instead of
+VNNI); elsewhere `load` returns None and the caller keeps torch's layers (`torch_block_linear`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from ztgi.services.worker.layers.quantization.weight_scratch import WeightScratc
 
 INT8_MAX = 127
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
+AVX2_FLAGS = ("avx2", "fma", "f16c")  # `block_linear_avx2.c`, where the CPU lacks CPU_FLAGS
 # by the codes' bits, the most rows of float32 (and of bfloat16 where the CPU has AMX) the integer
 # product takes; more are de-quantized into the scratch and multiplied by torch (measured
 # crossovers: the commit that set them)
@@ -76,7 +79,11 @@ class BlockWeights(ctypes.Structure):
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    return native_library.load_or_none("block_linear.c", "quantized products", CPU_FLAGS)
+    """`block_linear.c` where the CPU has AVX512-VNNI, else its AVX2 twin (the same interface and
+    outputs, slower per instruction) where the CPU has AVX2."""
+    if set(CPU_FLAGS) <= native_library.cpu_flags() or not set(AVX2_FLAGS) <= native_library.cpu_flags():
+        return native_library.load_or_none("block_linear.c", "quantized products", CPU_FLAGS)
+    return native_library.load_or_none("block_linear_avx2.c", "quantized products", AVX2_FLAGS)
 
 
 def runs_natively() -> bool:
@@ -94,8 +101,11 @@ def _has_amx() -> bool:
 def _kernels() -> tuple[Kernel, Kernel] | None:
     """The product and the de-quantizing, or None (why, logged once) where they cannot run here."""
     library = _library()
-    if library is None:
-        return None
+    return None if library is None else kernels_of(library)
+
+
+def kernels_of(library: ctypes.CDLL) -> tuple[Kernel, Kernel]:
+    """A block-product library's product and de-quantizing, bound (`BlockLinear`'s `kernels`)."""
     return (native_library.bind(library, "block_linear", [POINTER, INT, INT64, POINTER, POINTER, INT64, INT]),
             native_library.bind(library, "block_dequantize", [POINTER, INT, POINTER, INT]))
 

@@ -4,7 +4,7 @@
 and multiplies with torch's own `_weight_int8pack_mm`; `--quantize int4` stores them as 4-bit codes
 with a scale and an offset per group of 32 inputs (GGUF Q4_1's layout, exactly) and multiplies with
 `_weight_int4pack_mm_for_cpu`. In both modes the lm_head is GGUF's Q8_0 (`Int8BlockLinear`: the
-file's own blocks where it has them, as llama.cpp computes), where the CPU has AVX512-VNNI, and a
+file's own blocks where it has them, as llama.cpp computes), where the CPU has AVX512-VNNI or AVX2, and a
 float matrix (`PackedLinear`) elsewhere. torch's layers round only the weights; the block products
 in C also round their input rows, per block of 32, to about 16 bits (`block_linear`).
 torch's two kernels are vectorized for bfloat16 activations and fall back to scalar loops for
@@ -14,7 +14,7 @@ instructions (`dtype_choice`).
 From a GGUF file whose blocks are Q4_0 or Q4_1, `--quantize int4` takes the 4-bit codes and the
 block scales as they are in the file (no de-quantizing and re-quantizing): the layer computes with
 the very weights the file holds. Any other tensor is quantized from its float weights. Where the
-CPU has AVX512-VNNI the int4 layers are `block_linear.Int4BlockLinear`, integer products as
+CPU has AVX512-VNNI (or AVX2) the int4 layers are `block_linear.Int4BlockLinear`, integer products as
 llama.cpp computes them (exact integer block sums) with finer activation rows: faster than torch's
 int4 kernel at every row count it serves (BENCHMARKS.md).
 

@@ -1,7 +1,7 @@
 """The layers of a GGUF served as stored (`--quantize gguf`, what `auto` picks for a GGUF Llama).
 
 Each linear layer multiplies the file's own blocks (`BlockCodes`, in C where the CPU has
-AVX512-VNNI, else torch's path: `block_linear`), fused layers (q/k/v, gate/up) as one product even
+AVX512-VNNI or AVX2, else torch's path: `block_linear`), fused layers (q/k/v, gate/up) as one product even
 where the file stores their parts in different types (Q4_K_M's Q6_K v beside Q4_K q and k). A tensor
 of a type no product takes is dequantized, with one log line naming it. The token embedding is read
 a few rows at a time from the file (`QuantizedEmbedding`): a 128k-token vocabulary's table would

@@ -1,6 +1,6 @@
 """`torch_block_linear`: a `BlockCodes` layer from torch's own kernels, for CPUs without ours.
 
-Where the C block products cannot run (no AVX512-VNNI/BF16, no compiler, `--no-native-kernels`),
+Where the C block products cannot run (neither AVX512-VNNI/BF16 nor AVX2, no compiler, `--no-native-kernels`),
 4-bit codes by groups of 32 (Q4_0, Q4_1, Q4_K) keep their bytes' worth in torch's int4 kernel,
 which takes exactly that form (a scale and a zero per group of 32, in the activations' dtype)
 where the outputs are a multiple of 16 (its packing's); any other kind or shape is de-quantized
