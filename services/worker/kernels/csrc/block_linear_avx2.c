@@ -111,12 +111,15 @@ static void round_row(const void *x, int bf16, int levels, int64_t blocks, int8_
     }
 }
 
-/* 0xff in each byte whose bit of `mask` is set (byte i: bit i). */
-static inline __m256i mask_bytes(uint32_t mask) {
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+/* 0xff in each byte of half `h` of a 64-byte group whose bit of the group's 64-bit `mask` is set
+ * (byte i of the group: bit i), from the mask broadcast straight from memory. */
+static inline __m256i mask_bytes(const uint64_t *mask, int h) {
+    const __m256i spread_low = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i spread_high = _mm256_setr_epi8(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5,
+                                                 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7);
     const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)mask), spread);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)*mask), h ? spread_high : spread_low);
     return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bits), bits);
 }
 
@@ -142,10 +145,8 @@ ALWAYS_INLINE void load_groups(const BlockWeights *w, int64_t blocks, int64_t ti
     const uint64_t *planes = w->planes + at * (bits - 4) * GROUPS;
     for (int p = 0; p < bits - 4; p++) {
         const __m256i bit = _mm256_set1_epi8((char)(16 << p));
-        for (int g = 0; g < GROUPS; g++) {
-            uint32_t mask = (uint32_t)(planes[p * GROUPS + g] >> (32 * h));
-            groups[g] = _mm256_add_epi8(groups[g], _mm256_and_si256(mask_bytes(mask), bit));
-        }
+        for (int g = 0; g < GROUPS; g++)
+            groups[g] = _mm256_add_epi8(groups[g], _mm256_and_si256(mask_bytes(planes + p * GROUPS + g, h), bit));
     }
 }
 
@@ -226,66 +227,79 @@ static void store_outputs(const Product *p, int64_t at, int64_t left, __m256 sum
     }
 }
 
-/* `count` rows of x from `first` against half `h` of tile `tile`. */
-ALWAYS_INLINE void half_rows(const Product *p, int64_t tile, int h, int64_t first, const int count, const int bits,
-                             const int sub_block, const int has_offsets, const int levels) {
+/* One half (`h`) of one block of a tile against `count` rows: the half's groups and scales, then
+ * each row's sub-block terms added to `sums`. */
+ALWAYS_INLINE void half_block(const Product *p, int64_t tile, int64_t b, int h, int64_t first, const int count,
+                              const int bits, const int sub_block, const int has_offsets, const int levels,
+                              __m256 *scale_factor, __m256 *offset_factor, __m256 sums[ROWS_PER_PASS]) {
     const BlockWeights *w = p->w;
     const int center = w->center, subs = BLOCK / sub_block, half = w->half_factors;
     const int super_shift = __builtin_ctz((unsigned)w->super_block);
     const int64_t factor_base = tile * (w->in_features >> super_shift) * TILE + h * LANES;
     const int64_t integer_base = tile * p->blocks * subs * TILE + h * LANES;
-    __m256 scale_factor = _mm256_setzero_ps(), offset_factor = _mm256_setzero_ps(), sums[ROWS_PER_PASS];
-    for (int r = 0; r < count; r++) sums[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < p->blocks; b++) {
-        __m256i groups[GROUPS];
-        load_groups(w, p->blocks, tile, b, h, bits, groups);
-        __m256 scales[2], offsets[2];
-        if (w->scale_integers != NULL && ((b * BLOCK) & (w->super_block - 1)) == 0) {
-            int64_t factor_at = factor_base + ((b * BLOCK) >> super_shift) * TILE;
-            scale_factor = load_factors(w->scale_factors, factor_at, half);
-            if (has_offsets) offset_factor = load_factors(w->offset_factors, factor_at, half);
-        }
-        for (int s = 0; s < subs; s++) {
-            int64_t factor_at = factor_base + ((b * BLOCK + s * sub_block) >> super_shift) * TILE;
-            int64_t integer_at = integer_base + (b * subs + s) * TILE;
-            if (w->scale_integers != NULL) {
-                scales[s] = times_integers(scale_factor, w->scale_integers, integer_at);
-                offsets[s] = times_integers(offset_factor, w->offset_integers, integer_at);
-            } else {
-                scales[s] = load_factors(w->scale_factors, factor_at, half);
-                offsets[s] = has_offsets ? load_factors(w->offset_factors, factor_at, half) : _mm256_setzero_ps();
-            }
-        }
-        for (int r = 0; r < count; r++) {
-            int64_t row_block = (first + r) * p->blocks + b;
-            const int8_t *codes = p->codes + row_block * 2 * BLOCK;
-            const int32_t *code_sums = p->code_sums + 2 * row_block;
-            for (int s = 0; s < subs; s++) {
-                int32_t code_sum = subs == 1 ? code_sums[0] + code_sums[1] : code_sums[s];
-                __m256i dot = block_dot(groups, codes, s * GROUPS / subs, (s + 1) * GROUPS / subs, levels, bits,
-                                        code_sum);
-                const float *sum_term = p->sum_terms + 3 * row_block + (subs == 1 ? 2 : s);
-                sums[r] = add_term(sums[r], dot, has_offsets ? 0 : code_sum, sum_term, p->steps + row_block,
-                                   scales[s], offsets[s], center, has_offsets);
-            }
+    __m256i groups[GROUPS];
+    load_groups(w, p->blocks, tile, b, h, bits, groups);
+    __m256 scales[2], offsets[2];
+    if (w->scale_integers != NULL && ((b * BLOCK) & (w->super_block - 1)) == 0) { /* one per super-block */
+        int64_t factor_at = factor_base + ((b * BLOCK) >> super_shift) * TILE;
+        *scale_factor = load_factors(w->scale_factors, factor_at, half);
+        if (has_offsets) *offset_factor = load_factors(w->offset_factors, factor_at, half);
+    }
+    for (int s = 0; s < subs; s++) {
+        int64_t factor_at = factor_base + ((b * BLOCK + s * sub_block) >> super_shift) * TILE;
+        int64_t integer_at = integer_base + (b * subs + s) * TILE;
+        if (w->scale_integers != NULL) {
+            scales[s] = times_integers(*scale_factor, w->scale_integers, integer_at);
+            offsets[s] = times_integers(*offset_factor, w->offset_integers, integer_at);
+        } else {
+            scales[s] = load_factors(w->scale_factors, factor_at, half);
+            offsets[s] = has_offsets ? load_factors(w->offset_factors, factor_at, half) : _mm256_setzero_ps();
         }
     }
-    int64_t left = w->out_features - tile * TILE - h * LANES;
-    for (int r = 0; r < count && left > 0; r++) store_outputs(p, (first + r) * p->out_stride + tile * TILE + h * LANES, left, sums[r]);
+    for (int r = 0; r < count; r++) {
+        int64_t row_block = (first + r) * p->blocks + b;
+        const int8_t *codes = p->codes + row_block * 2 * BLOCK;
+        const int32_t *code_sums = p->code_sums + 2 * row_block;
+        for (int s = 0; s < subs; s++) {
+            int32_t code_sum = subs == 1 ? code_sums[0] + code_sums[1] : code_sums[s];
+            __m256i dot = block_dot(groups, codes, s * GROUPS / subs, (s + 1) * GROUPS / subs, levels, bits, code_sum);
+            const float *sum_term = p->sum_terms + 3 * row_block + (subs == 1 ? 2 : s);
+            sums[r] = add_term(sums[r], dot, has_offsets ? 0 : code_sum, sum_term, p->steps + row_block, scales[s],
+                               offsets[s], center, has_offsets);
+        }
+    }
+}
+
+/* `count` rows of x from `first` against tile `tile`, both halves of each block before the next
+ * (each 64-byte line of codes holds both halves' bytes). */
+ALWAYS_INLINE void tile_rows(const Product *p, int64_t tile, int64_t first, const int count, const int bits,
+                             const int sub_block, const int has_offsets, const int levels) {
+    __m256 factors[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    __m256 sums[2][ROWS_PER_PASS];
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < count; r++) sums[h][r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < p->blocks; b++)
+        for (int h = 0; h < 2; h++)
+            half_block(p, tile, b, h, first, count, bits, sub_block, has_offsets, levels, &factors[h][0],
+                       &factors[h][1], sums[h]);
+    for (int h = 0; h < 2; h++) {
+        int64_t left = p->w->out_features - tile * TILE - h * LANES;
+        for (int r = 0; r < count && left > 0; r++)
+            store_outputs(p, (first + r) * p->out_stride + tile * TILE + h * LANES, left, sums[h][r]);
+    }
 }
 
 #define TILE_FUNCTION(name, bits, sub_block, has_offsets, levels)                                     \
     static void name(const Product *p, int64_t t, int64_t rows) {                                      \
-        for (int h = 0; h < 2; h++)                                                                    \
-            for (int64_t first = 0; first < rows; first += ROWS_PER_PASS) {                           \
-                int n = rows - first < ROWS_PER_PASS ? (int)(rows - first) : ROWS_PER_PASS;           \
-                switch (n) {                                                                           \
-                case 1: half_rows(p, t, h, first, 1, bits, sub_block, has_offsets, levels); break;     \
-                case 2: half_rows(p, t, h, first, 2, bits, sub_block, has_offsets, levels); break;     \
-                case 3: half_rows(p, t, h, first, 3, bits, sub_block, has_offsets, levels); break;     \
-                default: half_rows(p, t, h, first, 4, bits, sub_block, has_offsets, levels); break;    \
-                }                                                                                      \
+        for (int64_t first = 0; first < rows; first += ROWS_PER_PASS) {                               \
+            int n = rows - first < ROWS_PER_PASS ? (int)(rows - first) : ROWS_PER_PASS;               \
+            switch (n) {                                                                               \
+            case 1: tile_rows(p, t, first, 1, bits, sub_block, has_offsets, levels); break;            \
+            case 2: tile_rows(p, t, first, 2, bits, sub_block, has_offsets, levels); break;            \
+            case 3: tile_rows(p, t, first, 3, bits, sub_block, has_offsets, levels); break;            \
+            default: tile_rows(p, t, first, 4, bits, sub_block, has_offsets, levels); break;           \
             }                                                                                          \
+        }                                                                                              \
     }
 
 #define KIND(bits, sub_block)                                            \
