@@ -13,8 +13,9 @@ loaded: a kernel built with `-fopenmp` then binds to the OpenMP runtime torch al
 same soname), so its threads are torch's intra-op threads, not a second pool competing for cores.
 
 Where there is no compiler (the Docker image keeps none), a library built ahead of time by
-`prebuild.py` for a named target (`PORTABLE_FLAGS`: every CPU with `PORTABLE_CPU_FLAGS`) and kept
-beside the sources in `prebuilt/` is loaded instead, on a CPU that has those flags.
+`prebuild.py` for a named target (`PORTABLE_FLAGS`: every CPU with `PORTABLE_CPU_FLAGS`; x86-64-v3
+for the AVX2 twin, `portable_target`) and kept beside the sources in `prebuilt/` is loaded instead,
+on a CPU that has those flags.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ REQUIRED_CPU_FLAGS = ("avx512f", "avx512_bf16")
 PORTABLE_FLAGS = tuple(flag for flag in FLAGS if flag != "-march=native") + (
     "-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni")
 PORTABLE_CPU_FLAGS = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_bf16", "avx512_vnni")
+# The ahead-of-time build of a source for CPUs without AVX512 (`*_avx2.c`): x86-64-v3 and what it needs
+AVX2_PORTABLE_FLAGS = tuple(flag for flag in FLAGS if flag != "-march=native") + ("-march=x86-64-v3",)
+AVX2_PORTABLE_CPU_FLAGS = ("avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe")
 PREBUILT_DIR = SOURCE_DIR.with_name("prebuilt")
 BUILD_TIMEOUT_S = 120
 
@@ -111,7 +115,7 @@ def load(source_name: str, needs: tuple[str, ...] = REQUIRED_CPU_FLAGS,
         target = Path(cache_root()) / "kernels" / f"{source.stem}-{_build_key(source, compiler)}.so"
     except BuildError:
         prebuilt = prebuilt_path(source, prebuilt_dir)
-        if not prebuilt.exists() or not set(PORTABLE_CPU_FLAGS) <= cpu_flags():
+        if not prebuilt.exists() or not set(portable_target(source)[1]) <= cpu_flags():
             raise
         return _open(prebuilt)
     if not target.exists():
@@ -119,9 +123,17 @@ def load(source_name: str, needs: tuple[str, ...] = REQUIRED_CPU_FLAGS,
     return _open(target)
 
 
+def portable_target(source: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The flags of `source`'s ahead-of-time build and the CPU flags that build needs: x86-64-v3 for a
+    source written for CPUs without AVX512 (`*_avx2.c`), else x86-64-v4 with BF16 and VNNI."""
+    if source.stem.endswith("_avx2"):
+        return AVX2_PORTABLE_FLAGS, AVX2_PORTABLE_CPU_FLAGS
+    return PORTABLE_FLAGS, PORTABLE_CPU_FLAGS
+
+
 def prebuilt_path(source: Path, directory: Path = PREBUILT_DIR) -> Path:
-    """Where `prebuild.py` puts `source` built with `PORTABLE_FLAGS` (keyed by the source, headers and flags)."""
-    return directory / f"{source.stem}-{_source_key(source, PORTABLE_FLAGS)}.so"
+    """Where `prebuild.py` puts `source` built for its portable target (keyed by the source, headers and flags)."""
+    return directory / f"{source.stem}-{_source_key(source, portable_target(source)[0])}.so"
 
 
 def _open(library: Path) -> ctypes.CDLL:

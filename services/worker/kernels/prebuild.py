@@ -1,9 +1,10 @@
-"""Every C kernel built ahead of time for `PORTABLE_FLAGS`, for an install that will have no compiler.
+"""Every C kernel built ahead of time for a portable target, for an install that will have no compiler.
 
 The Docker image runs this in its build stage (which has gcc) and copies the libraries, not the
 compiler, into the runtime stage: `native_library.load` takes them where it finds no compiler, on
-any CPU with `PORTABLE_CPU_FLAGS`. Where a compiler is found, the first start still builds for the
-machine's own CPU (`-march=native`), as before.
+any CPU with `PORTABLE_CPU_FLAGS` (x86-64-v3's flags for the AVX2 twin of the block products).
+Where a compiler is found, the first start still builds for the machine's own CPU (`-march=native`),
+as before.
 
     python -m ztgi.services.worker.kernels.prebuild [DIR]   (default: native_library.PREBUILT_DIR)
 """
@@ -15,22 +16,22 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ztgi.services.worker.kernels.native_library import (
-    PORTABLE_FLAGS,
     PREBUILT_DIR,
     SOURCE_DIR,
     build,
     find_compiler,
+    portable_target,
     prebuilt_path,
 )
 
 
 def prebuild(directory: Path = PREBUILT_DIR) -> list[Path]:
-    """Each `csrc/*.c` compiled with `PORTABLE_FLAGS` into `directory`; the libraries' paths."""
+    """Each `csrc/*.c` compiled for its portable target (`portable_target`) into `directory`; the libraries' paths."""
     compiler = find_compiler()
     built = []
     for source in sorted(SOURCE_DIR.glob("*.c")):
         target = prebuilt_path(source, directory)
-        build(compiler, source, target, PORTABLE_FLAGS)
+        build(compiler, source, target, portable_target(source)[0])
         built.append(target)
     return built
 

@@ -48,3 +48,17 @@ def test_a_changed_flag_set_is_another_library(prebuilt: Path) -> None:
     source = native_library.SOURCE_DIR / "layer_ops.c"
     assert native_library.prebuilt_path(source, prebuilt).exists()
     assert native_library._source_key(source, native_library.FLAGS) not in native_library.prebuilt_path(source).name
+
+
+@pytest.mark.skipif(not set(native_library.AVX2_PORTABLE_CPU_FLAGS) <= native_library.cpu_flags(),
+                    reason="the AVX2 twin's prebuilt library needs x86-64-v3's flags")
+def test_without_a_compiler_the_avx2_block_products_load_on_an_x86_64_v3_cpu(
+        prebuilt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block products' twin for CPUs without AVX512 is built for x86-64-v3, so a Docker image on
+    an AVX2 host serves a GGUF as stored too."""
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    source = native_library.SOURCE_DIR / "block_linear_avx2.c"
+    assert "-march=x86-64-v3" in native_library.portable_target(source)[0]
+    library = native_library.load("block_linear_avx2.c", prebuilt_dir=prebuilt, needs=("avx2",))
+    assert library._name == str(native_library.prebuilt_path(source, prebuilt))
+    assert native_library.address(native_library.bind(library, "block_linear", [ctypes.c_void_p])) != 0
