@@ -25,32 +25,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "block_weights.h"
+#include "block_product.h"
 
 #if !defined(__AVX512VNNI__) || !defined(__AVX512BW__) || !defined(__AVX512F__) || !defined(__AVX512BF16__)
 #error "these kernels need AVX512-VNNI and AVX512-BF16: the worker keeps torch's layers"
 #endif
 
-#define BLOCK 32
-#define HALF 16
-#define TILE 16
-#define GROUPS (BLOCK / 4)  /* four inputs per VNNI lane */
 #define ROWS_PER_PASS 8     /* rows of x sharing each loaded block of weights */
-#define FINER 254           /* second-level steps per first-level step */
-#define MAX_PARTS 8         /* of a stacked matrix */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
-
-typedef struct {
-    const BlockWeights *w;
-    int64_t blocks;
-    const int8_t *codes;      /* x rounded: [rows][blocks][c1 32, c2 32] */
-    const float *steps;       /* [rows][blocks]: what one unit of the row's code is worth */
-    const int32_t *code_sums; /* [rows][blocks * 2]: sums of the codes per 16 inputs */
-    const float *sum_terms;   /* [rows][blocks * 3]: step times the code sums of each 16 inputs and of the 32 */
-    void *out;
-    int64_t out_stride;
-    int bf16;                 /* x and out bfloat16, else float32 */
-} Product;
 
 static inline __m512 load16(const void *row, int64_t at, int bf16) {
     if (!bf16) return _mm512_loadu_ps((const float *)row + at);
@@ -284,8 +266,6 @@ KIND(6, 16)
 KIND(8, 32)
 KIND(8, 16)
 
-typedef void (*TileFn)(const Product *, int64_t, int64_t);
-
 #define PICK(bits, sub_block)                                                                     \
     (w->offset_factors ? (levels == 1 ? tile_##bits##_##sub_block##_o1 : tile_##bits##_##sub_block##_o2) \
                        : (levels == 1 ? tile_##bits##_##sub_block##_c1 : tile_##bits##_##sub_block##_c2))
@@ -299,91 +279,6 @@ static TileFn tile_function(const BlockWeights *w, int levels) {
     case 8: return fine ? PICK(8, 16) : PICK(8, 32);
     default: return NULL;
     }
-}
-
-static int valid(const BlockWeights *w) {
-    int bits_ok = w->bits == 4 || w->bits == 5 || w->bits == 6 || w->bits == 8;
-    int planes_ok = w->bits == 4 || w->bits == 8 || w->planes != NULL;
-    int offsets_ok = (w->offset_factors != NULL) != (w->center != 0);
-    int sub_ok = w->sub_block == HALF || w->sub_block == BLOCK;
-    int super_ok = w->super_block >= w->sub_block && (w->super_block & (w->super_block - 1)) == 0
-                   && w->in_features % w->super_block == 0;
-    /* integers: the scales' where the factors are not the scales; then by super-blocks of blocks */
-    int integers_ok = w->scale_integers == NULL ? w->super_block == w->sub_block && w->offset_integers == NULL
-                                                : w->super_block >= BLOCK;
-    return bits_ok && planes_ok && offsets_ok && sub_ok && super_ok && integers_ok && w->in_features >= BLOCK
-           && w->in_features % BLOCK == 0 && w->out_features >= 1 && w->codes != NULL && w->scale_factors != NULL;
-}
-
-/* The matrix's parts (itself where it is not stacked) into `parts`; their count, or 0 where one is
- * invalid, stacked itself, of other inputs, or they do not add up to its outputs. */
-static int parts_of(const BlockWeights *w, const BlockWeights *parts[MAX_PARTS]) {
-    if (w->part_count == 0) {
-        parts[0] = w;
-        return valid(w);
-    }
-    if (w->part_count < 0 || w->part_count > MAX_PARTS || w->parts == NULL) return 0;
-    int64_t outputs = 0;
-    for (int i = 0; i < w->part_count; i++) {
-        const BlockWeights *part = &w->parts[i];
-        if (!valid(part) || part->part_count != 0 || part->in_features != w->in_features) return 0;
-        parts[i] = part;
-        outputs += part->out_features;
-    }
-    return outputs == w->out_features ? w->part_count : 0;
-}
-
-static int64_t tile_count(const BlockWeights *w) { return (w->out_features + TILE - 1) / TILE; }
-
-/* One Product per part, its outputs `first` columns on in `out`; returns the tiles of all. */
-static int64_t products(const BlockWeights *parts[], int count, const Product *base, Product each[], TileFn fns[],
-                        int64_t first_tiles[], int levels) {
-    int64_t tiles = 0, first = 0;
-    for (int i = 0; i < count; i++) {
-        each[i] = *base;
-        each[i].w = parts[i];
-        each[i].out = (char *)base->out + first * (base->bf16 ? 2 : 4);
-        fns[i] = tile_function(parts[i], levels);
-        first_tiles[i] = tiles;
-        tiles += tile_count(parts[i]);
-        first += parts[i]->out_features;
-    }
-    return tiles;
-}
-
-int block_linear(const void *x, int bf16, int64_t rows, const BlockWeights *w, void *out, int64_t out_stride,
-                 int num_threads) {
-    const BlockWeights *parts[MAX_PARTS];
-    int count = parts_of(w, parts);
-    if (rows < 1 || count == 0 || out_stride < w->out_features) return 1;
-    int64_t in_features = w->in_features, blocks = in_features / BLOCK;
-    int levels = bf16 ? 1 : 2;
-    int8_t *codes = malloc((size_t)(rows * in_features * 2));
-    float *steps = malloc(sizeof(float) * (size_t)(rows * blocks));
-    int32_t *code_sums = malloc(sizeof(int32_t) * (size_t)(rows * blocks * 2));
-    float *sum_terms = malloc(sizeof(float) * (size_t)(rows * blocks * 3));
-    int failed = codes == NULL || steps == NULL || code_sums == NULL || sum_terms == NULL;
-    if (!failed) {
-        for (int64_t r = 0; r < rows; r++)
-            round_row((const char *)x + r * in_features * (bf16 ? 2 : 4), bf16, levels, blocks,
-                      codes + r * in_features * 2, steps + r * blocks, code_sums + r * blocks * 2,
-                      sum_terms + r * blocks * 3);
-        Product base = {w, blocks, codes, steps, code_sums, sum_terms, out, out_stride, bf16}, each[MAX_PARTS];
-        TileFn fns[MAX_PARTS];
-        int64_t first_tiles[MAX_PARTS];
-        int64_t tiles = products(parts, count, &base, each, fns, first_tiles, levels);
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            int i = count - 1;
-            while (first_tiles[i] > t) i--;
-            fns[i](&each[i], t - first_tiles[i], rows);
-        }
-    }
-    free(codes);
-    free(steps);
-    free(code_sums);
-    free(sum_terms);
-    return failed ? 2 : 0;
 }
 
 /* One tile's block of weights, [16 outputs][32 inputs] from row `tile * 16` and column `b * 32`. */
@@ -430,20 +325,4 @@ static void dequantize_block(const BlockWeights *w, int64_t blocks, int64_t tile
                 _mm512_storeu_ps((float *)out + index, value);
         }
     }
-}
-
-int block_dequantize(const BlockWeights *w, int bf16, void *out, int num_threads) {
-    const BlockWeights *parts[MAX_PARTS];
-    int count = parts_of(w, parts);
-    if (count == 0) return 1;
-    int64_t blocks = w->in_features / BLOCK, first = 0;
-    for (int i = 0; i < count; i++) {
-        void *rows = (char *)out + first * w->in_features * (bf16 ? 2 : 4);
-        const BlockWeights *part = parts[i];
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-        for (int64_t t = 0; t < tile_count(part); t++)
-            for (int64_t b = 0; b < blocks; b++) dequantize_block(part, blocks, t, b, bf16, rows);
-        first += part->out_features;
-    }
-    return 0;
 }

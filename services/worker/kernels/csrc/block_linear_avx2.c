@@ -11,41 +11,24 @@
  * trick) and 128 times the row's code sum added back, exact. A tile's 16 outputs are two halves of
  * eight, one 256-bit vector each.
  *
- * The interface is `block_linear.c`'s: `block_linear` and `block_dequantize`, the same arguments
- * and statuses; bfloat16 values are converted by hand (rounded to nearest even).
+ * The interface is `block_linear.c`'s (`block_product.h`, which both include): `block_linear` and
+ * `block_dequantize`, the same arguments and statuses; bfloat16 values are converted by hand
+ * (rounded to nearest even).
  */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "block_weights.h"
+#include "block_product.h"
 
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
 #error "these kernels need AVX2, FMA and F16C: the worker keeps torch's layers"
 #endif
 
-#define BLOCK 32
-#define HALF 16
-#define TILE 16
 #define LANES 8             /* outputs per vector: a tile is two halves */
-#define GROUPS (BLOCK / 4)  /* four inputs per group */
 #define ROWS_PER_PASS 4     /* rows of x sharing each loaded half-block of weights */
-#define FINER 254           /* second-level steps per first-level step */
-#define MAX_PARTS 8
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
-
-typedef struct {
-    const BlockWeights *w;
-    int64_t blocks;
-    const int8_t *codes;      /* x rounded: [rows][blocks][c1 32, c2 32] */
-    const float *steps;       /* [rows][blocks] */
-    const int32_t *code_sums; /* [rows][blocks * 2]: per 16 inputs */
-    const float *sum_terms;   /* [rows][blocks * 3] */
-    void *out;
-    int64_t out_stride;
-    int bf16;
-} Product;
 
 static inline __m256 load8(const void *row, int64_t at, int bf16) {
     if (!bf16) return _mm256_loadu_ps((const float *)row + at);
@@ -316,8 +299,6 @@ KIND(6, 16)
 KIND(8, 32)
 KIND(8, 16)
 
-typedef void (*TileFn)(const Product *, int64_t, int64_t);
-
 #define PICK(bits, sub_block)                                                                     \
     (w->offset_factors ? (levels == 1 ? tile_##bits##_##sub_block##_o1 : tile_##bits##_##sub_block##_o2) \
                        : (levels == 1 ? tile_##bits##_##sub_block##_c1 : tile_##bits##_##sub_block##_c2))
@@ -331,87 +312,6 @@ static TileFn tile_function(const BlockWeights *w, int levels) {
     case 8: return fine ? PICK(8, 16) : PICK(8, 32);
     default: return NULL;
     }
-}
-
-static int valid(const BlockWeights *w) {
-    int bits_ok = w->bits == 4 || w->bits == 5 || w->bits == 6 || w->bits == 8;
-    int planes_ok = w->bits == 4 || w->bits == 8 || w->planes != NULL;
-    int offsets_ok = (w->offset_factors != NULL) != (w->center != 0);
-    int sub_ok = w->sub_block == HALF || w->sub_block == BLOCK;
-    int super_ok = w->super_block >= w->sub_block && (w->super_block & (w->super_block - 1)) == 0
-                   && w->in_features % w->super_block == 0;
-    int integers_ok = w->scale_integers == NULL ? w->super_block == w->sub_block && w->offset_integers == NULL
-                                                : w->super_block >= BLOCK;
-    return bits_ok && planes_ok && offsets_ok && sub_ok && super_ok && integers_ok && w->in_features >= BLOCK
-           && w->in_features % BLOCK == 0 && w->out_features >= 1 && w->codes != NULL && w->scale_factors != NULL;
-}
-
-static int parts_of(const BlockWeights *w, const BlockWeights *parts[MAX_PARTS]) {
-    if (w->part_count == 0) {
-        parts[0] = w;
-        return valid(w);
-    }
-    if (w->part_count < 0 || w->part_count > MAX_PARTS || w->parts == NULL) return 0;
-    int64_t outputs = 0;
-    for (int i = 0; i < w->part_count; i++) {
-        const BlockWeights *part = &w->parts[i];
-        if (!valid(part) || part->part_count != 0 || part->in_features != w->in_features) return 0;
-        parts[i] = part;
-        outputs += part->out_features;
-    }
-    return outputs == w->out_features ? w->part_count : 0;
-}
-
-static int64_t tile_count(const BlockWeights *w) { return (w->out_features + TILE - 1) / TILE; }
-
-static int64_t products(const BlockWeights *parts[], int count, const Product *base, Product each[], TileFn fns[],
-                        int64_t first_tiles[], int levels) {
-    int64_t tiles = 0, first = 0;
-    for (int i = 0; i < count; i++) {
-        each[i] = *base;
-        each[i].w = parts[i];
-        each[i].out = (char *)base->out + first * (base->bf16 ? 2 : 4);
-        fns[i] = tile_function(parts[i], levels);
-        first_tiles[i] = tiles;
-        tiles += tile_count(parts[i]);
-        first += parts[i]->out_features;
-    }
-    return tiles;
-}
-
-int block_linear(const void *x, int bf16, int64_t rows, const BlockWeights *w, void *out, int64_t out_stride,
-                 int num_threads) {
-    const BlockWeights *parts[MAX_PARTS];
-    int count = parts_of(w, parts);
-    if (rows < 1 || count == 0 || out_stride < w->out_features) return 1;
-    int64_t in_features = w->in_features, blocks = in_features / BLOCK;
-    int levels = bf16 ? 1 : 2;
-    int8_t *codes = malloc((size_t)(rows * in_features * 2));
-    float *steps = malloc(sizeof(float) * (size_t)(rows * blocks));
-    int32_t *code_sums = malloc(sizeof(int32_t) * (size_t)(rows * blocks * 2));
-    float *sum_terms = malloc(sizeof(float) * (size_t)(rows * blocks * 3));
-    int failed = codes == NULL || steps == NULL || code_sums == NULL || sum_terms == NULL;
-    if (!failed) {
-        for (int64_t r = 0; r < rows; r++)
-            round_row((const char *)x + r * in_features * (bf16 ? 2 : 4), bf16, levels, blocks,
-                      codes + r * in_features * 2, steps + r * blocks, code_sums + r * blocks * 2,
-                      sum_terms + r * blocks * 3);
-        Product base = {w, blocks, codes, steps, code_sums, sum_terms, out, out_stride, bf16}, each[MAX_PARTS];
-        TileFn fns[MAX_PARTS];
-        int64_t first_tiles[MAX_PARTS];
-        int64_t tiles = products(parts, count, &base, each, fns, first_tiles, levels);
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            int i = count - 1;
-            while (first_tiles[i] > t) i--;
-            fns[i](&each[i], t - first_tiles[i], rows);
-        }
-    }
-    free(codes);
-    free(steps);
-    free(code_sums);
-    free(sum_terms);
-    return failed ? 2 : 0;
 }
 
 /* One half of a tile's block of weights as floats: output 8h + o's 32 inputs. */
@@ -461,19 +361,6 @@ static void dequantize_half(const BlockWeights *w, int64_t blocks, int64_t tile,
     }
 }
 
-int block_dequantize(const BlockWeights *w, int bf16, void *out, int num_threads) {
-    const BlockWeights *parts[MAX_PARTS];
-    int count = parts_of(w, parts);
-    if (count == 0) return 1;
-    int64_t blocks = w->in_features / BLOCK, first = 0;
-    for (int i = 0; i < count; i++) {
-        void *rows = (char *)out + first * w->in_features * (bf16 ? 2 : 4);
-        const BlockWeights *part = parts[i];
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-        for (int64_t t = 0; t < tile_count(part); t++)
-            for (int64_t b = 0; b < blocks; b++)
-                for (int h = 0; h < 2; h++) dequantize_half(part, blocks, t, b, h, bf16, rows);
-        first += part->out_features;
-    }
-    return 0;
+static void dequantize_block(const BlockWeights *w, int64_t blocks, int64_t tile, int64_t b, int bf16, void *out) {
+    for (int h = 0; h < 2; h++) dequantize_half(w, blocks, tile, b, h, bf16, out);
 }
