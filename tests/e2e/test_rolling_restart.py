@@ -22,18 +22,33 @@ from tests.e2e.server import LaunchedServer
 from ztgi.bench.greedy_parity import GreedyStream, assert_same_greedy
 
 PROMPTS = ["The capital of France is", "Once upon a time", "The best way to learn is", "Water boils at"]
+# A drain ends when its streams do: the rolling restart's is long enough for 16 short streams on the
+# slowest 2-core machine CI runs on (two workers sharing its cores, 0.3 s a step on one with AVX2 alone),
+# the hand-back test's too short for long streams on the fastest.
+ROLLING_DRAIN_S = 20.0  # below --shutdown-timeout-s (30 by default)
 DRAIN_TIMEOUT_S = 5.0
-SHORT = 20  # tokens: finishes well within the drain, even on a loaded 2-core machine
-LONG = 200  # tokens: could not finish within it
+SHORT = 20  # tokens: finishes well within the rolling restart's drain
+LONG = 200  # tokens: could not finish within DRAIN_TIMEOUT_S
 NUM_STREAMS = 16
+
+
+def launch(tmp_path_factory: pytest.TempPathFactory, drain_s: float) -> LaunchedServer:
+    # float32: a stream resumed on the other worker re-prefills, whose logits differ from decode's
+    # in the last bits only (tests/e2e/test_process_loss.py)
+    return LaunchedServer(str(tmp_path_factory.mktemp("run")), "--num-workers", "2", "--dtype", "float32",
+                          "--drain-timeout-s", str(drain_s), "--restart-backoff-s", "0.5")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    # float32: a stream resumed on the other worker re-prefills, whose logits differ from decode's
-    # in the last bits only (tests/e2e/test_process_loss.py)
-    launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--num-workers", "2", "--dtype", "float32",
-                              "--drain-timeout-s", str(DRAIN_TIMEOUT_S), "--restart-backoff-s", "0.5")
+    launched = launch(tmp_path_factory, ROLLING_DRAIN_S)
+    yield launched
+    assert launched.stop() == 0, launched.log
+
+
+@pytest.fixture(scope="module")
+def short_drain_server(tmp_path_factory: pytest.TempPathFactory):
+    launched = launch(tmp_path_factory, DRAIN_TIMEOUT_S)
     yield launched
     assert launched.stop() == 0, launched.log
 
@@ -107,11 +122,13 @@ def test_rolling_restart_of_both_workers_under_16_streams_finishes_every_stream_
     assert len(re.findall(r"worker \S+ drains: \d+ running requests finish there", server.log)) == 2, server.log
     assert requeued(server) == {}, server.log  # nothing resumed elsewhere: each stream ended where it ran
     print(f"rolling restart: {len(finished)} streams completed; SIGTERM to exit: "
-          f"{', '.join(f'{s:.2f} s' for s in drains)} (drain timeout {DRAIN_TIMEOUT_S:g} s)")
+          f"{', '.join(f'{s:.2f} s' for s in drains)} (drain timeout {ROLLING_DRAIN_S:g} s)")
 
 
 @pytest.mark.slow
-def test_a_drain_too_short_for_long_streams_hands_them_to_the_other_worker_at_once(server: LaunchedServer) -> None:
+def test_a_drain_too_short_for_long_streams_hands_them_to_the_other_worker_at_once(
+        short_drain_server: LaunchedServer) -> None:
+    server = short_drain_server
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
         expected = list(pool.map(lambda prompt: stream(server, prompt, LONG), PROMPTS))
     started: list = []
