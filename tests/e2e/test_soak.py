@@ -27,7 +27,8 @@ from ztgi.common.client.sync_client import ZtgiClient
 SOAK_S = float(os.environ.get("ZTGI_SOAK_S", "40"))
 NUM_CLIENTS = 8
 DISCONNECT_RATE = 0.25
-WARMUP_FRACTION = 0.2  # RSS samples before this share of the run are warm-up (allocator arenas, caches)
+WARMUP_FRACTION = 0.5  # RSS samples before this share of the run are warm-up (allocator arenas, caches: on a
+# CPU without the C kernels torch's gathered attention takes most of a 40 s run to fill them)
 # Flat means the last third's median RSS is within 10% of the first third's (after warm-up). A
 # leak of even 2 KB per request is ~10 MB over a CI run's thousands of requests, which this sees in
 # the gateway and tokenizer (~100 MB); the worker's RSS follows the batch it holds, which the
