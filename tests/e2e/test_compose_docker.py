@@ -190,11 +190,9 @@ def test_compose_in_docker_serves_through_one_port_and_survives_a_killed_worker(
     assert uid == "10001"  # not root
     no_compiler = subprocess.run(["docker", "exec", workers[0], "sh", "-c", "command -v gcc cc"], capture_output=True)
     assert no_compiler.returncode != 0
-    logs = subprocess.run(["docker", "logs", workers[0]], capture_output=True, text=True).stderr
     if set(native_library.PORTABLE_CPU_FLAGS) <= native_library.cpu_flags():  # the prebuilt kernels serve
+        logs = subprocess.run(["docker", "logs", workers[0]], capture_output=True, text=True).stderr
         assert "C kernels" in logs and "cannot run here" not in logs, logs[-2000:]
-    elif set(native_library.AVX2_PORTABLE_CPU_FLAGS) <= native_library.cpu_flags():  # the AVX2 block products do
-        assert "GGUF blocks as stored" in logs and "quantized products: torch's" not in logs, logs[-2000:]
 
     under_way = threading.Barrier(STREAMS + 1)  # every stream's first tokens came, on both workers
     with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
