@@ -197,15 +197,16 @@ static inline __m128i to_bf16(__m256 v) {
     return packed;
 }
 
+/* The first `left` (at most 8) of eight outputs' sums, written at `at` in the output's dtype. */
 static void store_outputs(const Product *p, int64_t at, int64_t left, __m256 sums) {
-    float values[LANES];
-    _mm256_storeu_ps(values, sums);
     int n = left < LANES ? (int)left : LANES;
     if (p->bf16) {
         uint16_t words[LANES];
         _mm_storeu_si128((__m128i *)words, to_bf16(sums));
         memcpy((uint16_t *)p->out + at, words, sizeof(uint16_t) * (size_t)n);
     } else {
+        float values[LANES];
+        _mm256_storeu_ps(values, sums);
         memcpy((float *)p->out + at, values, sizeof(float) * (size_t)n);
     }
 }
