@@ -45,6 +45,9 @@ SOURCE_DIR = Path(__file__).with_name("csrc")
 # no -ffast-math: it reorders the hand-written float arithmetic, and results must round where torch's do
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", f"-I{SOURCE_DIR}")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512_bf16")
+AVX2_CPU_FLAGS = ("avx2", "fma", "f16c")  # what the `*_avx2.c` sources need (float32 kernels, the block products' twin)
+# sources with no intrinsics of their own (they call the others through pointers): any x86-64 CPU
+PLAIN_SOURCES = ("llama_decode_stack",)
 # The ahead-of-time build: x86-64-v4 (AVX512 F, BW, CD, DQ, VL) with BF16 and VNNI instead of this machine's -march
 PORTABLE_FLAGS = tuple(flag for flag in FLAGS if flag != "-march=native") + (
     "-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni")
@@ -108,7 +111,7 @@ def load(source_name: str, needs: tuple[str, ...] = REQUIRED_CPU_FLAGS,
     source's instructions need)."""
     missing = [flag for flag in needs if flag not in cpu_flags()]
     if platform.machine() not in ("x86_64", "AMD64") or missing:
-        raise BuildError(f"it needs an x86 CPU with {', '.join(needs)}")
+        raise BuildError("it needs an x86 CPU" + (f" with {', '.join(needs)}" if needs else ""))
     source = SOURCE_DIR / source_name
     try:
         compiler = find_compiler()
@@ -125,8 +128,9 @@ def load(source_name: str, needs: tuple[str, ...] = REQUIRED_CPU_FLAGS,
 
 def portable_target(source: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The flags of `source`'s ahead-of-time build and the CPU flags that build needs: x86-64-v3 for a
-    source written for CPUs without AVX512 (`*_avx2.c`), else x86-64-v4 with BF16 and VNNI."""
-    if source.stem.endswith("_avx2"):
+    source written for CPUs without AVX512 (`*_avx2.c`) or with no intrinsics (`PLAIN_SOURCES`), else
+    x86-64-v4 with BF16 and VNNI."""
+    if source.stem.endswith("_avx2") or source.stem in PLAIN_SOURCES:
         return AVX2_PORTABLE_FLAGS, AVX2_PORTABLE_CPU_FLAGS
     return PORTABLE_FLAGS, PORTABLE_CPU_FLAGS
 

@@ -121,7 +121,7 @@ class PagedAttention:
         self._workspace: dict[str, torch.Tensor] = {}
         self.float32_decode = False  # --float32-decode-attention: decode rows on CPU in float32
         self.group_query_heads = True  # decode rows: a key head's query heads in one block of queries
-        self.native: NativeAttention | None = None  # the C kernels reading blocks in place (CPU, bfloat16)
+        self.native: NativeAttention | None = None  # the C kernels reading blocks in place (CPU)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: KVPool,
                  inputs: AttentionInputs) -> torch.Tensor:
@@ -156,11 +156,11 @@ class PagedAttention:
             q, keys, values = q.float(), keys.float(), values.float()
         return self._attend_one_query(q, keys, values, mask).to(dtype)
 
-    def _in_place(self, q: torch.Tensor, pool_keys: torch.Tensor, windowed: bool) -> bool:
+    def _in_place(self, q: torch.Tensor, pool_keys: torch.Tensor, windowed: bool, prefill: bool = False) -> bool:
         """Whether these queries take the C kernels over the pool rather than torch's gather and SDPA
         (not a sliding-window layer's: the kernels attend to the whole context)."""
         return (self.native is not None and self.softcap is None and not windowed
-                and self.native.accepts(q, pool_keys))
+                and self.native.accepts(q, pool_keys, prefill))
 
     def _attend_one_query(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           mask: torch.Tensor) -> torch.Tensor:
@@ -180,7 +180,7 @@ class PagedAttention:
 
     def _prefill(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: KVPool,
                  span: PrefillSpan) -> torch.Tensor:
-        if self._in_place(q, pool.keys[layer], span.window is not None):
+        if self._in_place(q, pool.keys[layer], span.window is not None, prefill=True):
             assert self.native is not None
             return self.native.prefill(q[span.start:span.end], pool.keys[layer], pool.values[layer],
                                        span.block_table, span.cache_len, self.scale)

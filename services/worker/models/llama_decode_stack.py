@@ -5,7 +5,8 @@ dozen calls a layer, each a few microseconds of interpreter and bindings. With G
 (`BlockLinear`, any bits) on a CPU with the C kernels (those, attention in place, the layer steps),
 every kernel of a layer is one of ours, so `kernels/csrc/llama_decode_stack.c` runs them all, layer after
 layer, through the function pointers of the libraries already built: the same kernels in the same
-order as `PagedLlamaForward` calls them, so the step's logits are bit-identical (tested). Steps
+order as `PagedLlamaForward` calls them, so the step's logits are bit-identical (tested). bfloat16
+activations take the AVX512-BF16 kernels, float32 ones their AVX2 kernels (`*_avx2.c`). Steps
 with a prefill chunk, more rows than the block layers take, sliding-window or softcapped attention,
 or any other layer kind, run call by call as before.
 """
@@ -50,7 +51,7 @@ class _Dims(ctypes.Structure):
     _fields_ = [("num_layers", ctypes.c_int), ("hidden", ctypes.c_int), ("heads", ctypes.c_int),
                 ("kv_heads", ctypes.c_int), ("head_dim", ctypes.c_int), ("intermediate", ctypes.c_int),
                 ("block_size", ctypes.c_int), ("pool_blocks", ctypes.c_int64), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float)]
+                ("scale", ctypes.c_float), ("bf16", ctypes.c_int)]
 
 
 class _Step(ctypes.Structure):
@@ -58,14 +59,20 @@ class _Step(ctypes.Structure):
                 ("width", ctypes.c_int)]
 
 
-def _block(layer: object) -> tuple[BlockLinear, int] | None:
-    """The layer's block product and the most rows it takes it for (above, the layer hands them to
-    a float product); None for any other kind."""
+def _block(layer: object, dtype: torch.dtype) -> tuple[BlockLinear, int] | None:
+    """The layer's block product and the most rows of `dtype` it takes it for (above, the layer hands
+    them to a float product); None for any other kind."""
     if isinstance(layer, RowDispatch) and isinstance(layer.quantized, BlockLinear):
-        return layer.quantized, min(layer.max_elements // layer.in_features, layer.quantized.most_rows(torch.bfloat16))
+        return layer.quantized, min(layer.max_elements // layer.in_features, layer.quantized.most_rows(dtype))
     if isinstance(layer, BlockLinear):
-        return layer, layer.most_rows(torch.bfloat16)
+        return layer, layer.most_rows(dtype)
     return None
+
+
+def block_products_only(forward: LlamaLayers, dtype: torch.dtype) -> bool:
+    """Whether every product of every layer is a GGUF block product (`BlockLinear`)."""
+    return all(_block(getattr(layer, name), dtype) is not None for layer in forward.weights.layers
+               for name in ("qkv", "output", "gate_up", "down"))
 
 
 def _one_table(inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,8 +92,9 @@ class NativeDecodeStack:
     """`run` takes a decode-only step's embeddings through every layer; build with `load`."""
 
     def __init__(self, forward: LlamaLayers, linears: list[list[BlockLinear]], max_rows: int,
-                 library: ctypes.CDLL) -> None:
+                 library: ctypes.CDLL, dtype: torch.dtype = torch.bfloat16) -> None:
         self.forward = forward
+        self.dtype = dtype
         self.linears = linears
         self.max_rows = max_rows
         self._run = native_library.bind(library, "llama_decode_stack", [P] * 6 + [P, native_library.INT])
@@ -105,30 +113,31 @@ class NativeDecodeStack:
     def load(cls, forward: LlamaLayers) -> NativeDecodeStack | None:
         """The stack for this forward where all its layers' kernels are ztgi's C ones; else None."""
         attention: PagedAttention = forward.attention
-        if not isinstance(getattr(forward, "ops", None), NativeLayerOps) or attention.native is None:
+        ops = getattr(forward, "ops", None)
+        if not isinstance(ops, NativeLayerOps) or attention.native is None or attention.native.dtype is not ops.dtype:
             return None
-        w = forward.weights
+        w, dtype = forward.weights, ops.dtype
         norms = [t for layer in w.layers for t in (layer.attention_norm, layer.mlp_norm)]
-        if attention.softcap is not None or not all(t.dtype is torch.bfloat16 and t.is_contiguous() for t in norms):
+        if attention.softcap is not None or not all(t.dtype is dtype and t.is_contiguous() for t in norms):
             return None
         # the shapes every kernel takes (the layer-by-layer step falls back to torch per call instead)
         if w.head_dim % 32 or w.head_dim > 256 or w.hidden_size % 16 or w.intermediate_size % 16:
             return None
-        found = [[_block(getattr(layer, name)) for name in ("qkv", "output", "gate_up", "down")]
+        found = [[_block(getattr(layer, name), dtype) for name in ("qkv", "output", "gate_up", "down")]
                  for layer in forward.weights.layers]
         if not found or any(kind is None for layer in found for kind in layer):
             return None
-        library = native_library.load_or_none("llama_decode_stack.c", "a decode step's layers in one call")
+        library = native_library.load_or_none("llama_decode_stack.c", "a decode step's layers in one call", ())
         if library is None:
             return None
         max_rows = min(kind[1] for layer in found for kind in layer if kind is not None)
         linears = [[kind[0] for kind in layer if kind is not None] for layer in found]
-        return cls(forward, linears, max_rows, library)
+        return cls(forward, linears, max_rows, library, dtype)
 
     def accepts(self, x: torch.Tensor, inputs: AttentionInputs) -> bool:
         """Whether this step is one the stack runs: decode rows alone, none windowed, few enough."""
         groups = inputs.decodes
-        if inputs.prefills or not groups or x.dtype is not torch.bfloat16 or x.shape[0] > self.max_rows:
+        if inputs.prefills or not groups or x.dtype is not self.dtype or x.shape[0] > self.max_rows:
             return False
         ends = [0, *(group.end for group in groups)]
         return (all(group.start == end and not group.sliding and group.context_lens is not None
@@ -169,7 +178,8 @@ class NativeDecodeStack:
     def _describe(self, pool: KVPool) -> tuple[_Dims, ctypes.Array]:
         w, attention = self.forward.weights, self.forward.attention
         dims = _Dims(len(w.layers), w.hidden_size, w.num_heads, w.num_kv_heads, w.head_dim,
-                     w.intermediate_size, pool.block_size, pool.num_blocks, w.eps, attention.scale)
+                     w.intermediate_size, pool.block_size, pool.num_blocks, w.eps, attention.scale,
+                     self.dtype is torch.bfloat16)
         layers = (_Layer * len(w.layers))()
         for index, (layer, linears) in enumerate(zip(w.layers, self.linears, strict=True)):
             layers[index] = _Layer(layer.attention_norm.data_ptr(), layer.mlp_norm.data_ptr(),

@@ -22,7 +22,7 @@ from ztgi.services.worker.models import families
 from ztgi.services.worker.models.decoder import PagedDecoderForward
 from ztgi.services.worker.models.families import layer_windows, paged_forward
 from ztgi.services.worker.models.llama import PagedLlamaForward
-from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack
+from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack, block_products_only
 from ztgi.services.worker.models.loading import LoadedModel
 from ztgi.services.worker.paged.batch import PagedBatch, Sequence
 from ztgi.services.worker.paged.draft_proposer import DraftProposer
@@ -77,6 +77,8 @@ class PagedModel:
         self.forward_pass.attention.float32_decode = float32_decode_attention
         if native_kernels and self.device.type == "cpu" and self.dtype == torch.bfloat16:
             _use_c_kernels(self.forward_pass)
+        elif native_kernels and self.device.type == "cpu" and self.dtype == torch.float32:
+            _use_float32_c_kernels(self.forward_pass)
         if shard is not None:
             parallelize(self.forward_pass, shard.group, shard.plan)
         logger.info("paged KV cache, %s weights, attention %s", linear.describe(), self._attention())
@@ -344,3 +346,18 @@ def _use_c_kernels(forward_pass: PagedLlamaForward | PagedDecoderForward) -> Non
         if layer_ops is not None:
             forward_pass.ops = layer_ops
             forward_pass.stack = NativeDecodeStack.load(forward_pass)
+
+
+def _use_float32_c_kernels(forward_pass: PagedLlamaForward | PagedDecoderForward) -> None:
+    """For a float32 Llama whose products are all GGUF block products: the float32 C layer steps,
+    decode attention and one-call decode stack (AVX2). Not for float weights: those kernels sum in
+    another order than torch, and `--quantize none --dtype float32` promises transformers' tokens."""
+    if not isinstance(forward_pass, PagedLlamaForward) or not block_products_only(forward_pass, torch.float32):
+        return
+    attention = NativeAttention.load(torch.float32)
+    layer_ops = NativeLayerOps.load(torch.float32) if attention is not None else None
+    if attention is None or layer_ops is None:
+        return
+    forward_pass.attention.native = attention
+    forward_pass.ops = layer_ops
+    forward_pass.stack = NativeDecodeStack.load(forward_pass)

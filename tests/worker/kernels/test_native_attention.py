@@ -14,17 +14,20 @@ from ztgi.services.worker.layers.kv_pool import KVPool, KVShape
 
 KERNELS = NativeAttention.load()
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason="no AVX512-BF16 CPU or no C compiler here")
+FLOAT32_KERNELS = NativeAttention.load(torch.float32)
+needs_float32_kernels = pytest.mark.skipif(FLOAT32_KERNELS is None, reason="no AVX2 CPU or no C compiler here")
 BLOCK_SIZE = 16
 
 
 class Pool:
     """A layer's key and value blocks, as `KVPool` holds them: `[blocks, block_size, kv_heads, head_dim]`."""
 
-    def __init__(self, num_blocks: int, kv_heads: int, head_dim: int, generator: torch.Generator) -> None:
+    def __init__(self, num_blocks: int, kv_heads: int, head_dim: int, generator: torch.Generator,
+                 dtype: torch.dtype = torch.bfloat16) -> None:
         shape = (num_blocks, BLOCK_SIZE, kv_heads, head_dim)
         self.block_size = BLOCK_SIZE
-        self.keys = [(torch.randn(shape, generator=generator) * 2).to(torch.bfloat16)]
-        self.values = [torch.randn(shape, generator=generator).to(torch.bfloat16)]
+        self.keys = [(torch.randn(shape, generator=generator) * 2).to(dtype)]
+        self.values = [torch.randn(shape, generator=generator).to(dtype)]
 
 
 def scattered_tables(lens: list[int], num_blocks: int, seed: int) -> list[list[int]]:
@@ -171,6 +174,81 @@ def test_inputs_it_cannot_take_are_refused_not_misread():
             KERNELS.prefill(q, pool.keys[0], pool.values[0], torch.tensor([0, beyond]), 19, 0.125)
     assert not KERNELS.accepts(q.float(), pool.keys[0])
     assert KERNELS.accepts(q, pool.keys[0])
+
+
+@needs_float32_kernels
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 64), (8, 2, 128), (6, 3, 96), (4, 2, 40)])
+def test_float32_decode_rows_equal_exact_attention(heads, kv_heads, head_dim):
+    """The float32 kernel (AVX2), rows of 1 to 400 keys over scattered blocks: within float32's
+    rounding of exact attention, and on average no further from it than torch's gather-and-SDPA path."""
+    generator = torch.Generator().manual_seed(heads * head_dim)
+    lens = sorted([1, 7, 8, 9, 15, 16, 17, 64, 200, 399, 400, *[random.Random(i).randint(1, 400) for i in range(4)]])
+    pool = Pool(sum(-(-n // BLOCK_SIZE) for n in lens) + 3, kv_heads, head_dim, generator, torch.float32)
+    tables = scattered_tables(lens, pool.keys[0].shape[0], seed=head_dim)
+    q = torch.randn(len(lens), heads, head_dim, generator=generator) * 2
+    expected = torch.stack([exact(q[r], pool, tables[r], lens[r]) for r in range(len(lens))])
+    attention = PagedAttention(heads, kv_heads, head_dim)
+    groups = decode_groups(tables, lens, BLOCK_SIZE, torch.device("cpu"))
+    results = {}
+    for name, kernels in (("in place", FLOAT32_KERNELS), ("torch", None)):
+        attention.native = kernels
+        results[name] = torch.cat([attention._decode(0, q[g.start:g.end], pool, g) for g in groups]).double()
+    error, torch_error = ((results[name] - expected).abs() for name in ("in place", "torch"))
+    assert (error <= expected.abs() * 1e-5 + 1e-6).all()
+    assert error.mean() <= torch_error.mean() * 1.5
+
+
+@needs_float32_kernels
+@pytest.mark.parametrize("length", [127, 128, 129, 700, 2049])
+@pytest.mark.parametrize("num_threads", [1, 2, 3])
+def test_one_long_float32_row_split_among_threads_equals_exact_attention(length, num_threads):
+    """The float32 kernel's split of one long row among threads: within float32's rounding of exact attention."""
+    generator = torch.Generator().manual_seed(length)
+    pool = Pool(-(-length // BLOCK_SIZE) + 2, 3, 64, generator, torch.float32)
+    table = scattered_tables([length], pool.keys[0].shape[0], seed=length)[0]
+    q = torch.randn(1, 9, 64, generator=generator) * 2
+    expected = exact(q[0], pool, table, length)[None]
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        got = FLOAT32_KERNELS.decode(q, pool.keys[0], pool.values[0], torch.tensor([table]), torch.tensor([length]),
+                                     0.125)
+    finally:
+        torch.set_num_threads(before)
+    assert ((got.double() - expected).abs() <= expected.abs() * 1e-5 + 1e-6).all()
+
+
+@needs_float32_kernels
+def test_float32_kernels_take_decode_rows_only_and_refuse_what_they_cannot_read():
+    """A layer's whole call with decode rows and prefill chunks: the rows through the kernel, the
+    chunks through torch (there is no float32 prefill kernel), outputs within float32 roundings of
+    torch's path; a table too short for its context, or a block outside the pool, is refused."""
+    generator = torch.Generator().manual_seed(7)
+    heads, kv_heads, head_dim = 9, 3, 64
+    pool = KVPool(KVShape(1, BLOCK_SIZE, kv_heads, head_dim, torch.float32), 64, torch.device("cpu"))
+    filled = Pool(64, kv_heads, head_dim, generator, torch.float32)
+    pool.keys[0].copy_(filled.keys[0])
+    pool.values[0].copy_(filled.values[0])
+    tables = [[block + 1 for block in table] for table in scattered_tables([40, 90, 30, 120], 63, seed=3)]
+    slots = [t[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
+             for t, positions in zip(tables, ([39], [89], range(30), range(100, 120))) for p in positions]
+    q, k, v = (torch.randn(len(slots), h, head_dim, generator=generator) for h in (heads, kv_heads, kv_heads))
+    inputs = AttentionInputs(torch.tensor(slots), decode_groups(tables[:2], [40, 90], BLOCK_SIZE, torch.device("cpu")),
+                             [PrefillSpan(2, 32, 0, torch.tensor(tables[2])),
+                              PrefillSpan(32, 52, 100, torch.tensor(tables[3]))])
+    results = {}
+    for name, kernels in (("in place", FLOAT32_KERNELS), ("torch", None)):
+        attention = PagedAttention(heads, kv_heads, head_dim)
+        attention.native = kernels
+        results[name] = attention(0, q, k, v, pool, inputs)
+    torch.testing.assert_close(results["in place"], results["torch"], rtol=1e-5, atol=1e-6)
+    assert torch.equal(results["in place"][2:], results["torch"][2:])  # the chunks: torch's own path
+    assert FLOAT32_KERNELS.accepts(q, pool.keys[0]) and not FLOAT32_KERNELS.accepts(q, pool.keys[0], prefill=True)
+    assert not FLOAT32_KERNELS.accepts(q.to(torch.bfloat16), pool.keys[0])
+    for table, length in (([0, 1], 33), ([0, 64], 20), ([0, -1], 20)):
+        with pytest.raises(ValueError, match="decode attention kernel refused its inputs"):
+            FLOAT32_KERNELS.decode(q[:1], pool.keys[0], pool.values[0], torch.tensor([table]), torch.tensor([length]),
+                                   0.125)
 
 
 @pytest.mark.parametrize("broken", ["compiler fails", "cache not writable"])

@@ -52,13 +52,17 @@ def test_a_changed_flag_set_is_another_library(prebuilt: Path) -> None:
 
 @pytest.mark.skipif(not set(native_library.AVX2_PORTABLE_CPU_FLAGS) <= native_library.cpu_flags(),
                     reason="the AVX2 twin's prebuilt library needs x86-64-v3's flags")
-def test_without_a_compiler_the_avx2_block_products_load_on_an_x86_64_v3_cpu(
-        prebuilt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The block products' twin for CPUs without AVX512 is built for x86-64-v3, so a Docker image on
-    an AVX2 host serves a GGUF as stored too."""
+@pytest.mark.parametrize("source_name,function", [
+    ("block_linear_avx2.c", "block_linear"), ("layer_ops_avx2.c", "add_rms_norm_f32"),
+    ("paged_decode_attention_avx2.c", "paged_decode_attention_f32"), ("llama_decode_stack.c", "llama_decode_stack")])
+def test_without_a_compiler_the_avx2_kernels_load_on_an_x86_64_v3_cpu(
+        prebuilt: Path, monkeypatch: pytest.MonkeyPatch, source_name: str, function: str) -> None:
+    """The block products' twin, the float32 layer steps and decode attention for CPUs without
+    AVX512, and the decode stack (no intrinsics of its own) are built for x86-64-v3, so a Docker
+    image on an AVX2 host serves a GGUF as stored with them too."""
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    source = native_library.SOURCE_DIR / "block_linear_avx2.c"
+    source = native_library.SOURCE_DIR / source_name
     assert "-march=x86-64-v3" in native_library.portable_target(source)[0]
-    library = native_library.load("block_linear_avx2.c", prebuilt_dir=prebuilt, needs=("avx2",))
+    library = native_library.load(source_name, prebuilt_dir=prebuilt, needs=("avx2",))
     assert library._name == str(native_library.prebuilt_path(source, prebuilt))
-    assert native_library.address(native_library.bind(library, "block_linear", [ctypes.c_void_p])) != 0
+    assert native_library.address(native_library.bind(library, function, [ctypes.c_void_p])) != 0

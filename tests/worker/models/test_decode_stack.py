@@ -17,12 +17,23 @@ from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack
 PROMPTS = [[1, 504, 3458, 282, 9690, 17], [9690, 17, 28, 1073], list(range(300, 340))]
 
 
-@pytest.fixture(scope="module")
-def int4_model():
-    """The embedded SmolLM2 with --quantize int4 (its own 4-bit blocks), where the stack can run."""
-    model = load_paged_model("smollm2", dtype="bfloat16", device="cpu", quantize="int4")
+@pytest.fixture(scope="module", params=["bfloat16", "float32"])
+def dtype(request) -> str:
+    """The activations' dtype: bfloat16 takes the AVX512-BF16 kernels, float32 the AVX2 ones."""
+    return request.param
+
+
+def skip_without_stack(model, dtype: str) -> None:
     if model.forward_pass.stack is None:
-        pytest.skip("no AVX512-VNNI/BF16 CPU or no C compiler here: the stack is not built")
+        needs = "AVX512-VNNI/BF16" if dtype == "bfloat16" else "AVX2"
+        pytest.skip(f"no {needs} CPU or no C compiler here: the {dtype} stack is not built")
+
+
+@pytest.fixture(scope="module")
+def int4_model(dtype):
+    """The embedded SmolLM2 with --quantize int4 (its own 4-bit blocks), where the stack can run."""
+    model = load_paged_model("smollm2", dtype=dtype, device="cpu", quantize="int4")
+    skip_without_stack(model, dtype)
     model.allocate_pool(256)
     return model
 
@@ -38,12 +49,11 @@ def six_bit(layer: BlockLinear) -> BlockLinear:
 
 
 @pytest.fixture(scope="module")
-def six_bit_model():
+def six_bit_model(dtype):
     """The embedded SmolLM2 with every decoder product's weights as 6-bit codes by 16 (Q6_K's form)."""
-    model = load_paged_model("smollm2", dtype="bfloat16", device="cpu", quantize="int4")
+    model = load_paged_model("smollm2", dtype=dtype, device="cpu", quantize="int4")
+    skip_without_stack(model, dtype)
     forward = model.forward_pass
-    if forward.stack is None:
-        pytest.skip("no AVX512-VNNI/BF16 CPU or no C compiler here: the stack is not built")
     for layer in forward.weights.layers:
         for name in ("qkv", "output", "gate_up", "down"):
             dispatch = getattr(layer, name)
@@ -56,7 +66,7 @@ def six_bit_model():
 
 
 @pytest.fixture(params=["int4", "six_bit"])
-def quantized_model(request):
+def quantized_model(request, dtype):
     return request.getfixturevalue(f"{request.param}_model")
 
 
@@ -83,8 +93,9 @@ def generate(model, requests, stack: NativeDecodeStack | None, calls: list[int])
 def test_stack_gives_the_tokens_and_logprobs_of_the_layer_by_layer_step(quantized_model, num_requests):
     """Greedy and seeded sampled requests with top tokens, through prefill and decode steps: with
     the stack the generations are those of the step called layer by layer, bit for bit (logprobs
-    included), with 4-bit (the GGUF's Q4_1) and 6-bit weights by 16 (Q6_K's form); the stack ran
-    every decode step of up to 16 rows (17 rows: none, they are called layer by layer)."""
+    included), with 4-bit (the GGUF's Q4_1) and 6-bit weights by 16 (Q6_K's form), in bfloat16 and
+    in float32; the stack ran every decode step of up to 16 rows (17 rows: none, they are called
+    layer by layer)."""
     stack = quantized_model.forward_pass.stack
     requests = [request(i + 1, PROMPTS[i % len(PROMPTS)], 10, ignore_eos=True, top_n_tokens=3,
                         **({"do_sample": True, "temperature": 0.8, "seed": i} if i % 2 else {}))
@@ -98,14 +109,18 @@ def test_stack_gives_the_tokens_and_logprobs_of_the_layer_by_layer_step(quantize
     assert calls == ([] if num_requests > stack.max_rows else [num_requests] * 9)
 
 
-def test_stack_is_built_only_where_every_layer_kernel_is_ours(int4_model, tiny_model_dir):
+def test_stack_is_built_only_where_every_layer_kernel_is_ours(int4_model, dtype, tiny_model_dir):
     """Float weights (oneDNN's products), torch's layer steps, or heads too small for the attention
-    kernels (16 dimensions) keep the layer-by-layer step."""
-    small_heads = load_paged_model(tiny_model_dir, dtype="bfloat16", device="cpu", quantize="int4")
+    kernels (16 dimensions) keep the layer-by-layer step. Float weights in float32 keep torch's
+    attention and layer steps too: the C kernels' float32 sums would part from transformers' tokens."""
+    small_heads = load_paged_model(tiny_model_dir, dtype=dtype, device="cpu", quantize="int4")
     assert small_heads.forward_pass.stack is None
-    float_weights = load_paged_model("smollm2", dtype="bfloat16", device="cpu")
+    float_weights = load_paged_model("smollm2", dtype=dtype, device="cpu")
     assert float_weights.forward_pass.stack is None
     assert NativeDecodeStack.load(float_weights.forward_pass) is None
+    if dtype == "float32":
+        assert float_weights.forward_pass.attention.native is None
+        assert isinstance(float_weights.forward_pass.ops, TorchLayerOps)
     forward = int4_model.forward_pass
     native_ops = forward.ops
     forward.ops = TorchLayerOps()
@@ -119,8 +134,8 @@ def test_stack_refuses_a_slot_outside_the_pool(int4_model):
     """A step whose key would land outside the pool is refused with an error, not written."""
     stack = int4_model.forward_pass.stack
     pool = int4_model.pool
-    x = torch.zeros(1, 576, dtype=torch.bfloat16)
-    cos = torch.ones(1, 1, 64, dtype=torch.bfloat16)
+    x = torch.zeros(1, 576, dtype=stack.dtype)
+    cos = torch.ones(1, 1, 64, dtype=stack.dtype)
     groups = decode_groups([[1]], [1], pool.block_size, torch.device("cpu"))
     inputs = AttentionInputs(torch.tensor([pool.num_blocks * pool.block_size]), groups, [])
     with pytest.raises(ValueError, match="refused"):

@@ -49,7 +49,7 @@ from ztgi.services.worker.layers.quantization.weight_scratch import WeightScratc
 
 INT8_MAX = 127
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
-AVX2_FLAGS = ("avx2", "fma", "f16c")  # `block_linear_avx2.c`, where the CPU lacks CPU_FLAGS
+AVX2_FLAGS = native_library.AVX2_CPU_FLAGS  # `block_linear_avx2.c`, where the CPU lacks CPU_FLAGS
 # by the codes' bits, the most rows of float32 (and of bfloat16 where the CPU has AMX) the integer
 # product takes; more are de-quantized into the scratch and multiplied by torch (measured
 # crossovers: the commit that set them)
