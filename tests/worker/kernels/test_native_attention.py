@@ -50,6 +50,28 @@ def exact(q: torch.Tensor, pool: Pool, table: list[int], length: int) -> torch.T
     return torch.einsum("hk,khd->hd", weights, values)
 
 
+MIXED_HEADS = (9, 3, 64)  # heads, kv_heads, head_dim of `mixed_step`
+
+
+def mixed_step(dtype: torch.dtype) -> tuple[KVPool, torch.Tensor, torch.Tensor, torch.Tensor, AttentionInputs]:
+    """One layer's step of two decode rows (40 and 90 keys), a fresh chunk of 30 and a chunk of 20
+    after 100 cached keys, over a filled pool of scattered blocks: the pool, q, k, v and the inputs."""
+    generator = torch.Generator().manual_seed(7)
+    heads, kv_heads, head_dim = MIXED_HEADS
+    pool = KVPool(KVShape(1, BLOCK_SIZE, kv_heads, head_dim, dtype), 64, torch.device("cpu"))
+    filled = Pool(64, kv_heads, head_dim, generator, dtype)
+    pool.keys[0].copy_(filled.keys[0])
+    pool.values[0].copy_(filled.values[0])
+    tables = [[block + 1 for block in table] for table in scattered_tables([40, 90, 30, 120], 63, seed=3)]
+    slots = [t[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
+             for t, positions in zip(tables, ([39], [89], range(30), range(100, 120))) for p in positions]
+    q, k, v = (torch.randn(len(slots), h, head_dim, generator=generator).to(dtype) for h in (heads, kv_heads, kv_heads))
+    inputs = AttentionInputs(torch.tensor(slots), decode_groups(tables[:2], [40, 90], BLOCK_SIZE, torch.device("cpu")),
+                             [PrefillSpan(2, 32, 0, torch.tensor(tables[2])),
+                              PrefillSpan(32, 52, 100, torch.tensor(tables[3]))])
+    return pool, q, k, v, inputs
+
+
 def assert_close_to_exact(got: torch.Tensor, through_torch: torch.Tensor, expected: torch.Tensor,
                           rounded_share: float) -> None:
     """At least `rounded_share` of `got` is `expected` rounded to bfloat16, every output is within one
@@ -133,24 +155,10 @@ def test_prefill_chunks_equal_exact_causal_attention(heads, kv_heads, head_dim, 
 def test_a_step_of_decodes_and_chunks_through_the_kernels_equals_torchs():
     """One layer's whole call (pool writes, two decode rows, a fresh chunk and a continued one) gives
     torch's path's outputs up to bfloat16 roundings."""
-    generator = torch.Generator().manual_seed(7)
-    heads, kv_heads, head_dim = 9, 3, 64
-    pool = KVPool(KVShape(1, BLOCK_SIZE, kv_heads, head_dim, torch.bfloat16), 64, torch.device("cpu"))
-    filled = Pool(64, kv_heads, head_dim, generator)
-    pool.keys[0].copy_(filled.keys[0])
-    pool.values[0].copy_(filled.values[0])
-    tables = [[block + 1 for block in table] for table in scattered_tables([40, 90, 30, 120], 63, seed=3)]
-    slots = [t[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
-             for t, positions in zip(tables, ([39], [89], range(30), range(100, 120))) for p in positions]
-    tokens = len(slots)
-    q, k, v = ((torch.randn(tokens, h, head_dim, generator=generator)).to(torch.bfloat16)
-               for h in (heads, kv_heads, kv_heads))
-    inputs = AttentionInputs(torch.tensor(slots), decode_groups(tables[:2], [40, 90], BLOCK_SIZE, torch.device("cpu")),
-                             [PrefillSpan(2, 32, 0, torch.tensor(tables[2])),
-                              PrefillSpan(32, 52, 100, torch.tensor(tables[3]))])
+    pool, q, k, v, inputs = mixed_step(torch.bfloat16)
     results = {}
     for name, kernels in (("in place", KERNELS), ("torch", None)):
-        attention = PagedAttention(heads, kv_heads, head_dim)
+        attention = PagedAttention(*MIXED_HEADS)
         attention.native = kernels
         results[name] = attention(0, q, k, v, pool, inputs).double()
     difference = (results["in place"] - results["torch"]).abs()
@@ -223,22 +231,10 @@ def test_float32_kernels_take_decode_rows_only_and_refuse_what_they_cannot_read(
     """A layer's whole call with decode rows and prefill chunks: the rows through the kernel, the
     chunks through torch (there is no float32 prefill kernel), outputs within float32 roundings of
     torch's path; a table too short for its context, or a block outside the pool, is refused."""
-    generator = torch.Generator().manual_seed(7)
-    heads, kv_heads, head_dim = 9, 3, 64
-    pool = KVPool(KVShape(1, BLOCK_SIZE, kv_heads, head_dim, torch.float32), 64, torch.device("cpu"))
-    filled = Pool(64, kv_heads, head_dim, generator, torch.float32)
-    pool.keys[0].copy_(filled.keys[0])
-    pool.values[0].copy_(filled.values[0])
-    tables = [[block + 1 for block in table] for table in scattered_tables([40, 90, 30, 120], 63, seed=3)]
-    slots = [t[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
-             for t, positions in zip(tables, ([39], [89], range(30), range(100, 120))) for p in positions]
-    q, k, v = (torch.randn(len(slots), h, head_dim, generator=generator) for h in (heads, kv_heads, kv_heads))
-    inputs = AttentionInputs(torch.tensor(slots), decode_groups(tables[:2], [40, 90], BLOCK_SIZE, torch.device("cpu")),
-                             [PrefillSpan(2, 32, 0, torch.tensor(tables[2])),
-                              PrefillSpan(32, 52, 100, torch.tensor(tables[3]))])
+    pool, q, k, v, inputs = mixed_step(torch.float32)
     results = {}
     for name, kernels in (("in place", FLOAT32_KERNELS), ("torch", None)):
-        attention = PagedAttention(heads, kv_heads, head_dim)
+        attention = PagedAttention(*MIXED_HEADS)
         attention.native = kernels
         results[name] = attention(0, q, k, v, pool, inputs)
     torch.testing.assert_close(results["in place"], results["torch"], rtol=1e-5, atol=1e-6)

@@ -13,40 +13,19 @@
  * [rows, width] int64 (padding past a row's blocks is never read; the rest must be below pool_blocks);
  * lens [rows] int64 (>= 1);
  * out [rows, heads, head_dim]. head_dim must be a multiple of 32. Returns 0, or non-zero when it
- * cannot run (the caller then falls back to torch).
+ * cannot run (the caller then falls back to torch). The split among threads and the join of a row's
+ * parts are shared with the float32 kernel (`paged_decode.h`).
  */
-#include <math.h>
-#include <stdlib.h>
-
 #include "bf16_simd.h"
 
 #define TOKENS_PER_TILE 16
-#define MAX_PARTS 64        /* threads one row's keys may be split among */
-#define SPLIT_MIN_KEYS 128  /* shorter rows are not worth splitting */
-#define MAX_DIM 256
-#define HEADS_PER_PASS 4    /* query heads whose value sums share a pass over a key head's values */
 #define VALUES_AHEAD 16     /* how far ahead of the value row in use the next ones are fetched */
+#define VALUE_LANES 16
+#define ELEMENT uint16_t
 
-typedef struct {
-    const uint16_t *q, *keys, *values;
-    const int64_t *tables;
-    int width, heads, kv_heads, head_dim, block_size;
-    float scale;
-    uint16_t *out;
-} Decode;
+#include "paged_decode.h"
 
 static const uint16_t ZERO_ROW[MAX_DIM];  /* stands in for the missing keys of a partial tile */
-
-/* Key or value `j` of a row, every key head of it: where its block table puts it in the pool. */
-static inline __attribute__((always_inline)) const uint16_t *token_row(
-        const uint16_t *pool, const int64_t *table, int64_t j, int block_size, int64_t token_stride) {
-    return pool + (table[j / block_size] * block_size + j % block_size) * token_stride;
-}
-
-/* Blocks lie anywhere in the pool, so the hardware cannot guess the next one: ask for it early. */
-static inline __attribute__((always_inline)) void prefetch(const uint16_t *row, int64_t elements) {
-    for (int64_t b = 0; b < elements * 2; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T0);
-}
 
 /* Lane t of the result is the sum of v[t]'s sixteen lanes: sixteen dot products finished at once. */
 static inline __m512 sum_lanes16(const __m512 v[16]) {
@@ -146,134 +125,13 @@ static inline __attribute__((always_inline)) void heads_values(
             _mm512_storeu_ps(acc + (int64_t)(first + h) * head_dim + 16 * c, sums[h][c]);
 }
 
-/* acc[head] = sum over keys [begin, end) of weight * v, a few heads of a key head per pass over its values. */
-static inline __attribute__((always_inline)) void span_values(
-        const uint16_t *values, const int64_t *table, int64_t begin, int64_t end, int heads, int kv_heads,
-        int head_dim, int block_size, int64_t padded, const float *weights, float *acc) {
-    int group = heads / kv_heads, per_pass = 16 / (head_dim / 16);
-    per_pass = per_pass > HEADS_PER_PASS ? HEADS_PER_PASS : per_pass < 1 ? 1 : per_pass;
-    int64_t token_stride = (int64_t)kv_heads * head_dim;
-    for (int i = 0; i < heads;) {
-        int count = group - i % group < per_pass ? group - i % group : per_pass;
-        int kv_offset = (i / group) * head_dim;
-#define VALUES_OF(n) heads_values(values, table, begin, end, kv_offset, token_stride, block_size, head_dim, i, n, \
-                                  padded, weights, acc)
-        switch (count) {  /* a constant count keeps the sums in registers */
-        case 1: VALUES_OF(1); break;
-        case 2: VALUES_OF(2); break;
-        case 3: VALUES_OF(3); break;
-        default: VALUES_OF(4); break;
-        }
-#undef VALUES_OF
-        i += count;
-    }
-}
-
-/* One row's keys [begin, end): its part's tops, totals and unnormalized sums of values. */
-static inline __attribute__((always_inline)) void attend_span(
-        const uint16_t *q, const uint16_t *keys, const uint16_t *values, const int64_t *table, int64_t begin,
-        int64_t end, int heads, int kv_heads, int head_dim, int block_size, float scale, float *scores,
-        float *tops, float *totals, float *acc) {
-    int64_t padded = (end - begin + TOKENS_PER_TILE - 1) / TOKENS_PER_TILE * TOKENS_PER_TILE;
-    span_scores(q, keys, table, begin, end, heads, kv_heads, head_dim, block_size, scale, padded, scores);
-    span_softmax(scores, heads, end - begin, padded, tops, totals);
-    span_values(values, table, begin, end, heads, kv_heads, head_dim, block_size, padded, scores, acc);
-}
-
-static void attend_part(const Decode *d, int row, int64_t begin, int64_t end, float *scores, float *tops,
-                        float *totals, float *acc) {
-    const uint16_t *q = d->q + (int64_t)row * d->heads * d->head_dim;
-    const int64_t *table = d->tables + (int64_t)row * d->width;
-    /* head_dim as a constant where it is a common one, so the inner loops unroll */
-    if (d->head_dim == 64)
-        attend_span(q, d->keys, d->values, table, begin, end, d->heads, d->kv_heads, 64, d->block_size, d->scale,
-                    scores, tops, totals, acc);
-    else if (d->head_dim == 128)
-        attend_span(q, d->keys, d->values, table, begin, end, d->heads, d->kv_heads, 128, d->block_size,
-                    d->scale, scores, tops, totals, acc);
-    else
-        attend_span(q, d->keys, d->values, table, begin, end, d->heads, d->kv_heads, d->head_dim, d->block_size,
-                    d->scale, scores, tops, totals, acc);
-}
-
-/* out = the parts' sums of values, each rescaled to the highest top, over their rescaled totals. */
-static void finish_row(const Decode *d, int row, int parts, const float *tops, const float *totals,
-                       const float *acc) {
-    int heads = d->heads, dim = d->head_dim;
-    uint16_t *out = d->out + (int64_t)row * heads * dim;
-    for (int i = 0; i < heads; i++) {
-        float highest = -INFINITY, total = 0.f;
-        for (int p = 0; p < parts; p++) highest = tops[p * heads + i] > highest ? tops[p * heads + i] : highest;
-        float factors[MAX_PARTS];
-        for (int p = 0; p < parts; p++) {
-            factors[p] = totals[p * heads + i] > 0.f ? expf(tops[p * heads + i] - highest) : 0.f;
-            total += factors[p] * totals[p * heads + i];
-        }
-        for (int c = 0; c < dim; c++) {
-            float sum = 0.f;
-            for (int p = 0; p < parts; p++) sum += factors[p] * acc[((int64_t)p * heads + i) * dim + c];
-            out[(int64_t)i * dim + c] = to_bf16(sum / total);
-        }
-    }
-}
+static inline ELEMENT to_output(float value) { return to_bf16(value); }
 
 int paged_decode_attention_bf16(const uint16_t *q, const uint16_t *keys, const uint16_t *values,
                                 int64_t pool_blocks, const int64_t *tables, const int64_t *lens, int rows,
                                 int width, int heads, int kv_heads, int head_dim, int block_size, float scale,
                                 uint16_t *out, int num_threads) {
-    if (head_dim % 32 != 0 || head_dim > MAX_DIM || heads % kv_heads != 0 || rows < 1 || block_size < 1) return 1;
-    int64_t longest = 0;
-    for (int r = 0; r < rows; r++) {
-        if (lens[r] < 1 || lens[r] > (int64_t)width * block_size) return 1;
-        for (int64_t b = 0; b < (lens[r] + block_size - 1) / block_size; b++)
-            if (tables[(int64_t)r * width + b] < 0 || tables[(int64_t)r * width + b] >= pool_blocks) return 1;
-        longest = lens[r] > longest ? lens[r] : longest;
-    }
+    if (head_dim % 32 != 0 || head_dim > MAX_DIM) return 1;
     Decode d = {q, keys, values, tables, width, heads, kv_heads, head_dim, block_size, scale, out};
-    num_threads = num_threads < 1 ? 1 : num_threads > MAX_PARTS ? MAX_PARTS : num_threads;
-    /* fewer rows than threads over long contexts: each row's keys split among the threads */
-    int parts = rows < num_threads && longest >= SPLIT_MIN_KEYS ? num_threads : 1;
-    int64_t part_keys = (longest + parts - 1) / parts;
-    size_t scores_floats = (size_t)heads * (part_keys + 2 * TOKENS_PER_TILE);
-    /* each part's tops [MAX_PARTS][heads], totals [MAX_PARTS][heads] and sums [MAX_PARTS][heads * head_dim] */
-    float *shared = malloc(sizeof(float) * (size_t)heads * (head_dim + 2) * MAX_PARTS);
-    float *tops = shared, *totals = shared + heads * MAX_PARTS, *sums = shared + 2 * heads * MAX_PARTS;
-    int failed = shared == NULL ? 2 : 0;
-#pragma omp parallel num_threads(rows > 1 || parts > 1 ? num_threads : 1) if (!failed)
-    {
-        float *scores = malloc(sizeof(float) * (scores_floats + (size_t)heads * (head_dim + 2)));
-        if (scores == NULL) {
-#pragma omp atomic write
-            failed = 2;
-        }
-        float *own = scores + scores_floats;  /* tops, totals and sums of a row that is not split */
-        if (parts == 1) {
-#pragma omp for schedule(dynamic, 1)
-            for (int r = 0; r < rows; r++)
-                if (scores != NULL) {
-                    attend_part(&d, r, 0, lens[r], scores, own, own + heads, own + 2 * heads);
-                    finish_row(&d, r, 1, own, own + heads, own + 2 * heads);
-                }
-        } else {
-            for (int r = 0; r < rows; r++) {
-                int64_t chunk = (lens[r] + parts - 1) / parts;
-                chunk = (chunk + TOKENS_PER_TILE - 1) / TOKENS_PER_TILE * TOKENS_PER_TILE;
-#pragma omp for schedule(static, 1)
-                for (int p = 0; p < parts; p++) {
-                    int64_t begin = p * chunk, end = begin + chunk < lens[r] ? begin + chunk : lens[r];
-                    if (begin < end && scores != NULL) {
-                        attend_part(&d, r, begin, end, scores, tops + p * heads, totals + p * heads,
-                                    sums + (size_t)p * heads * head_dim);
-                    } else {  /* an empty part weighs nothing */
-                        for (int i = 0; i < heads; i++) tops[p * heads + i] = -INFINITY, totals[p * heads + i] = 0.f;
-                    }
-                }
-#pragma omp single
-                finish_row(&d, r, parts, tops, totals, sums);
-            }
-        }
-        free(scores);
-    }
-    free(shared);
-    return failed;
+    return decode_rows(&d, lens, rows, pool_blocks, num_threads);
 }
