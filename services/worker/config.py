@@ -65,8 +65,9 @@ class WorkerConfig(PeerConfig, ReadyFileConfig):
         "help": "paged KV cache on CPU, bfloat16: ztgi's C kernels for attention (reading the KV blocks in "
                 "place), a Llama layer's elementwise steps and, with --quantize, GGUF block products and whole "
                 "decode steps' layers, built at start where the CPU has AVX512-BF16 (and VNNI) and a C "
-                "compiler is found (torch's ops elsewhere; the block products also with AVX2 alone, in any "
-                "dtype); off: torch's ops always"})
+                "compiler is found (torch's ops elsewhere); with AVX2 alone, the block products in any dtype, "
+                "and for a float32 Llama served as GGUF blocks its decode attention, layer steps and whole "
+                "decode steps' layers; off: torch's ops always"})
     worker_index: int = dataclasses.field(default=0, metadata={
         "help": "this worker's number among the workers of one model (its log lines and metrics carry it)"})
     num_shard: int = dataclasses.field(default=1, metadata={

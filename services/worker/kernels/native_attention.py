@@ -47,6 +47,11 @@ class NativeAttention:
         prefill = native_library.load_or_none("paged_prefill_attention.c", "attention") if decode else None
         return cls(decode, prefill) if decode is not None and prefill is not None else None
 
+    @property
+    def reads_prefill(self) -> bool:
+        """Whether prefill chunks take a kernel too (bfloat16); float32 ones stay torch's."""
+        return self._prefill is not None
+
     def decode_address(self) -> int:
         """The decode kernel's C function, for C code that calls it (`decode_stack`)."""
         return native_library.address(self._decode)

@@ -96,7 +96,10 @@ class PagedModel:
 
     def _attention(self) -> str:
         attention = self.forward_pass.attention
-        where = "in place (C kernels)" if attention.native is not None else "over gathered blocks (torch)"
+        where = "over gathered blocks (torch)"
+        if attention.native is not None:
+            where = "in place (C kernels)" if attention.native.reads_prefill else \
+                "decode rows in place (C kernels), prefill chunks over gathered blocks (torch)"
         steps = ", layer steps in C" if isinstance(getattr(self.forward_pass, "ops", None), NativeLayerOps) else ""
         steps += ", decode steps' layers in one C call" if getattr(self.forward_pass, "stack", None) else ""
         return where + (", decode rows in float32" if attention.float32_decode else "") + steps
