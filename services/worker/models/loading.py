@@ -56,6 +56,9 @@ class LoadedModel:
     checkpoint: GgufCheckpoint | None = None  # `quantize` gguf: the file's tensors, as stored
     pooling: Pooling = Pooling()  # how an embedding request pools the final hidden states (models/pooling.py)
     vision: VisionEncoder | None = None  # a vision-language model's image encoder (vision/)
+    # the int8 levels GGUF block products round float32 rows to: 1 where float32 is the serving dtype
+    # (`--dtype auto` on a CPU without bfloat16 units), 2 where `--dtype float32` asks for it (block_linear)
+    float32_levels: int = 2
 
     @property
     def vocab_size(self) -> int:
@@ -117,11 +120,18 @@ def load(model_id: str, dtype: str = "auto", device: str = "auto", quantize: str
     loaded = LoadedModel(source.name, resolved_device, resolved_dtype, module,
                          module.config.get_text_config(decoder=True), frozenset(_eos_token_ids(module)),
                          quantize, source.gguf_file, quantized_max_rows, checkpoint if quantize == "gguf" else None,
-                         read_pooling(source.path, config))
+                         read_pooling(source.path, config), float32_levels=_float32_levels(dtype, resolved_dtype))
     logger.info("loaded %s on %s (%s%s) in %.1f s; eos %s", loaded.name, resolved_device, str(resolved_dtype)[6:],
                 ", GGUF blocks as stored" if quantize == "gguf" else "", time.monotonic() - started,
                 sorted(loaded.eos_token_ids))
     return loaded
+
+
+def _float32_levels(asked: str, resolved: torch.dtype) -> int:
+    """One int8 level for float32 rows where float32 is only the serving dtype (`auto` on a CPU
+    without bfloat16 units: llama.cpp's rounding, half the integer work of a step of many rows);
+    two where `--dtype float32` asks for float32's precision."""
+    return 1 if asked == "auto" and resolved == torch.float32 else 2
 
 
 def _load_vision(source: ModelSource, config: TransformersConfig, dtype: torch.dtype, device: torch.device,

@@ -74,7 +74,8 @@ class PaddedModel:
         with torch.inference_mode():
             module = loaded.module
             linear = factory.factory(loaded.quantize, module, loaded.gguf_file, self.backend, self.device,
-                                              self.dtype, loaded.quantized_max_rows, stored=loaded.checkpoint)
+                                              self.dtype, loaded.quantized_max_rows, stored=loaded.checkpoint,
+                                              float32_levels=loaded.float32_levels)
             self.forward_pass = (LlamaForward(module, linear) if self.backend == "native"
                                  else TransformersForward(module))
         logger.info("padded KV cache, %s forward, %s weights", self.backend, linear.describe())

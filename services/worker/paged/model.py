@@ -72,7 +72,7 @@ class PagedModel:
                       if shard is not None and loaded.checkpoint is not None else loaded.checkpoint)
             linear = factory.factory(loaded.quantize, loaded.module, gguf_file, "native",
                                               self.device, self.dtype, loaded.quantized_max_rows, native_kernels,
-                                              stored)
+                                              stored, loaded.float32_levels)
             self.forward_pass = paged_forward(loaded.module, linear)
         self.forward_pass.attention.float32_decode = float32_decode_attention
         if native_kernels and self.device.type == "cpu" and self.dtype == torch.bfloat16:
@@ -117,7 +117,7 @@ class PagedModel:
         with torch.inference_mode():
             linear = factory.factory(draft.quantize, draft.module, draft.gguf_file, "native",
                                               draft.device, draft.dtype, draft.quantized_max_rows,
-                                              stored=draft.checkpoint)
+                                              stored=draft.checkpoint, float32_levels=draft.float32_levels)
         logger.info("draft model %s (%d layers) proposes up to %d tokens a step", draft.name, draft.num_layers,
                     speculate)
         proposer = DraftProposer(draft, self.block_size, linear)

@@ -32,29 +32,29 @@ def block_codes(bits: int, sub_block: int, widened_from: tuple[int, int] | None,
     return made.widened(bits, sub_block) if widened_from else made
 
 
-def rounded_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rounded_rows(x: torch.Tensor, levels: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """x's rows as the kernels round them: per block of 32, int8 codes c1 in steps of the block's
-    largest magnitude over 127; rows of float32 also c2 for what is left in steps 254 times finer.
-    Returns the codes (c1, or the combined 254 c1 + c2) `[rows, blocks, 32]` and the step of one
-    unit of them per block `[rows, blocks]`."""
+    largest magnitude over 127; rows of float32 with two `levels` also c2 for what is left in steps
+    254 times finer. Returns the codes (c1, or the combined 254 c1 + c2) `[rows, blocks, 32]` and
+    the step of one unit of them per block `[rows, blocks]`."""
     blocks = x.float().view(x.shape[0], -1, BLOCK_SIZE)
     largest = blocks.abs().amax(dim=-1)
     # a true division, as the kernel's (torch's `127 / t` is 127 times a rounded reciprocal)
     inverse = torch.where(largest > 0, torch.full_like(largest, 127).div(largest), torch.zeros_like(largest))
     first = torch.round(blocks * inverse[..., None])
-    if x.dtype is torch.bfloat16:  # one level: 8-bit rows, as llama.cpp's
+    if x.dtype is torch.bfloat16 or levels == 1:  # one level: 8-bit rows, as llama.cpp's
         return first, largest / 127
     left = (blocks.double() * inverse.double()[..., None] - first).float()  # from the exact product, as FMA
     second = torch.round(left * 254)
     return first * 254 + second, largest / 127 / 254
 
 
-def exact_terms(x: torch.Tensor, codes: BlockCodes, center: int) -> torch.Tensor:
+def exact_terms(x: torch.Tensor, codes: BlockCodes, center: int, levels: int = 2) -> torch.Tensor:
     """The product's sub-block terms in float64 `[rows, out, terms]`: per sub-block, the row block's
     step times (scale x the integer dot of the codes with the row's codes + offset x the sum of the
     row's codes); where the offsets are -center scales, step x scale x (dot - center x sum), the
     integer difference exact, as the kernel takes it."""
-    x_codes, steps = rounded_rows(x)
+    x_codes, steps = rounded_rows(x, levels)
     rows, sub = x.shape[0], codes.sub_block
     x_sub = x_codes.double().view(rows, -1, sub)
     step = steps.double().repeat_interleave(BLOCK_SIZE // sub, dim=1)[:, None, :]

@@ -53,6 +53,25 @@ def test_product_equals_exact_block_arithmetic(kind, symmetric, rows, dtype):
 
 
 @needs_kernel
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+@pytest.mark.parametrize("rows", [1, 9, 17])
+def test_float32_rows_at_one_level_equal_exact_block_arithmetic_and_stay_integer(kind, rows):
+    """`float32_levels = 1` (the serving dtype where the CPU has no bfloat16 units): float32 rows
+    rounded to one int8 level, as bfloat16's, then the same exact block arithmetic, float32 out; such
+    a layer keeps the integer product for as many rows as bfloat16's (no AMX: any count)."""
+    codes = block_codes(*kind, 40, 96, False, seed=rows)
+    layer = BlockLinear.load(codes)
+    layer.float32_levels = 1
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
+    got = layer(x)
+    assert got.dtype == torch.float32
+    assert_sum_of(got, exact_terms(x, codes, layer.layout.center, levels=1))
+    assert layer.most_rows(torch.float32) == layer.most_rows(torch.bfloat16)
+    layer.float32_levels = 2
+    assert_sum_of(layer(x), exact_terms(x, codes, layer.layout.center, levels=2))
+
+
+@needs_kernel
 @pytest.mark.parametrize("out_features,in_features", [(16, 32), (100, 96), (1000, 576)])
 def test_int8_layer_equals_exact_q8_0_arithmetic_and_rounds_rows_finely(out_features, in_features):
     """Q8_0 from int8 codes and scales: the exact block arithmetic, and the rounded rows within a part

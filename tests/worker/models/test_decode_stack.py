@@ -17,23 +17,34 @@ from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack
 PROMPTS = [[1, 504, 3458, 282, 9690, 17], [9690, 17, 28, 1073], list(range(300, 340))]
 
 
-@pytest.fixture(scope="module", params=["bfloat16", "float32"])
+@pytest.fixture(scope="module", params=["bfloat16", "float32", "float32-one-level"])
 def dtype(request) -> str:
-    """The activations' dtype: bfloat16 takes the AVX512-BF16 kernels, float32 the AVX2 ones."""
+    """The activations' dtype: bfloat16 takes the AVX512-BF16 kernels, float32 the AVX2 ones, its
+    rows rounded to two int8 levels or (the serving dtype on a CPU without bfloat16 units) one."""
     return request.param
 
 
-def skip_without_stack(model, dtype: str) -> None:
+def load_int4(dtype: str):
+    model = load_paged_model("smollm2", dtype=dtype.removesuffix("-one-level"), device="cpu", quantize="int4")
     if model.forward_pass.stack is None:
         needs = "AVX512-VNNI/BF16" if dtype == "bfloat16" else "AVX2"
         pytest.skip(f"no {needs} CPU or no C compiler here: the {dtype} stack is not built")
+    return model
+
+
+def set_levels(model, dtype: str) -> None:
+    """Every decoder product's float32 rows at one level for `float32-one-level` (as the loader sets
+    them for `--dtype auto` without bfloat16 units), before the stack describes them."""
+    for layer in model.forward_pass.weights.layers:
+        for name in ("qkv", "output", "gate_up", "down"):
+            getattr(layer, name).quantized.float32_levels = 1 if dtype.endswith("one-level") else 2
 
 
 @pytest.fixture(scope="module")
 def int4_model(dtype):
     """The embedded SmolLM2 with --quantize int4 (its own 4-bit blocks), where the stack can run."""
-    model = load_paged_model("smollm2", dtype=dtype, device="cpu", quantize="int4")
-    skip_without_stack(model, dtype)
+    model = load_int4(dtype)
+    set_levels(model, dtype)
     model.allocate_pool(256)
     return model
 
@@ -51,14 +62,14 @@ def six_bit(layer: BlockLinear) -> BlockLinear:
 @pytest.fixture(scope="module")
 def six_bit_model(dtype):
     """The embedded SmolLM2 with every decoder product's weights as 6-bit codes by 16 (Q6_K's form)."""
-    model = load_paged_model("smollm2", dtype=dtype, device="cpu", quantize="int4")
-    skip_without_stack(model, dtype)
+    model = load_int4(dtype)
     forward = model.forward_pass
     for layer in forward.weights.layers:
         for name in ("qkv", "output", "gate_up", "down"):
             dispatch = getattr(layer, name)
             assert isinstance(dispatch, RowDispatch)
             dispatch.quantized = six_bit(dispatch.quantized)
+    set_levels(model, dtype)
     forward.stack = NativeDecodeStack.load(forward)
     assert forward.stack is not None and all(linear.bits == 6 for layer in forward.stack.linears for linear in layer)
     model.allocate_pool(256)
@@ -94,8 +105,8 @@ def test_stack_gives_the_tokens_and_logprobs_of_the_layer_by_layer_step(quantize
     """Greedy and seeded sampled requests with top tokens, through prefill and decode steps: with
     the stack the generations are those of the step called layer by layer, bit for bit (logprobs
     included), with 4-bit (the GGUF's Q4_1) and 6-bit weights by 16 (Q6_K's form), in bfloat16 and
-    in float32; the stack ran every decode step of up to 16 rows (17 rows: none, they are called
-    layer by layer)."""
+    in float32 (rows at two int8 levels, and at one); the stack ran every decode step of up to 16
+    rows (17 rows: none, they are called layer by layer)."""
     stack = quantized_model.forward_pass.stack
     requests = [request(i + 1, PROMPTS[i % len(PROMPTS)], 10, ignore_eos=True, top_n_tokens=3,
                         **({"do_sample": True, "temperature": 0.8, "seed": i} if i % 2 else {}))
@@ -113,6 +124,7 @@ def test_stack_is_built_only_where_every_layer_kernel_is_ours(int4_model, dtype,
     """Float weights (oneDNN's products), torch's layer steps, or heads too small for the attention
     kernels (16 dimensions) keep the layer-by-layer step. Float weights in float32 keep torch's
     attention and layer steps too: the C kernels' float32 sums would part from transformers' tokens."""
+    dtype = dtype.removesuffix("-one-level")
     small_heads = load_paged_model(tiny_model_dir, dtype=dtype, device="cpu", quantize="int4")
     assert small_heads.forward_pass.stack is None
     float_weights = load_paged_model("smollm2", dtype=dtype, device="cpu")

@@ -13,8 +13,9 @@ import torch
 from tests.worker.models.mixed_gguf import SHAPE, write_mixed_gguf
 from ztgi import LLM, SamplingParams
 from ztgi.common.model_source import ModelSource, resolve_model
+from ztgi.services.worker.layers.quantization import block_linear
 from ztgi.services.worker.model_loader import load_paged_model
-from ztgi.services.worker.models import gguf_module
+from ztgi.services.worker.models import dtype_choice, gguf_module
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +116,22 @@ def test_gguf_where_it_cannot_run_is_refused(smollm2_reference):
     with pytest.raises(ValueError, match="must be one of"):
         gguf_module.resolve_quantize("int3", ModelSource("directory", "model"), smollm2_reference.config,
                                      torch.device("cpu"), True)
+
+
+@pytest.mark.skipif(not block_linear.runs_natively(), reason="no C block products here (AVX512-VNNI or AVX2)")
+@pytest.mark.parametrize("bf16_units,asked,expected", [
+    (False, "auto", (torch.float32, 1)), (False, "float32", (torch.float32, 2)), (True, "auto", (torch.bfloat16, 2))])
+def test_float32_rows_take_one_level_where_float32_is_only_the_serving_dtype(monkeypatch, bf16_units, asked,
+                                                                             expected):
+    """`--dtype auto` on a CPU without bfloat16 units serves float32 with its rows rounded to one int8
+    level, as bfloat16's (llama.cpp's rounding); `--dtype float32` asked for keeps both levels; on a
+    CPU with bfloat16 units auto is bfloat16, whose rows are one level anyway. Every block product of
+    the model, in either engine, takes the loader's choice."""
+    monkeypatch.setattr(dtype_choice, "cpu_has_bf16_matrix_units", lambda: bf16_units)
+    monkeypatch.setattr(dtype_choice, "can_pack", lambda device, dtype: True)
+    model = load_paged_model("smollm2", dtype=asked, device="cpu", quantize="auto")
+    dtype, levels = expected
+    assert (model.dtype, model.loaded.float32_levels) == (dtype, levels)
+    products = [getattr(layer, name) for layer in model.forward_pass.weights.layers
+                for name in ("qkv", "output", "gate_up", "down")]
+    assert products and all(product.float32_levels == levels for product in products)

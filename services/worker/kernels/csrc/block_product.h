@@ -91,13 +91,15 @@ static int64_t products(const BlockWeights *parts[], int count, const Product *b
     return tiles;
 }
 
-int block_linear(const void *x, int bf16, int64_t rows, const BlockWeights *w, void *out, int64_t out_stride,
+int block_linear(const void *x, int format, int64_t rows, const BlockWeights *w, void *out, int64_t out_stride,
                  int num_threads) {
     const BlockWeights *parts[MAX_PARTS];
     int count = parts_of(w, parts);
-    if (rows < 1 || count == 0 || out_stride < w->out_features) return 1;
+    if (rows < 1 || count == 0 || out_stride < w->out_features || format < ROWS_FLOAT32
+        || format > ROWS_FLOAT32_ONE_LEVEL)
+        return 1;
     int64_t in_features = w->in_features, blocks = in_features / BLOCK;
-    int levels = bf16 ? 1 : 2;
+    int bf16 = format == ROWS_BFLOAT16, levels = format == ROWS_FLOAT32 ? 2 : 1;
     int8_t *codes = malloc((size_t)(rows * in_features * 2));
     float *steps = malloc(sizeof(float) * (size_t)(rows * blocks));
     int32_t *code_sums = malloc(sizeof(int32_t) * (size_t)(rows * blocks * 2));

@@ -37,8 +37,13 @@ typedef struct BlockWeights {
     const struct BlockWeights *parts;
 } BlockWeights;
 
+/* How x's rows (and out) come and are rounded per block of 32 (`format`): */
+#define ROWS_FLOAT32 0            /* float32, to two int8 levels (about 16 bits) */
+#define ROWS_BFLOAT16 1           /* bfloat16, to one int8 level, as llama.cpp's activations */
+#define ROWS_FLOAT32_ONE_LEVEL 2  /* float32, to one int8 level (the serving dtype where there is no bfloat16) */
+
 /* y[r * out_stride + o] = (x W^T)[r, o]; `block_linear`'s signature, for callers through a pointer. */
-typedef int (*BlockLinearFn)(const void *x, int bf16, int64_t rows, const BlockWeights *w, void *out,
+typedef int (*BlockLinearFn)(const void *x, int format, int64_t rows, const BlockWeights *w, void *out,
                              int64_t out_stride, int num_threads);
 
 #endif

@@ -47,6 +47,7 @@ typedef struct {
     int64_t pool_blocks;
     float eps, scale;
     int bf16;  /* activations, norms and pool bfloat16, else float32 */
+    int row_format;  /* the block products' `format` (block_weights.h): the rows' dtype and levels */
 } Dims;
 
 typedef struct {  /* the step's rows */
@@ -72,7 +73,7 @@ int64_t llama_decode_scratch_bytes(const Dims *d, int64_t rows) {
 
 static int linear(const Kernels *k, const Dims *d, const BlockWeights *w, const char *in, int64_t rows, char *out,
                   int threads) {
-    return k->block_linear(in, d->bf16, rows, w, out, w->out_features, threads);
+    return k->block_linear(in, d->row_format, rows, w, out, w->out_features, threads);
 }
 
 /* q/k/v, rotary, the keys and values into the pool, attention: the attention output [rows, heads * head_dim]. */

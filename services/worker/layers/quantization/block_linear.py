@@ -15,6 +15,11 @@ per block: little where the weights' bytes are the time (one row), but half agai
 step of many rows, which the compute decides. One kernel takes 4-, 5-, 6- and 8-bit codes by
 sub-blocks of 16 or 32 (`block_layout`).
 
+On a CPU without bfloat16 units float32 is the serving dtype (`--dtype auto` picks it), and its
+rows are rounded to one level like bfloat16's (`float32_levels`, `ROWS_FLOAT32_ONE_LEVEL`): there
+the second level costs about twice the time of a 16-row step, for precision llama.cpp does not
+keep either; `--dtype float32` asked for keeps both (the loader decides, `LoadedModel`).
+
 A call of many rows (a prefill chunk) is compute-bound. Rows of float32 (two levels), and of
 bfloat16 where the CPU has AMX, above `LARGE_ROWS[bits]` are multiplied by torch: the layer
 de-quantizes its weights into a buffer shared by all layers (`WeightScratch`), without a float copy
@@ -48,6 +53,8 @@ from ztgi.services.worker.layers.quantization.block_layout import BLOCK_SIZE, Bl
 from ztgi.services.worker.layers.quantization.weight_scratch import WeightScratch
 
 INT8_MAX = 127
+# `block_linear`'s row formats (`block_weights.h`)
+ROWS_FLOAT32, ROWS_BFLOAT16, ROWS_FLOAT32_ONE_LEVEL = 0, 1, 2
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
 AVX2_FLAGS = native_library.AVX2_CPU_FLAGS  # `block_linear_avx2.c`, where the CPU lacks CPU_FLAGS
 # by the codes' bits, the most rows of float32 (and of bfloat16 where the CPU has AMX) the integer
@@ -171,6 +178,7 @@ class BlockLinear:
         self.bits, self.sub_block = max(p.bits for p in parts), min(p.sub_block for p in parts)
         self._large_rows = min(LARGE_ROWS[p.bits] for p in parts)
         self._large_bf16_rows = self._large_rows if _has_amx() else NO_ROW_LIMIT
+        self.float32_levels = 2  # float32 rows' int8 levels (1: as bfloat16's; the loader's choice)
         self._kernel, self._dequantize = kernels
         self.weights = BlockWeights.of(self.layouts[0])
         if len(self.layouts) > 1:
@@ -224,7 +232,14 @@ class BlockLinear:
     def most_rows(self, dtype: torch.dtype) -> int:
         """The most rows of `dtype` one call multiplies with the integer product; more are de-quantized
         and multiplied by torch."""
-        return self._large_bf16_rows if dtype is torch.bfloat16 else self._large_rows
+        one_level = dtype is torch.bfloat16 or self.float32_levels == 1
+        return self._large_bf16_rows if one_level else self._large_rows
+
+    def row_format(self, dtype: torch.dtype) -> int:
+        """The kernel's `format` for rows of `dtype` (`block_weights.h`): their width and int8 levels."""
+        if dtype is torch.bfloat16:
+            return ROWS_BFLOAT16
+        return ROWS_FLOAT32 if self.float32_levels == 2 else ROWS_FLOAT32_ONE_LEVEL
 
     def _product(self, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """`product_into` over arguments already checked."""
@@ -232,7 +247,7 @@ class BlockLinear:
             return out
         if rows.shape[0] > self.most_rows(rows.dtype):
             return torch.mm(rows, self._dequantized_into_scratch(rows.dtype).t(), out=out)
-        status = self._kernel(rows.data_ptr(), rows.dtype is torch.bfloat16, rows.shape[0], self._weights_address,
+        status = self._kernel(rows.data_ptr(), self.row_format(rows.dtype), rows.shape[0], self._weights_address,
                               out.data_ptr(), out.stride(0), torch.get_num_threads())
         if status != 0:
             raise ValueError(f"block_linear refused its inputs (status {status})")

@@ -41,6 +41,7 @@ import torch
 
 from ztgi.services.worker.layers.packed_linear import PackedLinear
 from ztgi.services.worker.layers.quantization.block_linear import (
+    BlockLinear,
     Int4BlockLinear,
     Int8BlockLinear,
     quantize_blocks,
@@ -280,8 +281,10 @@ class LinearFactory:
     """
 
     def __init__(self, quantize: str = "none", model: TransformersModule | None = None, gguf_file: str | None = None,
-                 dtype: torch.dtype = torch.float32, max_rows: int | None = None, native: bool = True) -> None:
+                 dtype: torch.dtype = torch.float32, max_rows: int | None = None, native: bool = True,
+                 float32_levels: int = 2) -> None:
         self.quantize = quantize
+        self.float32_levels = float32_levels  # what the C block products round float32 rows to
         self.native = native  # the GGUF block products in C where they run; False: torch's layers
         self.dtype = dtype
         self.max_rows = max_rows
@@ -306,6 +309,8 @@ class LinearFactory:
         kind, layer = self._head(weight) if is_head else self._quantized(weight, names)
         if layer is None:
             return PackedLinear(weight)
+        if isinstance(layer, BlockLinear):
+            layer.float32_levels = self.float32_levels
         self.counts[kind] = self.counts.get(kind, 0) + 1
         if self.max_rows is None:
             return layer

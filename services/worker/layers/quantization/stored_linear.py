@@ -54,8 +54,9 @@ class StoredLinearFactory:
     quantize = "gguf"
 
     def __init__(self, weights: StoredWeights, model: TransformersModule, dtype: torch.dtype,
-                 native: bool = True) -> None:
+                 native: bool = True, float32_levels: int = 2) -> None:
         self.weights, self.dtype, self.native = weights, dtype, native
+        self.float32_levels = float32_levels  # what each block product rounds float32 rows to
         self.names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
         self.as_stored: Counter[str] = Counter()
         self.dequantized: Counter[str] = Counter()
@@ -68,7 +69,10 @@ class StoredLinearFactory:
         if len(stored) == len(parts):
             self.as_stored[kind] += 1
             layer = BlockLinear.load_stacked(stored) if self.native else None
-            return layer if layer is not None else torch_block_linear(BlockCodes.concat(stored), self.dtype)
+            if layer is None:
+                return torch_block_linear(BlockCodes.concat(stored), self.dtype)
+            layer.float32_levels = self.float32_levels
+            return layer
         if not self.dequantized[kind]:
             logger.info("GGUF tensors of type %s have no block product here: dequantized to %s (%s, ...)",
                         kind, str(self.dtype).removeprefix("torch."), names[0])
