@@ -24,8 +24,8 @@ A call of many rows (a prefill chunk) is compute-bound. Rows of float32 (two lev
 bfloat16 where the CPU has AMX, above `LARGE_ROWS[bits]` are multiplied by torch: the layer
 de-quantizes its weights into a buffer shared by all layers (`WeightScratch`), without a float copy
 of the weights kept in memory, and oneDNN multiplies (with AMX's tiles where there are). bfloat16
-rows without AMX stay on the integer product at any count: one int8 level beats de-quantizing and
-torch's bfloat16 product at every count measured (BENCHMARKS.md, issue 39).
+rows without AMX, and one-level float32 rows, stay on the integer product at any count: one int8
+level beats de-quantizing and torch's product at every count measured (BENCHMARKS.md, issue 39).
 
 - `BlockLinear.load(codes)`: any `BlockCodes`; `load_stacked(parts)`: parts stacked by rows (fused
   q/k/v, gate/up), those of different kinds each in its own codes, all in one kernel call.
