@@ -51,7 +51,7 @@ class _Dims(ctypes.Structure):
     _fields_ = [("num_layers", ctypes.c_int), ("hidden", ctypes.c_int), ("heads", ctypes.c_int),
                 ("kv_heads", ctypes.c_int), ("head_dim", ctypes.c_int), ("intermediate", ctypes.c_int),
                 ("block_size", ctypes.c_int), ("pool_blocks", ctypes.c_int64), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("bf16", ctypes.c_int), ("row_format", ctypes.c_int)]
+                ("scale", ctypes.c_float), ("row_format", ctypes.c_int)]
 
 
 class _Step(ctypes.Structure):
@@ -179,7 +179,7 @@ class NativeDecodeStack:
         w, attention = self.forward.weights, self.forward.attention
         dims = _Dims(len(w.layers), w.hidden_size, w.num_heads, w.num_kv_heads, w.head_dim,
                      w.intermediate_size, pool.block_size, pool.num_blocks, w.eps, attention.scale,
-                     self.dtype is torch.bfloat16, self.linears[0][0].row_format(self.dtype))
+                     self.linears[0][0].row_format(self.dtype))
         layers = (_Layer * len(w.layers))()
         for index, (layer, linears) in enumerate(zip(w.layers, self.linears, strict=True)):
             layers[index] = _Layer(layer.attention_norm.data_ptr(), layer.mlp_norm.data_ptr(),

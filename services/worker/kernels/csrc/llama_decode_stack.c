@@ -10,7 +10,7 @@
  * place, the output product, the residual add and RMSNorm, the gate/up product, the SiLU gate and
  * the down product. GGUF block products (`BlockLinear`, any bits and sub-block); activations of
  * bfloat16 (`layer_ops.c`, `paged_decode_attention.c`) or float32 (their `_avx2.c` kernels), as
- * `Dims.bf16` says: this file moves them only as bytes.
+ * `Dims.row_format` says (`block_weights.h`): this file moves them only as bytes.
  *
  * x [rows, hidden]: the embeddings in, the residual stream before the last layer's MLP
  * out; residual [rows, hidden]: the last layer's MLP output (the caller adds both and normalizes,
@@ -46,8 +46,8 @@ typedef struct {
     int num_layers, hidden, heads, kv_heads, head_dim, intermediate, block_size;
     int64_t pool_blocks;
     float eps, scale;
-    int bf16;  /* activations, norms and pool bfloat16, else float32 */
-    int row_format;  /* the block products' `format` (block_weights.h): the rows' dtype and levels */
+    int row_format;  /* the block products' `format` (block_weights.h): bfloat16 or float32 rows (the
+                      * activations', norms' and pool's dtype too) and their int8 levels */
 } Dims;
 
 typedef struct {  /* the step's rows */
@@ -61,7 +61,7 @@ typedef struct {  /* the step's rows */
 
 static int64_t qkv_width(const Dims *d) { return (int64_t)(d->heads + 2 * d->kv_heads) * d->head_dim; }
 
-static int64_t element_bytes(const Dims *d) { return d->bf16 ? 2 : 4; }
+static int64_t element_bytes(const Dims *d) { return d->row_format == ROWS_BFLOAT16 ? 2 : 4; }
 
 int64_t llama_decode_scratch_bytes(const Dims *d, int64_t rows) {
     int64_t widest = qkv_width(d) > 2 * (int64_t)d->intermediate ? qkv_width(d) : 2 * (int64_t)d->intermediate;
