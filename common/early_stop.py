@@ -12,6 +12,12 @@ group got, killed a service that had already drained. `exit_after` ignores the s
 from the moment `main` returns.
 
 SIGHUP (a closed terminal, a service manager's reload) stops like SIGTERM and SIGINT.
+
+The SystemExit the early hook raises can be lost: Python runs a signal handler between any two
+bytecodes, and an exception raised inside a `__del__` method or a weakref callback is printed and
+dropped ("Exception ignored in"). So the hook also records the signal, and `stopped_while_starting`
+tells the graceful handler's installer (`common/lifecycle.py`, the gateway's `StopOnce`) to stop
+at once: a worker restarted and then stopped while importing must not go on to load and serve.
 """
 
 from __future__ import annotations
@@ -23,8 +29,17 @@ from collections.abc import Callable
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _exit_now(_signum: int, _frame: object) -> None:
+_early_stops: list[int] = []
+
+
+def _exit_now(signum: int, _frame: object) -> None:
+    _early_stops.append(signum)
     raise SystemExit(0)
+
+
+def stopped_while_starting() -> bool:
+    """Whether a stop signal reached the early hook (and the process still runs: its exit was lost)."""
+    return bool(_early_stops)
 
 
 def exit_on_stop_signals() -> None:

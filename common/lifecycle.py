@@ -13,7 +13,7 @@ import signal
 from collections.abc import Callable
 from typing import Protocol
 
-from ztgi.common.early_stop import STOP_SIGNALS
+from ztgi.common.early_stop import STOP_SIGNALS, stopped_while_starting
 from ztgi.common.gc_freeze import freeze_startup_objects
 
 logger = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ class Service(Protocol):
 
 def on_stop_signals(stop: Callable[[], None]) -> None:
     """SIGTERM, SIGINT and SIGHUP call `stop` (logged; `stop` must be idempotent); the loop then
-    drains and returns."""
+    drains and returns. A stop signal whose early exit was lost (`early_stop.py`) calls it now."""
 
     def handle(signum: int, _frame: object) -> None:
         logger.info("signal %d: stopping", signum)
@@ -37,6 +37,9 @@ def on_stop_signals(stop: Callable[[], None]) -> None:
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, handle)
+    if stopped_while_starting():
+        logger.info("a stop signal came while starting: stopping")
+        stop()
 
 
 def serve(service: Service, freeze_startup: bool = True) -> None:

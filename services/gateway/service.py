@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Sequence
 
 from aiohttp import web
 
 from ztgi.common.config import parse_config
-from ztgi.common.early_stop import STOP_SIGNALS
+from ztgi.common.early_stop import STOP_SIGNALS, stopped_while_starting
 from ztgi.common.gc_freeze import freeze_startup_objects
 from ztgi.common.logs import setup_logging
 from ztgi.services.gateway import bad_requests
@@ -41,6 +42,8 @@ class StopOnce:
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
         for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self, signum)
+        if stopped_while_starting():  # its early exit was lost (common/early_stop.py)
+            loop.call_soon(self, signal.SIGTERM)
 
     def __call__(self, signum: int) -> None:
         if self.stopping:
