@@ -7,7 +7,7 @@ import logging
 import os
 from typing import Any
 
-from transformers import AutoImageProcessor, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ztgi.common.model_source import resolve_model
 from ztgi.common.request_limit import MAX_IMAGE_PIXELS
@@ -49,6 +49,10 @@ def load_vision_processor(model_id: str, tokenizer: PreTrainedTokenizerBase,
             logger.warning("%s is a %s vision-language model: images are supported for %s only, so its requests "
                            "with images are refused", source.name, model_type, ", ".join(VISION_TYPES))
         return None
+    # imported here: transformers' image processors pull in torch and its model utilities, seconds
+    # of every tokenizer's start that a text model never uses
+    from transformers import AutoImageProcessor
+
     image_processor = AutoImageProcessor.from_pretrained(source.path, backend="pil")
     _adopt_chat_template(tokenizer, source.path)
     logger.info("images of %s through %s", source.name, type(image_processor).__name__)
