@@ -11,8 +11,10 @@ as before.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ztgi.services.worker.kernels.native_library import (
@@ -26,14 +28,18 @@ from ztgi.services.worker.kernels.native_library import (
 
 
 def prebuild(directory: Path = PREBUILT_DIR) -> list[Path]:
-    """Each `csrc/*.c` compiled for its portable target (`portable_target`) into `directory`; the libraries' paths."""
+    """Each `csrc/*.c` compiled for its portable target (`portable_target`) into `directory`, one
+    compiler process per core at a time; the libraries' paths."""
     compiler = find_compiler()
-    built = []
-    for source in sorted(SOURCE_DIR.glob("*.c")):
-        target = prebuilt_path(source, directory)
+    sources = sorted(SOURCE_DIR.glob("*.c"))
+    targets = [prebuilt_path(source, directory) for source in sources]
+
+    def build_one(source: Path, target: Path) -> None:
         build(compiler, source, target, portable_target(source)[0])
-        built.append(target)
-    return built
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(build_one, sources, targets))  # list: a failed build raises here
+    return targets
 
 
 def main(argv: Sequence[str] | None = None) -> int:
