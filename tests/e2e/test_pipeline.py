@@ -41,13 +41,13 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2, server: LaunchedServer) -> dict[str, list[int]]:
-    """transformers' greedy `generate` ids for every prompt, in the dtype the server reports."""
+def reference(smollm2) -> dict[str, list[int]]:
+    """transformers' greedy `generate` ids for every prompt in float32, computed once for the three
+    batching modes (a fixture that took `server` would run again for each)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = getattr(torch, requests.get(server.url + "/info", timeout=30).json()["model_dtype"])
     tokenizer = AutoTokenizer.from_pretrained(smollm2.path)
-    model = AutoModelForCausalLM.from_pretrained(smollm2.path, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(smollm2.path, dtype=torch.float32).eval()
     out = {}
     for prompt in PROMPTS:
         inputs = tokenizer(prompt, return_tensors="pt")
@@ -84,6 +84,7 @@ def stats(server: LaunchedServer):
 
 def test_greedy_equals_transformers(server: LaunchedServer, reference: dict[str, list[int]]) -> None:
     """Greedy /generate ids equal transformers' generate token for token (5 prompts)."""
+    assert server.get("/info").json()["model_dtype"] == "float32"
     for prompt in PROMPTS:
         body = generate(server, prompt, max_new_tokens=NUM_NEW_TOKENS)
         ids = [token["id"] for token in body["details"]["tokens"]]
@@ -116,19 +117,17 @@ def test_concurrent_requests_match_solo_runs(server: LaunchedServer) -> None:
 
 
 def test_short_request_finishes_first(server: LaunchedServer) -> None:
-    """A short request sent while a long one runs finishes before it (continuous batching)."""
-    finished_at = {}
-
-    def run(name: str, max_new_tokens: int) -> None:
-        generate(server, PROMPTS[1], max_new_tokens=max_new_tokens, ignore_eos=True)
-        finished_at[name] = time.monotonic()
-
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        long_run = pool.submit(run, "long", 200)
-        time.sleep(1.0)
-        short_run = pool.submit(run, "short", 5)
-        long_run.result(), short_run.result()
-    assert finished_at["short"] < finished_at["long"]
+    """A short request sent while a long one streams finishes before it (continuous batching)."""
+    response = requests.post(server.url + "/generate_stream", stream=True, timeout=120, json={
+        "inputs": PROMPTS[1], "parameters": {"max_new_tokens": 64, "ignore_eos": True}})
+    assert response.status_code == 200, response.text
+    long_events = (line for line in response.iter_lines(decode_unicode=True) if line.startswith("data:"))
+    next(long_events)  # the long one runs
+    short = generate(server, PROMPTS[0], max_new_tokens=5, ignore_eos=True)
+    assert short["details"]["generated_tokens"] == 5
+    assert stats(server).num_running == 1  # the long one, still far from its 64th token
+    final = json.loads(list(long_events)[-1][len("data:"):])
+    assert final["details"]["generated_tokens"] == 64
 
 
 def test_stop_sequence(server: LaunchedServer) -> None:
@@ -163,7 +162,7 @@ def test_overload_gets_429(server: LaunchedServer, request: pytest.FixtureReques
     scheduler's admission, whatever the worker's batching mode: checked in the default one)."""
     if request.node.callspec.id != "one-at-a-time":
         pytest.skip("the scheduler refuses before any batching mode matters: checked once, one-at-a-time")
-    body = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 150, "ignore_eos": True}}
+    body = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 64, "ignore_eos": True}}
     with concurrent.futures.ThreadPoolExecutor(24) as pool:
         running = [pool.submit(server.post, "/generate", body) for _ in range(24)]
         deadline = time.monotonic() + 30
