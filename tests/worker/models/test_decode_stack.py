@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from tests.worker.engine_helpers import batch_of, request, run_to_end
+from ztgi.services.worker.kernels.native_attention import NativeAttention
 from ztgi.services.worker.layers.attention import AttentionInputs, decode_groups
-from ztgi.services.worker.layers.layer_ops import TorchLayerOps
+from ztgi.services.worker.layers.layer_ops import NativeLayerOps, TorchLayerOps
 from ztgi.services.worker.layers.quantization.block_codes import BlockCodes
 from ztgi.services.worker.layers.quantization.block_linear import BlockLinear
-from ztgi.services.worker.layers.quantization.quantized_linear import RowDispatch
 from ztgi.services.worker.model_loader import load_paged_model
 from ztgi.services.worker.models.llama_decode_stack import NativeDecodeStack
 
+PRODUCTS = ("qkv", "output", "gate_up", "down")  # a layer's block products
+STACK_ROWS = 16  # the stack's row limit here (the products' own is higher), so 17 rows show the fallback
 PROMPTS = [[1, 504, 3458, 282, 9690, 17], [9690, 17, 28, 1073], list(range(300, 340))]
 
 
@@ -24,11 +28,16 @@ def dtype(request) -> str:
     return request.param
 
 
-def load_int4(dtype: str):
-    model = load_paged_model("smollm2", dtype=dtype.removesuffix("-one-level"), device="cpu", quantize="int4")
-    if model.forward_pass.stack is None:
-        needs = "AVX512-VNNI/BF16" if dtype == "bfloat16" else "AVX2"
+def load_as_stored(dtype: str):
+    """The embedded GGUF served as stored (its Q4_1 blocks), where this CPU builds the stack's kernels:
+    checked first, so a skip costs no model load."""
+    activations = torch.float32 if dtype.startswith("float32") else torch.bfloat16
+    if NativeAttention.load(activations) is None or NativeLayerOps.load(activations) is None:
+        needs = "AVX512-VNNI/BF16" if activations is torch.bfloat16 else "AVX2"
         pytest.skip(f"no {needs} CPU or no C compiler here: the {dtype} stack is not built")
+    model = load_paged_model("smollm2", dtype=dtype.removesuffix("-one-level"), device="cpu", quantize="auto")
+    if model.forward_pass.stack is None:
+        pytest.skip(f"this CPU has no block products for {dtype} rows: the stack is not built")
     return model
 
 
@@ -36,15 +45,16 @@ def set_levels(model, dtype: str) -> None:
     """Every decoder product's float32 rows at one level for `float32-one-level` (as the loader sets
     them for `--dtype auto` without bfloat16 units), before the stack describes them."""
     for layer in model.forward_pass.weights.layers:
-        for name in ("qkv", "output", "gate_up", "down"):
-            getattr(layer, name).quantized.float32_levels = 1 if dtype.endswith("one-level") else 2
+        for name in PRODUCTS:
+            getattr(layer, name).float32_levels = 1 if dtype.endswith("one-level") else 2
 
 
 @pytest.fixture(scope="module")
 def int4_model(dtype):
-    """The embedded SmolLM2 with --quantize int4 (its own 4-bit blocks), where the stack can run."""
-    model = load_int4(dtype)
+    """The embedded SmolLM2 as stored (its own 4-bit blocks), where the stack can run."""
+    model = load_as_stored(dtype)
     set_levels(model, dtype)
+    model.forward_pass.stack.max_rows = STACK_ROWS
     model.allocate_pool(256)
     return model
 
@@ -62,16 +72,15 @@ def six_bit(layer: BlockLinear) -> BlockLinear:
 @pytest.fixture(scope="module")
 def six_bit_model(dtype):
     """The embedded SmolLM2 with every decoder product's weights as 6-bit codes by 16 (Q6_K's form)."""
-    model = load_int4(dtype)
+    model = load_as_stored(dtype)
     forward = model.forward_pass
-    for layer in forward.weights.layers:
-        for name in ("qkv", "output", "gate_up", "down"):
-            dispatch = getattr(layer, name)
-            assert isinstance(dispatch, RowDispatch)
-            dispatch.quantized = six_bit(dispatch.quantized)
+    layers = forward.weights.layers
+    for i, layer in enumerate(layers):
+        layers[i] = dataclasses.replace(layer, **{name: six_bit(getattr(layer, name)) for name in PRODUCTS})
     set_levels(model, dtype)
     forward.stack = NativeDecodeStack.load(forward)
     assert forward.stack is not None and all(linear.bits == 6 for layer in forward.stack.linears for linear in layer)
+    forward.stack.max_rows = STACK_ROWS
     model.allocate_pool(256)
     return model
 
