@@ -28,12 +28,13 @@ NUM_NEW_TOKENS = 32
 FLOAT32 = ("--dtype", "float32", "--quantize", "none")  # float weights: the embedded GGUF dequantized, as transformers
 
 
-@pytest.fixture(scope="module", params=[(), ("--pipeline-decode",), ("--speculate", "4")],
-                ids=["one-at-a-time", "pipelined-decode", "speculate-4"])
+@pytest.fixture(scope="module", params=[(), ("--kv-cache", "padded", "--pipeline-decode"), ("--speculate", "4")],
+                ids=["one-at-a-time", "padded-pipelined-decode", "speculate-4"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """One launched pipeline (1 worker, 1 tokenizer, 1 gateway) per batching mode: TGI's one
-    command at a time, with the next Decode pipelined behind the one running, and with up to 4
-    proposed tokens verified per request per step (the same tokens, several a step)."""
+    """One launched pipeline (1 worker, 1 tokenizer, 1 gateway) per batching mode: the paged
+    worker one command at a time (TGI's loop), the padded worker with the next Decode pipelined
+    behind the one running (the scheduler pipelines padded workers only), and the paged worker
+    with up to 4 proposed tokens verified per request per step (the same tokens, several a step)."""
     launched = LaunchedServer(str(tmp_path_factory.mktemp("run")), "--max-concurrent-requests", "24",
                               *FLOAT32, *request.param)
     yield launched
