@@ -4,14 +4,18 @@ at the measured memory bandwidth and matrix peak, beside which the served figure
     python -m studies.machine_limits --model-id /work/models/llama-1b-Q4_K_M.gguf --prompt-tokens 190
 
 Measured here, on all the cores torch uses: the bandwidth of reading a 1 GiB tensor (a sum over it,
-best of 5), and the bfloat16 and int8 matrix products' rates on a prefill-shaped product (512 rows
-through a 2048 x 8192 weight, best of 5; int8 by oneDNN's VNNI product, `torch._int_mm`, the rate
-the block products' integer dots are judged against). The model's bytes per decode step are its packed layers as the
-worker holds them (`--quantize gguf`), read once per step whatever the batch; its FLOPs per token
-are two per weight. The limits: decode steps per second <= bandwidth / bytes per step (times the
-rows of a step for tokens per second, while the step stays memory-bound), prefill tokens per second
-<= matrix rate / FLOPs per token, and a decode step of `--step-rows` rows takes at least the longer
-of reading the layers and their int8 products.
+best of 5), and the float and int8 matrix products' rates on a prefill-shaped product (512 rows
+through a 2048 x 8192 weight, best of 5), each by the fastest kernel torch has for this CPU: the
+float product in bfloat16 where the CPU has bfloat16 units, else in float32 through oneDNN with a
+packed weight (the worker's own float layer, `PackedLinear`); int8 by oneDNN's VNNI product
+(`torch._int_mm`) where the CPU has VNNI, else by fbgemm's (`vpmaddubsw` on AVX2): the rate the
+block products' integer dots are judged against. Without VNNI `torch._int_mm` has no vector kernel
+(under 1 GOP/s), which would judge the products against nothing. The model's bytes per decode
+step are its packed layers as the worker holds them (`--quantize gguf`), read once per step
+whatever the batch; its FLOPs per token are two per weight. The limits: decode steps per second
+<= bandwidth / bytes per step (times the rows of a step for tokens per second, while the step stays
+memory-bound), prefill tokens per second <= float matrix rate / FLOPs per token, and a decode step
+of `--step-rows` rows takes at least the longer of reading the layers and their int8 products.
 """
 
 from __future__ import annotations
@@ -19,10 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
+from ztgi.services.worker.kernels.native_library import cpu_flags
+from ztgi.services.worker.layers.packed_linear import PackedLinear
 from ztgi.services.worker.layers.quantization.block_linear import BlockLinear
 from ztgi.services.worker.model_loader import load_paged_model
 from ztgi.services.worker.models.llama import PagedLlamaForward
@@ -44,17 +51,49 @@ def read_bandwidth(num_bytes: int = 1 << 30) -> float:
     return num_bytes / best_seconds(lambda: values.sum())
 
 
-def bfloat16_matrix_rate(rows: int = 512, inputs: int = 2048, outputs: int = 8192) -> float:
-    """FLOPs per second of a bfloat16 `[rows, inputs] @ [inputs, outputs]`."""
-    x, weight = torch.randn(rows, inputs).bfloat16(), torch.randn(inputs, outputs).bfloat16()
+BFLOAT16_UNITS = ("avx512_bf16", "amx_bf16")
+VNNI = ("avx512_vnni", "avx_vnni")
+
+
+def float_matrix_dtype() -> torch.dtype:
+    """bfloat16 where the CPU multiplies it natively, else float32 (the serving dtype there)."""
+    return torch.bfloat16 if cpu_flags() & set(BFLOAT16_UNITS) else torch.float32
+
+
+def float_matrix_rate(rows: int = 512, inputs: int = 2048, outputs: int = 8192,
+                      dtype: torch.dtype | None = None) -> float:
+    """FLOPs per second of a `[rows, inputs] @ [inputs, outputs]` in `dtype` (`float_matrix_dtype`),
+    float32 through oneDNN's packed weight."""
+    dtype = dtype or float_matrix_dtype()
+    x, weight = torch.randn(rows, inputs).to(dtype), torch.randn(inputs, outputs).to(dtype)
+    if dtype is torch.float32:
+        layer = PackedLinear(weight.T)
+        return 2 * rows * inputs * outputs / best_seconds(lambda: layer(x))
     return 2 * rows * inputs * outputs / best_seconds(lambda: x @ weight)
 
 
 def int8_matrix_rate(rows: int = 512, inputs: int = 2048, outputs: int = 8192) -> float:
     """Integer operations (a multiply and an add each) per second of an int8 `[rows, inputs] @ [inputs, outputs]`."""
+    if not cpu_flags() & set(VNNI):
+        return _fbgemm_int8_rate(rows, inputs, outputs)
     x = torch.randint(-127, 128, (rows, inputs), dtype=torch.int8)
     weight = torch.randint(-127, 128, (inputs, outputs), dtype=torch.int8)
     return 2 * rows * inputs * outputs / best_seconds(lambda: torch._int_mm(x, weight))
+
+
+def _fbgemm_int8_rate(rows: int, inputs: int, outputs: int) -> float:
+    """fbgemm's quantized linear: unsigned 8-bit rows against signed 8-bit weights, int32 sums."""
+    with warnings.catch_warnings():  # torch's quantized tensors are deprecated; fbgemm's kernel is the measure
+        warnings.simplefilter("ignore", UserWarning)
+        weight = torch.quantize_per_tensor(torch.randn(outputs, inputs), 0.05, 0, torch.qint8)
+        x = torch.quantize_per_tensor(torch.randn(rows, inputs), 0.05, 64, torch.quint8)
+    engine = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "fbgemm"
+    try:
+        packed = torch.ops.quantized.linear_prepack(weight, None)
+        return 2 * rows * inputs * outputs / best_seconds(lambda: torch.ops.quantized.linear(x, packed, 0.1, 64))
+    finally:
+        torch.backends.quantized.engine = engine
 
 
 def packed_bytes(model_id: str) -> tuple[int, int]:
@@ -81,11 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=190, help="mean prompt of the workload")
     parser.add_argument("--step-rows", type=int, default=16, help="rows of a decode step (requests in flight)")
     args = parser.parse_args(argv)
-    bandwidth, rate, int8_rate = read_bandwidth(), bfloat16_matrix_rate(), int8_matrix_rate()
+    bandwidth, rate, int8_rate = read_bandwidth(), float_matrix_rate(), int8_matrix_rate()
     step_bytes, num_weights = packed_bytes(args.model_id)
     limits = {
         "threads": torch.get_num_threads(), "read_bandwidth_gb_s": bandwidth / 1e9,
-        "bfloat16_matrix_gflop_s": rate / 1e9, "packed_layer_bytes": step_bytes, "layer_weights": num_weights,
+        "float_matrix_dtype": str(float_matrix_dtype()).removeprefix("torch."),
+        "float_matrix_gflop_s": rate / 1e9, "packed_layer_bytes": step_bytes, "layer_weights": num_weights,
         "decode_steps_per_s_at_most": bandwidth / step_bytes,
         "prefill_tokens_per_s_at_most": rate / (2 * num_weights),
         "prompt_prefill_s_at_least": args.prompt_tokens * 2 * num_weights / rate,
