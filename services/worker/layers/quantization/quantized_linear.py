@@ -74,7 +74,7 @@ def check_supported(quantize: str, device: torch.device, dtype: torch.dtype) -> 
     if quantize == "gguf" and not runs_natively():
         logger.warning("--quantize gguf runs torch's block products here, tens of times slower than float "
                        "weights (--quantize auto or none dequantizes the file)")
-    elif quantize != "gguf" and dtype == torch.float32:
+    elif quantize != "gguf" and dtype == torch.float32 and not runs_natively():
         logger.warning("--quantize %s with float32 activations runs torch's scalar kernels, tens of times "
                        "slower than with --dtype bfloat16", quantize)
 
