@@ -32,6 +32,7 @@ from ztgi.services.worker.kernels.native_library import cpu_flags
 from ztgi.services.worker.layers.packed_linear import PackedLinear
 from ztgi.services.worker.layers.quantization.block_linear import BlockLinear
 from ztgi.services.worker.model_loader import load_paged_model
+from ztgi.services.worker.models.dtype_choice import auto_dtype
 from ztgi.services.worker.models.llama import PagedLlamaForward
 
 
@@ -51,13 +52,12 @@ def read_bandwidth(num_bytes: int = 1 << 30) -> float:
     return num_bytes / best_seconds(lambda: values.sum())
 
 
-BFLOAT16_UNITS = ("avx512_bf16", "amx_bf16")
 VNNI = ("avx512_vnni", "avx_vnni")
 
 
 def float_matrix_dtype() -> torch.dtype:
-    """bfloat16 where the CPU multiplies it natively, else float32 (the serving dtype there)."""
-    return torch.bfloat16 if cpu_flags() & set(BFLOAT16_UNITS) else torch.float32
+    """The CPU's serving dtype (`--dtype auto`): bfloat16 where it has bfloat16 units, else float32."""
+    return auto_dtype(torch.device("cpu"))
 
 
 def float_matrix_rate(rows: int = 512, inputs: int = 2048, outputs: int = 8192,
