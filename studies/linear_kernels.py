@@ -6,7 +6,8 @@ For each of SmolLM2-135M's matrix shapes (fused q/k/v, attention output, fused g
 lm_head) and each row count (decode at batch 1 and 16, prefill chunks), the median time of
 `y = x @ W.T` with W as:
 
-- `float32`: oneDNN with the weight packed once (`PackedLinear`, what the worker serves today)
+- `float32`: the worker's float layer (`PackedLinear`: the C rows product for a decode step's rows
+  where the CPU has AVX2, oneDNN otherwise)
 - `bfloat16`: the same, weight and activations in bfloat16 (avx512_bf16 / AMX)
 - `int8-f32`, `int8-bf16`: `torch._weight_int8pack_mm`: int8 weight, one scale per output row, activations
   float32 / bfloat16

@@ -6,8 +6,8 @@ at the measured memory bandwidth and matrix peak, beside which the served figure
 Measured here, on all the cores torch uses: the bandwidth of reading a 1 GiB tensor (a sum over it,
 best of 5), and the float and int8 matrix products' rates on a prefill-shaped product (512 rows
 through a 2048 x 8192 weight, best of 5), each by the fastest kernel torch has for this CPU: the
-float product in bfloat16 where the CPU has bfloat16 units, else in float32 through oneDNN with a
-packed weight (the worker's own float layer, `PackedLinear`); int8 by oneDNN's VNNI product
+float product in bfloat16 where the CPU has bfloat16 units, else in float32 through the worker's own
+float layer (`PackedLinear`: oneDNN at a prefill's rows); int8 by oneDNN's VNNI product
 (`torch._int_mm`) where the CPU has VNNI, else by fbgemm's (`vpmaddubsw` on AVX2): the rate the
 block products' integer dots are judged against. Without VNNI `torch._int_mm` has no vector kernel
 (under 1 GOP/s), which would judge the products against nothing. The model's bytes per decode
@@ -63,7 +63,7 @@ def float_matrix_dtype() -> torch.dtype:
 def float_matrix_rate(rows: int = 512, inputs: int = 2048, outputs: int = 8192,
                       dtype: torch.dtype | None = None) -> float:
     """FLOPs per second of a `[rows, inputs] @ [inputs, outputs]` in `dtype` (`float_matrix_dtype`),
-    float32 through oneDNN's packed weight."""
+    float32 through the worker's float layer."""
     dtype = dtype or float_matrix_dtype()
     x, weight = torch.randn(rows, inputs).to(dtype), torch.randn(inputs, outputs).to(dtype)
     if dtype is torch.float32:
