@@ -8,9 +8,11 @@ what is compiled is each layer's part before it (RMSNorm, fused q/k/v, rotary) a
 projection, residual, RMSNorm, gate/up, SiLU, down, residual): one function each, the layer's
 weights passed as inputs, so every layer reuses one graph per shape. The variants:
 
-- `eager`: the worker's forward as it runs today (oneDNN-packed linears, `PackedLinear`)
+- `eager`: the worker's forward as it runs today (`PackedLinear`: oneDNN-packed linears, or on an
+  AVX2 CPU in float32 plain weights with a decode step's rows in ztgi's C)
 - `compiled`: the dense parts compiled (`dynamic=True`: one graph for every token count above 1),
-  the linears still oneDNN-packed (a custom op wraps the packed product, which inductor cannot lower)
+  the linears oneDNN's on the worker's own weights, packed where it packs them (a custom op wraps
+  the product, which inductor cannot lower on a packed weight)
 - `compiled-static`: the same with `dynamic=False`, a graph per token count: the best a set of
   bucketed static shapes can do (no padding counted)
 - `compiled-plain`: dynamic, plain weights and `F.linear`, so inductor chooses the matrix products
@@ -82,7 +84,7 @@ class CompiledForwardConfig:
 
 @torch.library.custom_op("ztgi_bench::packed_linear", mutates_args=())
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, out_features: int) -> torch.Tensor:
-    """`PackedLinear`'s oneDNN product, opaque to inductor (its lowering rejects a packed weight)."""
+    """oneDNN's product on the worker's weight, opaque to inductor (its lowering rejects a packed weight)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
 
 
