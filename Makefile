@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+# Test processes (pytest-xdist), each taking whole test files; TEST_PROCESSES=0 runs them in this one.
+TEST_PROCESSES ?= 2
+PARALLEL := $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
 STAMP := $(VENV)/.installed
 
 .PHONY: install run test test-compose test-fast lint clean
@@ -27,14 +30,14 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/python -m pytest -m "not docker" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not docker" $(PARALLEL) $(PYTEST_ARGS)
 	PYTHON=$(BIN)/python .ci/compose-test
 
 test-compose: $(STAMP)
 	PYTHON=$(BIN)/python .ci/compose-test $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow and not docker" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not docker" $(PARALLEL) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

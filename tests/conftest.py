@@ -6,13 +6,20 @@ import os
 import shutil
 
 import pytest
-import torch
 
 # Servers the tests launch keep the intra-op thread count they start with: a float32 decode step's
 # matrix-vector products sum in another order on one thread than on two, and the bit-exact greedy
 # comparisons with transformers (which runs on every core) must not depend on what else the box is
 # doing at that moment. tests/worker/test_thread_governor.py tests the adaptive policy itself.
 os.environ.setdefault("ZTGI_CPU_ADAPTIVE_THREADS", "false")
+# `make test` runs two test processes (pytest-xdist), each with its servers, on the same cores. An
+# OpenMP thread that spins at a barrier while its partner's core runs the other process costs a
+# whole time slice per parallel region, many a step (docs/benchmarks-history.md, "The test run on
+# two cores"); waiting passively each takes about its share, and the numerics do not change. Read
+# when the OpenMP runtime loads: set before torch is imported here and in every process a test starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import torch  # noqa: E402
 
 from tests.session_guard import pytest_configure, pytest_sessionfinish, pytest_unconfigure  # noqa: F401
 from ztgi.common.model_source import ModelSource, cache_root, resolve_model

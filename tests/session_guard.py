@@ -11,6 +11,8 @@ process still below this one (a forked child carries no mark: /proc/PID/environ 
 it was exec'd with). If the
 interpreter then has not exited within `EXIT_GRACE_S` (a thread that never returns), it prints every
 thread's stack and exits with the session's status, so the hang is visible and costs a minute.
+Under pytest-xdist each worker kills what its own tests left; only the controller watches its exit,
+since a worker's process waits, after its last test, until the controller closes its channel.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             continue  # multiprocessing's own helper: it ends when this process does
         sys.stderr.write(f"session_guard: a test left process {pid} running ({command}); killing it\n")
         _kill(pid)
-    _exit_even_if_a_thread_hangs(config)
+    if not hasattr(config, "workerinput"):  # a pytest-xdist worker lives on until the controller ends it
+        _exit_even_if_a_thread_hangs(config)
 
 
 def marked_processes(marker: str) -> list[tuple[int, str]]:
