@@ -96,10 +96,13 @@ def test_greedy_equals_transformers(server: LaunchedServer, reference: dict[str,
 
 
 def test_stream_text_equals_generate_text(server: LaunchedServer) -> None:
-    """Concatenated streamed token texts equal /generate's text, multi-byte outputs included."""
-    for prompt in PROMPTS:
-        expected = generate(server, prompt, max_new_tokens=NUM_NEW_TOKENS)["generated_text"]
-        events = stream(server, prompt, max_new_tokens=NUM_NEW_TOKENS)
+    """Concatenated streamed token texts equal /generate's text, multi-byte outputs included; every
+    request at once (a request's tokens do not depend on its batch in float32)."""
+    with concurrent.futures.ThreadPoolExecutor(2 * len(PROMPTS)) as pool:
+        generated = [pool.submit(generate, server, prompt, max_new_tokens=NUM_NEW_TOKENS) for prompt in PROMPTS]
+        streamed = [pool.submit(stream, server, prompt, max_new_tokens=NUM_NEW_TOKENS) for prompt in PROMPTS]
+    for prompt, body, stream_events in zip(PROMPTS, generated, streamed):
+        expected, events = body.result()["generated_text"], stream_events.result()
         texts = "".join(e["token"]["text"] for e in events if not e["token"]["special"])
         assert texts == expected == events[-1]["generated_text"], prompt
         assert "\ufffd" not in "".join(e["token"]["text"] for e in events)
