@@ -21,7 +21,6 @@ import re
 from typing import TYPE_CHECKING, Any
 
 import llguidance
-import llguidance.hf
 
 from ztgi.common.messages import Grammar
 from ztgi.common.parameters import ValidationError
@@ -54,7 +53,11 @@ def json_grammar(schema: Any, lenient: bool = False) -> Grammar:
 
 
 def lltokenizer(hf_tokenizer: Any, eos_token_ids: list[int] | None = None) -> llguidance.LLTokenizer:
-    """The vocabulary as llguidance sees it (slow to build for a large vocabulary: build it once)."""
+    """The vocabulary as llguidance sees it (slow to build for a large vocabulary: build it once).
+    `llguidance.hf` is imported here: it imports transformers, which the gateway (a user of this
+    module's grammars) has no other need of."""
+    import llguidance.hf
+
     return llguidance.hf.from_tokenizer(hf_tokenizer, eos_token=eos_token_ids or None)
 
 
