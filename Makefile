@@ -9,7 +9,7 @@ TEST_PROCESSES ?= 2
 PARALLEL := $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-compose test-fast lint clean
+.PHONY: install run test test-suite compose-prepare test-compose test-fast lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,9 +29,18 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint
-	$(BIN)/python -m pytest -m "not docker" $(PARALLEL) $(PYTEST_ARGS)
+# Lint (one core), the suite and the compose test's preparation (apt, PyPI and disk waits) at once
+# (their lines interleave: the suite's progress is not held back), then the compose test. A failure
+# of any of the three fails the run once all three have ended.
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j3 lint test-suite compose-prepare
 	PYTHON=$(BIN)/python .ci/compose-test
+
+test-suite: $(STAMP)
+	$(BIN)/python -m pytest -m "not docker" $(PARALLEL) $(PYTEST_ARGS)
+
+compose-prepare: $(STAMP)
+	PYTHON=$(BIN)/python .ci/compose-test --prepare
 
 test-compose: $(STAMP)
 	PYTHON=$(BIN)/python .ci/compose-test $(PYTEST_ARGS)
