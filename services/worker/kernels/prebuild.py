@@ -27,11 +27,11 @@ from ztgi.services.worker.kernels.native_library import (
 )
 
 
-def prebuild(directory: Path = PREBUILT_DIR) -> list[Path]:
-    """Each `csrc/*.c` compiled for its portable target (`portable_target`) into `directory`, one
-    compiler process per core at a time; the libraries' paths."""
+def prebuild(directory: Path = PREBUILT_DIR, names: Sequence[str] | None = None) -> list[Path]:
+    """Each `csrc/*.c` (or those of `names`) compiled for its portable target (`portable_target`)
+    into `directory`, one compiler process per core at a time; the libraries' paths."""
     compiler = find_compiler()
-    sources = sorted(SOURCE_DIR.glob("*.c"))
+    sources = sorted(SOURCE_DIR.glob("*.c")) if names is None else [SOURCE_DIR / name for name in names]
     targets = [prebuilt_path(source, directory) for source in sources]
 
     def build_one(source: Path, target: Path) -> None:

@@ -16,11 +16,18 @@ needs_portable_cpu = pytest.mark.skipif(not set(PORTABLE) <= native_library.cpu_
                                         reason="the prebuilt kernels need " + ", ".join(PORTABLE))
 
 
+# The libraries these tests load, not every source: the AVX512 block products alone take longer to
+# compile than all of these (the Docker image's build stage builds every one, and the compose test
+# serves from that image).
+LOADED = ("paged_decode_attention.c", "layer_ops.c", "block_linear_avx2.c", "layer_ops_avx2.c",
+          "paged_decode_attention_avx2.c", "llama_decode_stack.c")
+
+
 @pytest.fixture(scope="module")
 def prebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("prebuilt")
-    built = prebuild(directory)
-    assert {path.name.split("-")[0] for path in built} == {s.stem for s in native_library.SOURCE_DIR.glob("*.c")}
+    built = prebuild(directory, LOADED)
+    assert sorted(path.name.split("-")[0] for path in built) == sorted(name[:-2] for name in LOADED)
     return directory
 
 
