@@ -22,6 +22,7 @@ def test_flags_override_environment(monkeypatch):
     """`--x-y` flags win over `ZTGI_X_Y` variables, which win over defaults."""
     monkeypatch.setenv("ZTGI_DTYPE", "bfloat16")
     monkeypatch.setenv("ZTGI_MEMORY_BUDGET_MB", "512")
+    monkeypatch.delenv("ZTGI_CPU_WARMUP_PREFILL_TOKENS", raising=False)  # tests/conftest.py sets one for servers
     config = parse_config(WorkerConfig, ["--dtype", "float16", "--worker-index", "3"])
     assert (config.dtype, config.memory_budget_mb, config.worker_index) == ("float16", 512, 3)
     assert config.cpu_warmup_prefill_tokens == 512
