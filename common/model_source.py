@@ -55,20 +55,31 @@ def cache_root() -> str:
 
 def resolve_model(model_id: str = DEFAULT_MODEL_ID) -> ModelSource:
     """Turns a model id into a directory (a GGUF's config and tokenizer, written once); raises ModelNotFoundError."""
+    check_model_id(model_id)
     if model_id in (DEFAULT_MODEL_ID, EMBEDDED_NAME):
         gguf_file = embedded_gguf_path()
         return ModelSource(_converted_gguf(gguf_file), EMBEDDED_NAME, gguf_file)
     if model_id.endswith(".gguf"):
-        if not os.path.isfile(model_id):
-            raise ModelNotFoundError(f"GGUF file {model_id!r} does not exist")
         return ModelSource(_converted_gguf(model_id), os.path.basename(model_id), model_id)
     if os.path.isdir(model_id):
+        return ModelSource(model_id, model_id)
+    return ModelSource(_hub_snapshot(model_id), model_id)
+
+
+def check_model_id(model_id: str) -> None:
+    """What can be told of a model id without reading the model: ModelNotFoundError where it is a
+    path that names no model directory or .gguf file, or the embedded model is not installed (a
+    launcher says so before it starts a process). A Hub id is looked up only when resolved."""
+    if model_id in (DEFAULT_MODEL_ID, EMBEDDED_NAME):
+        embedded_gguf_path()
+    elif model_id.endswith(".gguf"):
+        if not os.path.isfile(model_id):
+            raise ModelNotFoundError(f"GGUF file {model_id!r} does not exist")
+    elif os.path.isdir(model_id):
         if not os.path.isfile(os.path.join(model_id, "config.json")):
             raise ModelNotFoundError(f"directory {model_id!r} has no config.json: not a model directory")
-        return ModelSource(model_id, model_id)
-    if model_id.startswith(("/", "./", "../", "~")):  # a path, never a Hub id
+    elif model_id.startswith(("/", "./", "../", "~")):  # a path, never a Hub id
         raise ModelNotFoundError(f"{model_id!r} does not exist: no such model directory or .gguf file")
-    return ModelSource(_hub_snapshot(model_id), model_id)
 
 
 def embedded_gguf_path() -> str:

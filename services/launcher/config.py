@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ztgi.common.config import require
-from ztgi.common.model_source import DEFAULT_MODEL_ID
+from ztgi.common.config import ConfigError, require
+from ztgi.common.model_source import DEFAULT_MODEL_ID, ModelNotFoundError, check_model_id
 from ztgi.common.request_limit import MAX_CONCURRENT_REQUESTS, MAX_IMAGE_PIXELS
 from ztgi.common.service_config import LogConfig, RequestLimits
 from ztgi.services.gateway.media_limits import MediaLimits
@@ -136,6 +136,16 @@ class LaunchConfig(LogConfig, RequestLimits, MediaLimits):
                 f"--drain-timeout-s ({self.drain_timeout_s:g}) must be >= 0 and less than "
                 f"--shutdown-timeout-s ({self.shutdown_timeout_s:g}), or children are killed mid-drain")
         check_reasoning_parser(self.reasoning_parser)
+        self.check_models()
+
+    def check_models(self) -> None:
+        """A model or draft path that names nothing fails the launch here, before any process starts."""
+        for flag, model_id in (("--model-id", self.model_id), ("--draft-model-id", self.draft_model_id)):
+            try:
+                if model_id is not None:
+                    check_model_id(model_id)
+            except ModelNotFoundError as exc:
+                raise ConfigError(f"{flag} {exc}") from None
 
     def shared_environment(self, scheduler_url: str) -> dict[str, str]:
         """ZTGI_* variables for every child: the settings more than one service reads."""

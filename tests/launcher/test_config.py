@@ -92,3 +92,17 @@ def test_image_settings_reach_the_gateways() -> None:
     assert (gateway.max_images_per_request, gateway.max_image_bytes) == (2, 20 * 1024 * 1024)
     with pytest.raises(ConfigError, match="--allowed-media-domains: 'http://x' is not a host name"):
         parse_config(LaunchConfig, ["--allowed-media-domains", "http://x"])
+
+
+def test_a_model_path_that_names_nothing_fails_before_any_process(tmp_path) -> None:
+    """A missing path, a .gguf that is not there, a directory without config.json: the flag error
+    names the flag and the path; a Hub id is left to the services (they look it up offline)."""
+    (tmp_path / "empty").mkdir()
+    cases = [(["--model-id", str(tmp_path / "missing")], "--model-id '.*missing' does not exist"),
+             (["--model-id", str(tmp_path / "model.gguf")], "--model-id GGUF file '.*model.gguf' does not exist"),
+             (["--model-id", str(tmp_path / "empty")], "--model-id directory '.*empty' has no config.json"),
+             (["--speculate", "2", "--draft-model-id", str(tmp_path / "draft")], "--draft-model-id '.*draft' does not")]
+    for flags, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            parse_config(LaunchConfig, flags)
+    assert parse_config(LaunchConfig, ["--model-id", "HuggingFaceTB/SmolLM2-135M-Instruct"]).model_id.startswith("Hug")
