@@ -65,6 +65,16 @@ def config_from_namespace(cls: type[C], namespace: argparse.Namespace,
     return cls(**values)
 
 
+def env_default(cls: type, field_name: str, environ: typing.Mapping[str, str] | None = None) -> Any:
+    """Field `field_name` of `cls` as a config built without flags would hold it: its environment
+    variable where set (converted as a flag's value), else its default."""
+    environ = os.environ if environ is None else environ
+    field = next(field for field in dataclasses.fields(cls) if field.name == field_name)
+    if env_name(field_name) in environ:
+        return _convert(field_name, typing.get_type_hints(cls)[field_name], environ[env_name(field_name)])
+    return field.default
+
+
 def parse_config(cls: type[C], argv: Sequence[str] | None = None, prog: str | None = None) -> C:
     parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip().split("\n")[0])
     add_config_arguments(parser, cls)

@@ -18,9 +18,10 @@ os.environ.setdefault("ZTGI_CPU_ADAPTIVE_THREADS", "false")
 # two cores"); waiting passively each takes about its share, and the numerics do not change. Read
 # when the OpenMP runtime loads: set before torch is imported here and in every process a test starts.
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-# A worker a test starts warms up on 64 prompt tokens, not 512: on CPU the warmup measures no memory
-# (the pool is --memory-budget-mb), it runs the step path once and times a chunk; 512 tokens cost
-# seconds of each of the suite's many worker starts. tests/worker/test_config.py checks the default.
+# A worker a test starts, and an in-process `LLM`, warms up on 64 prompt tokens, not 512: on CPU the
+# warmup measures no memory (the pool is --memory-budget-mb), it runs the step path once and times a
+# chunk; 512 tokens cost seconds of each of the suite's many engine starts. tests/worker/test_config.py
+# checks the default.
 os.environ.setdefault("ZTGI_CPU_WARMUP_PREFILL_TOKENS", "64")
 
 import torch  # noqa: E402

@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ztgi.common.config import env_default
 from ztgi.common.request_limit import MAX_TOTAL_TOKENS
 from ztgi.services.scheduler.config import DEFAULT_MAX_BATCH_PREFILL_TOKENS, SchedulerConfig
 from ztgi.services.worker.backend import Model
-from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS
+from ztgi.services.worker.config import DEFAULT_QUANTIZED_MAX_ROWS, WorkerConfig
 
 SCHEDULER_OPTIONS = ("max_input_tokens", "max_total_tokens", "max_batch_prefill_tokens", "max_batch_total_tokens",
                      "max_batch_size", "waiting_served_ratio", "max_waiting_tokens", "pipeline_decode",
@@ -35,7 +36,9 @@ class EngineOptions:
     block_size: int = 16
     step_target_ms: int = 250
     memory_budget_mb: int = 4096
-    cpu_warmup_prefill_tokens: int | None = 512
+    # as a server's workers: ZTGI_CPU_WARMUP_PREFILL_TOKENS where set, else 512
+    cpu_warmup_prefill_tokens: int | None = dataclasses.field(
+        default_factory=lambda: env_default(WorkerConfig, "cpu_warmup_prefill_tokens"))
     speculate: int = 0
     draft_model_id: str | None = None
     quantize: str = "auto"

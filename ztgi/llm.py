@@ -87,7 +87,8 @@ class LLM:
     `max_batch_total_tokens`, `max_batch_size`, `waiting_served_ratio`, `max_waiting_tokens`,
     `pipeline_decode`, `prefix_caching`: True by default, prompts that start alike share the KV
     blocks of what they share) and the worker's (`kv_cache` paged, padded or auto; `block_size`,
-    `step_target_ms`, `memory_budget_mb`, `cpu_warmup_prefill_tokens`, `speculate`, `draft_model_id`
+    `step_target_ms`, `memory_budget_mb`, `cpu_warmup_prefill_tokens`: where not given, the workers'
+    `ZTGI_CPU_WARMUP_PREFILL_TOKENS` or 512; `speculate`, `draft_model_id`
     or `draft_model`: a small model with the same tokenizer that proposes the `speculate` tokens,
     `quantize` auto, gguf, none, int8 or int4 with `quantized_max_rows`: as `ztgi worker --quantize`),
     or vLLM's for the same limit (`max_model_len`, `max_num_seqs`, `max_num_batched_tokens`,

@@ -108,3 +108,17 @@ def test_bad_engine_options(smollm2) -> None:
         LLM(smollm2.path, enable_prefix_caching="no")
     with pytest.raises(ValueError, match="^pipeline_decode must be True or False, got 1"):
         LLM(smollm2.path, pipeline_decode=1)
+
+
+def test_warmup_tokens_default_to_the_workers_environment(monkeypatch) -> None:
+    """`cpu_warmup_prefill_tokens` not given: ZTGI_CPU_WARMUP_PREFILL_TOKENS as a server's workers
+    read it (`none` too), else 512; given, it wins."""
+    from ztgi.engine_options import EngineOptions
+
+    monkeypatch.setenv("ZTGI_CPU_WARMUP_PREFILL_TOKENS", "96")
+    assert EngineOptions.parse({}).cpu_warmup_prefill_tokens == 96
+    assert EngineOptions.parse({"cpu_warmup_prefill_tokens": 128}).cpu_warmup_prefill_tokens == 128
+    monkeypatch.setenv("ZTGI_CPU_WARMUP_PREFILL_TOKENS", "none")
+    assert EngineOptions.parse({}).cpu_warmup_prefill_tokens is None
+    monkeypatch.delenv("ZTGI_CPU_WARMUP_PREFILL_TOKENS")
+    assert EngineOptions.parse({}).cpu_warmup_prefill_tokens == 512
