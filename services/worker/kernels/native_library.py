@@ -8,9 +8,11 @@ The kernels in `csrc/` are built with `-march=native` on the machine that runs t
 and Triton build theirs), so the binary is keyed by the source, the flags, the compiler and this
 CPU's model and flags: a cache directory shared between different machines never hands one a
 binary built for another. The build writes to a temporary name and renames it into place, so
-workers starting together never load a half-written file. torch is imported before any library is
-loaded: a kernel built with `-fopenmp` then binds to the OpenMP runtime torch already loaded (the
-same soname), so its threads are torch's intra-op threads, not a second pool competing for cores.
+workers starting together never load a half-written file, and holds a lock on the target's name
+while it compiles, so they wait for one build rather than each compiling the same source. torch is
+imported before any library is loaded: a kernel built with `-fopenmp` then binds to the OpenMP
+runtime torch already loaded (the same soname), so its threads are torch's intra-op threads, not a
+second pool competing for cores.
 
 Where there is no compiler (the Docker image keeps none), a library built ahead of time by
 `prebuild.py` for a named target (`PORTABLE_FLAGS`: every CPU with `PORTABLE_CPU_FLAGS`; x86-64-v3
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import functools
 import hashlib
 import logging
@@ -29,6 +32,7 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -122,8 +126,25 @@ def load(source_name: str, needs: tuple[str, ...] = REQUIRED_CPU_FLAGS,
             raise
         return _open(prebuilt)
     if not target.exists():
-        build(compiler, source, target)
+        with _build_lock(target):
+            if not target.exists():  # another process may have built it while this one waited
+                build(compiler, source, target)
     return _open(target)
+
+
+@contextlib.contextmanager
+def _build_lock(target: Path) -> Iterator[None]:
+    """An exclusive lock on `target`'s lock file (in the cache directory, kept) while held; where
+    the directory cannot hold one, no lock: each process builds as it would alone."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(target.with_suffix(".lock"), "a")
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def portable_target(source: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
