@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 
@@ -41,7 +42,11 @@ def smollm2() -> ModelSource:
     source = resolve_model()
     directory = os.path.join(cache_root(), "test-models", os.path.basename(source.path) + "-float")
     if not os.path.isfile(os.path.join(directory, "model.safetensors")):
-        _write_dequantized(source, directory)
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
+        with open(directory + ".lock", "a") as lock:  # the test processes starting together write it once
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.isfile(os.path.join(directory, "model.safetensors")):
+                _write_dequantized(source, directory)
     return ModelSource(directory, source.name, source.gguf_file)
 
 
