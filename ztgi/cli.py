@@ -31,6 +31,9 @@ def _scheduler(argv: Sequence[str]) -> int:
 
 
 def _tokenizer(argv: Sequence[str]) -> int:
+    from ztgi.services.tokenizer.without_torch import keep_torch_out
+
+    keep_torch_out()
     from ztgi.services.tokenizer.service import main
     return main(argv)
 

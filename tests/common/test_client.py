@@ -245,7 +245,13 @@ def test_scheduler_restart_fails_in_flight_requests_fast(scheduler: ScriptedSche
         with pytest.raises(ZtgiError) as caught:
             await task
         assert (caught.value.message, caught.value.error_type) == ("scheduler restarted", "unhealthy")
-        return time.monotonic() - restarted
+        failed_after_s = time.monotonic() - restarted
+        # the second Hello leaves as the requests fail; the scheduler's thread reads it a moment later,
+        # and the client stays open until then (closing drops what it has not sent)
+        deadline = time.monotonic() + 5.0
+        while len(scheduler.messages(Hello)) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return failed_after_s
     assert run(scheduler_url, body) < 2.0
     assert len(scheduler.messages(Hello)) == 2
 

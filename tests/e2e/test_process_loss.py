@@ -92,17 +92,22 @@ def test_frozen_then_killed_tokenizer_streams_are_adopted(tmp_path) -> None:
     past the heartbeat window and resumed (its late answers to jobs handed over are dropped),
     and again after kill -9 of a tokenizer."""
     server = LaunchedServer(str(tmp_path / "run"), "--num-tokenizers", "2", "--dtype", "float32",
-                            "--heartbeat-interval-ms", "200",
-                            "--heartbeat-misses", "5")
+                            "--heartbeat-interval-ms", "250",
+                            "--heartbeat-misses", "8")
     try:
         expected = undisturbed(server)
-        # 1.5 s: past the 1 s window, and short of the streams' end, so its late answers arrive mid-stream
-        for reference, adopted in zip(expected, streams_killing(server, "tokenizer", freeze_s=1.5)):
+        # 3 s: past the 2 s window (a busy machine delays a live tokenizer's heartbeats by a second at
+        # times), and short of the streams' end, so its late answers arrive mid-stream
+        for reference, adopted in zip(expected, streams_killing(server, "tokenizer", freeze_s=3.0)):
             assert_same_greedy(reference, adopted)
         assert re.search(r"lost \(missed heartbeats\): .*[1-9]\d* requests to adopt", server.log), server.log
+        before_kill = len(server.log)
         for reference, adopted in zip(expected, streams_killing(server, "tokenizer")):
             assert_same_greedy(reference, adopted)
-        assert re.search(r"lost \(disconnected\): .*[1-9]\d* requests to adopt", server.log), server.log
+        # the scheduler hears of the end of the process at once, unless a loaded machine kept the
+        # tokenizer's last heartbeats late enough that its window ran out first: either way it is lost once
+        assert re.search(r"lost \((disconnected|missed heartbeats)\): .*[1-9]\d* requests to adopt",
+                         server.log[before_kill:]), server.log
     finally:
         assert server.stop() == 0, server.log
 
