@@ -16,6 +16,8 @@ import importlib.metadata
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 from ztgi.common.gguf_header import GgufError, check_gguf
@@ -102,6 +104,9 @@ def _converted_gguf(gguf_path: str) -> str:
     target = os.path.join(cache_root(), "models", f"{os.path.basename(gguf_path)[:-5]}-{digest}")
     if os.path.isfile(os.path.join(target, "config.json")):
         return target
+    if _torch_kept_out():
+        _convert_in_a_child(gguf_path)
+        return target
     try:
         check_gguf(gguf_path, _gguf_architectures)
     except GgufError as exc:
@@ -120,6 +125,23 @@ def _converted_gguf(gguf_path: str) -> str:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _torch_kept_out() -> bool:
+    """Whether this process keeps torch out (the tokenizer's: services/tokenizer/without_torch.py)."""
+    return "torch" in sys.modules and sys.modules["torch"] is None
+
+
+def _convert_in_a_child(gguf_path: str) -> None:
+    """The conversion in a new interpreter: transformers reads a GGUF's metadata with torch, which this
+    process keeps out. Once per file; its ModelNotFoundError comes back as one."""
+    done = subprocess.run([sys.executable, "-m", "ztgi.common.model_source", gguf_path], capture_output=True,
+                          text=True)
+    if done.returncode == 2:  # `_main`'s refusal, said in words
+        raise ModelNotFoundError(done.stderr.strip())
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+        raise ModelNotFoundError(f"reading {gguf_path} failed: {lines[-1]}")
 
 
 def _gguf_architectures() -> list[str]:
@@ -157,3 +179,17 @@ def _hub_snapshot(model_id: str) -> str:
             f"'{DEFAULT_MODEL_ID}' for the embedded model.") from None
     except Exception as exc:
         raise ModelNotFoundError(f"model {model_id!r} could not be fetched from the Hub: {exc}") from None
+
+
+def _main(argv: list[str]) -> int:
+    """`python -m ztgi.common.model_source FILE.gguf`: writes its cache directory (`_convert_in_a_child`)."""
+    try:
+        resolve_model(argv[0])
+    except ModelNotFoundError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -4,6 +4,7 @@ images, equals what the same code makes with torch loaded."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -56,3 +57,33 @@ def test_prompts_equal_with_and_without_torch(family: str, smollm2, vision_dirs:
     assert with_torch.pop("torch") and not without.pop("torch")
     assert without == with_torch
     assert len(without["images"]) == len(images)
+
+
+def load_without_torch(model_id: str, cache_dir: str) -> subprocess.CompletedProcess:
+    """A process that keeps torch out loads `model_id`'s tokenizer, with an empty ztgi cache."""
+    script = ("import sys\n"
+              "from ztgi.services.tokenizer.without_torch import keep_torch_out\n"
+              "keep_torch_out()\n"
+              "from ztgi.services.tokenizer.loading import load_tokenizer\n"
+              "print(load_tokenizer(sys.argv[1])('The capital of France is')['input_ids'])\n"
+              "assert sys.modules['torch'] is None\n")
+    return subprocess.run([sys.executable, "-c", script, model_id], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "ZTGI_CACHE_DIR": cache_dir})
+
+
+def test_a_gguf_seen_first_is_converted_in_a_child_with_torch(smollm2, tokenizer, tmp_path) -> None:
+    """Reading a GGUF's tokenizer takes transformers' GGUF reader, which needs torch: a tokenizer that
+    meets a file first converts it in a child process, then loads the result without torch."""
+    done = load_without_torch(smollm2.gguf_file, str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == tokenizer("The capital of France is")["input_ids"]
+    assert len(os.listdir(tmp_path / "models")) == 1  # the converted directory, read by the worker too
+
+
+def test_a_bad_gguf_is_refused_in_words(smollm2, tmp_path) -> None:
+    truncated = tmp_path / "truncated.gguf"
+    with open(smollm2.gguf_file, "rb") as source:
+        truncated.write_bytes(source.read(100_000))
+    done = load_without_torch(str(truncated), str(tmp_path / "cache"))
+    assert done.returncode != 0
+    assert f"ModelNotFoundError: {truncated} is truncated: it ends inside its header" in done.stderr, done.stderr
