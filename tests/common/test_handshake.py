@@ -59,6 +59,14 @@ def test_a_peer_without_keys_is_told_the_scheduler_wants_curve(context, server) 
     assert "--curve-server-public-key-file" in failure
 
 
+def test_a_keyless_peer_whose_connection_closed_is_told_the_likely_cause() -> None:
+    """A handshake that ends without detail (the CURVE scheduler closed first): a process without
+    keys is told what such a scheduler wants, and which flags give it."""
+    failure = handshake.describe_failure(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, curve_on=False)
+    assert "requires CURVE encryption does with a process that has no keys" in failure
+    assert "--curve-secret-key-file" in failure
+
+
 def test_a_wrong_server_key_is_named(context, server) -> None:
     """A server public key that is not the scheduler's: the failure says so."""
     port, keys_dir = server

@@ -3,6 +3,7 @@ plain words what is wrong and exits non-zero after --handshake-timeout-s (none h
 
 from __future__ import annotations
 
+import re
 import time
 
 from tests.fuzz.processes import HEARTBEAT, ServiceProcess
@@ -38,7 +39,9 @@ def test_peers_with_wrong_keys_say_why_and_exit_non_zero(tiny_model_dir: str, tm
     finally:
         codes = {p.service: p.stop() for p in (worker, tokenizer, gateway, scheduler)}
     assert codes["worker"] == 1, worker.output()
-    assert "the scheduler requires CURVE encryption and this process has no keys" in worker.output()
+    # the mismatch said outright, or (the scheduler closing first on a loaded machine) as the likely cause
+    assert re.search(r"requires CURVE encryption (and|does with) (this process has|a process that has) no keys",
+                     worker.output()), worker.output()
     assert "no handshake with the scheduler for 1 s" in worker.output()
     assert codes["tokenizer"] == 1, tokenizer.output()
     assert "the scheduler refused this process's CURVE public key" in tokenizer.output()
