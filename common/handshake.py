@@ -44,7 +44,7 @@ def describe_failure(event: int, value: int, curve_on: bool) -> str:
         return ("the CURVE handshake failed: --curve-server-public-key-file is not the public key of the "
                 "scheduler's --curve-secret-key-file")
     # a CURVE scheduler that reads this process's greeting first closes the connection before this
-    # side has read its own: the mismatch then comes without detail (a loaded machine, a slow peer)
+    # side has read the scheduler's: the mismatch then comes without detail (a loaded machine, a slow peer)
     return ("the handshake with the scheduler failed: the scheduler closed the connection, as one that "
             f"requires CURVE encryption does with a process that has no keys: give it {KEYS_HELP}")
 
