@@ -39,6 +39,9 @@ def _tokenizer(argv: Sequence[str]) -> int:
 
 
 def _worker(argv: Sequence[str]) -> int:
+    from ztgi.services.worker.huge_pages import ask_for_huge_pages
+
+    ask_for_huge_pages()
     from ztgi.services.worker.service import main
     return main(argv)
 
