@@ -56,8 +56,9 @@ static inline int32_t round16(__m512 x, __m512 inverse, int8_t *codes, int level
     return _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_mullo_epi32(first, _mm512_set1_epi32(FINER)), second));
 }
 
-/* One row of x rounded per block of 32 to `levels` codes: its codes, each block's step, the sums of
- * codes per 16 and those sums times the step (once per row, not once per tile of outputs). */
+/* `blocks` blocks of one row of x (all of it or a piece) rounded per block of 32 to `levels` codes:
+ * their codes, each block's step, the sums of codes per 16 and those sums times the step (once per
+ * row, not once per tile of outputs). */
 static void round_row(const void *x, int bf16, int levels, int64_t blocks, int8_t *codes, float *steps,
                       int32_t *sums, float *terms) {
     for (int64_t b = 0; b < blocks; b++) {

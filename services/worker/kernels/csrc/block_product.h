@@ -1,7 +1,8 @@
 /* What `block_linear.c` and its AVX2 twin `block_linear_avx2.c` share beyond their instructions:
  * the arguments of one product (`Product`), the checks of a weight descriptor and its parts, and
  * the two exported calls, `block_linear` (rows rounded by `round_row`, then every tile of 16
- * outputs by the kernel's `tile_function`, shared among OpenMP threads) and `block_dequantize`
+ * outputs by the kernel's `tile_function`, both shared among the OpenMP threads of one parallel
+ * region) and `block_dequantize`
  * (every tile's blocks by `dequantize_block`). Each kernel source includes it once and defines
  * those three functions; see `block_linear.c` for the arithmetic.
  */
@@ -18,6 +19,7 @@
 #define GROUPS (BLOCK / 4)  /* four inputs per group */
 #define FINER 254           /* second-level steps per first-level step */
 #define MAX_PARTS 8         /* of a stacked matrix */
+#define ROUND_PIECE 16      /* blocks of a row one thread rounds at a time */
 
 typedef struct {
     const BlockWeights *w;
@@ -33,9 +35,10 @@ typedef struct {
 
 typedef void (*TileFn)(const Product *, int64_t, int64_t);
 
-/* The including kernel's: one row of x rounded per block of 32 to `levels` int8 codes (its codes,
- * each block's step, the code sums per 16 and those times the step); the tile function for a
- * weight kind and levels (NULL for none); one tile's block of weights written as floats. */
+/* The including kernel's: `blocks` blocks of a row of x rounded per block of 32 to `levels` int8
+ * codes (their codes, each block's step, the code sums per 16 and those times the step); the tile
+ * function for a weight kind and levels (NULL for none); one tile's block of weights written as
+ * floats. */
 static void round_row(const void *x, int bf16, int levels, int64_t blocks, int8_t *codes, float *steps,
                       int32_t *sums, float *terms);
 static TileFn tile_function(const BlockWeights *w, int levels);
@@ -106,19 +109,26 @@ int block_linear(const void *x, int format, int64_t rows, const BlockWeights *w,
     float *sum_terms = malloc(sizeof(float) * (size_t)(rows * blocks * 3));
     int failed = codes == NULL || steps == NULL || code_sums == NULL || sum_terms == NULL;
     if (!failed) {
-        for (int64_t r = 0; r < rows; r++)
-            round_row((const char *)x + r * in_features * (bf16 ? 2 : 4), bf16, levels, blocks,
-                      codes + r * in_features * 2, steps + r * blocks, code_sums + r * blocks * 2,
-                      sum_terms + r * blocks * 3);
         Product base = {w, blocks, codes, steps, code_sums, sum_terms, out, out_stride, bf16}, each[MAX_PARTS];
         TileFn fns[MAX_PARTS];
         int64_t first_tiles[MAX_PARTS];
         int64_t tiles = products(parts, count, &base, each, fns, first_tiles, levels);
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            int i = count - 1;
-            while (first_tiles[i] > t) i--;
-            fns[i](&each[i], t - first_tiles[i], rows);
+        int64_t pieces = (blocks + ROUND_PIECE - 1) / ROUND_PIECE;  /* of each row */
+#pragma omp parallel num_threads(num_threads)
+        {
+#pragma omp for schedule(static)
+            for (int64_t u = 0; u < rows * pieces; u++) {
+                int64_t r = u / pieces, b = (u % pieces) * ROUND_PIECE, at = r * blocks + b;
+                round_row((const char *)x + (r * in_features + b * BLOCK) * (bf16 ? 2 : 4), bf16, levels,
+                          blocks - b < ROUND_PIECE ? blocks - b : ROUND_PIECE, codes + at * 2 * BLOCK, steps + at,
+                          code_sums + at * 2, sum_terms + at * 3);
+            }  /* every code rounded (the loop's barrier) before any tile reads them */
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < tiles; t++) {
+                int i = count - 1;
+                while (first_tiles[i] > t) i--;
+                fns[i](&each[i], t - first_tiles[i], rows);
+            }
         }
     }
     free(codes);
