@@ -158,7 +158,7 @@ def variant_forward(model: Any, variant: str) -> Callable[..., torch.Tensor]:
     def run(input_ids: torch.Tensor, positions: torch.Tensor, inputs: Any, pool: Any,
             logit_rows: Any) -> torch.Tensor:
         x = w.embed(input_ids)
-        cos, sin = (t[0].unsqueeze(1) for t in w.rotary(x[None], positions[None]))
+        cos, sin = w.rotary.cos_sin(x, positions)
         for index, (layer, (qkv, output, gate_up, down)) in enumerate(zip(w.layers, weights)):
             q, k, v = pre(x, layer.attention_norm, qkv, cos, sin)
             x = post(x, forward.attention(index, q, k, v, pool, inputs), output, layer.mlp_norm, gate_up, down)

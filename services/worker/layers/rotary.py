@@ -1,5 +1,12 @@
 """Rotary position embeddings through transformers' own modules, so every rope scaling they know
-(linear, dynamic, yarn, llama3, Phi-3's longrope, Gemma 3's local and global bases) is exact."""
+(linear, dynamic, yarn, llama3, Phi-3's longrope, Gemma 3's local and global bases) is exact.
+
+Where the module's frequencies never change (every rope type but dynamic NTK and longrope, which
+rescale with the sequence length), each position's cos and sin are the same at every step: they are
+computed once by the module itself for positions 0 to a power of two past the largest seen, and a
+step takes its rows from that table, instead of a step of a dozen torch calls rebuilding them. Each
+element is the module's own (one product of a frequency and a position, then cos or sin), so the
+table's rows equal what it returns for the same positions."""
 
 from __future__ import annotations
 
@@ -14,16 +21,36 @@ class Rotary:
     def __init__(self, module: TransformersModule, by_layer_type: bool = False) -> None:
         self.module = module
         self.by_layer_type = by_layer_type  # Gemma 3: one module, a base per layer type
+        rope_type = str(getattr(module, "rope_type", "default"))
+        self.static = "dynamic" not in rope_type and rope_type != "longrope"
+        self._tables: dict[tuple[str | None, torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def cos_sin(self, x: torch.Tensor, positions: torch.Tensor,
                 layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`[tokens, 1, rotary_dim]` each, for `x` `[tokens, hidden]` and `positions` `[tokens]`, or
         `[3, tokens]` (Qwen2-VL's temporal, height and width: its module splits the rotary dims among
         them by `mrope_section`, and takes a `[tokens]` step's as all three)."""
+        if self.static and positions.dim() == 1 and positions.numel():
+            cos, sin = self._table(x, int(positions.max()), layer_type)
+            return cos.index_select(0, positions).unsqueeze(1), sin.index_select(0, positions).unsqueeze(1)
+        return self._computed(x, positions, layer_type)
+
+    def _computed(self, x: torch.Tensor, positions: torch.Tensor,
+                  layer_type: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         args = (layer_type,) if self.by_layer_type else ()
         batched = positions[None] if positions.dim() == 1 else positions[:, None]
         cos, sin = self.module(x[None], batched, *args)
         return cos[0].unsqueeze(1), sin[0].unsqueeze(1)
+
+    def _table(self, x: torch.Tensor, largest: int, layer_type: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin `[capacity, rotary_dim]` in `x`'s dtype for positions 0 to past `largest`."""
+        key = (layer_type, x.dtype, x.device)
+        table = self._tables.get(key)
+        if table is None or table[0].shape[0] <= largest:
+            capacity = max(256, 1 << largest.bit_length())
+            cos, sin = self._computed(x, torch.arange(capacity, device=x.device), layer_type)
+            table = self._tables[key] = (cos[:, 0].contiguous(), sin[:, 0].contiguous())
+        return table
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -53,7 +53,7 @@ class PagedLlamaForward:
         what embeddings pool), None without rows."""
         w, ops = self.weights, self.ops
         x = replace_rows(w.embed(input_ids), replaced)
-        cos, sin = (t[0].unsqueeze(1) for t in w.rotary(x[None], positions[None]))  # [tokens, 1, head_dim]
+        cos, sin = w.rotary.cos_sin(x, positions)  # [tokens, 1, head_dim]
         if self.stack is not None and not (self.lora and self.lora.active) and self.stack.accepts(x, inputs):
             x, residual = self.stack.run(x, cos, sin, inputs, pool)
         else:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ztgi.services.worker.layers.packed_linear import PackedLinear
+from ztgi.services.worker.layers.rotary import Rotary
 from ztgi.services.worker.layers.transformers_module import TransformersConfig, TransformersModule
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # PackedLinear, or a quantized layer
@@ -56,7 +57,7 @@ class LlamaWeights:
         self.intermediate_size = config.intermediate_size
         self.eps = config.rms_norm_eps
         decoder = model.model
-        self.rotary = decoder.rotary_emb  # transformers' own: every rope scaling it knows
+        self.rotary = Rotary(decoder.rotary_emb)  # transformers' own: every rope scaling it knows
         self.hidden_size = config.hidden_size
         linear = linear or _packed  # weights stacked by rows -> a layer (quantized_linear.LinearFactory)
         embedding = getattr(linear, "embedding", None)  # a GGUF as stored: rows read from the file

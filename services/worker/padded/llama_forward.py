@@ -34,7 +34,7 @@ class LlamaForward(LlamaWeights):
         """
         num_new = input_ids.shape[1]
         x = self.embed(input_ids)
-        cos, sin = (t.unsqueeze(1) for t in self.rotary(x, position_ids))  # [batch, 1, new, head_dim]
+        cos, sin = (t.unsqueeze(1) for t in self.rotary.module(x, position_ids))  # [batch, 1, new, head_dim]
         keep = _attention_keep(attention_mask, cache.num_positions, num_new)
         for index, layer in enumerate(self.layers):
             x = x + self._attention(layer, index, x, cos, sin, keep, cache)
