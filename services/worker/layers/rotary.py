@@ -21,8 +21,8 @@ class Rotary:
     def __init__(self, module: TransformersModule, by_layer_type: bool = False) -> None:
         self.module = module
         self.by_layer_type = by_layer_type  # Gemma 3: one module, a base per layer type
-        rope_type = str(getattr(module, "rope_type", "default"))
-        self.static = "dynamic" not in rope_type and rope_type != "longrope"
+        rope_types = str(getattr(module, "rope_type", "default"))  # Gemma 3: one per layer type
+        self.static = "dynamic" not in rope_types and "longrope" not in rope_types
         self._tables: dict[tuple[str | None, torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def cos_sin(self, x: torch.Tensor, positions: torch.Tensor,
