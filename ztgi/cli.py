@@ -39,7 +39,7 @@ def _tokenizer(argv: Sequence[str]) -> int:
 
 
 def _worker(argv: Sequence[str]) -> int:
-    from ztgi.services.worker.huge_pages import ask_for_huge_pages
+    from ztgi.common.huge_pages import ask_for_huge_pages
 
     ask_for_huge_pages()
     from ztgi.services.worker.service import main

@@ -3,7 +3,7 @@ from ztgi.common.early_stop import exit_after, exit_on_stop_signals
 
 exit_on_stop_signals()
 
-from ztgi.services.worker.huge_pages import ask_for_huge_pages  # noqa: E402 (before torch loads)
+from ztgi.common.huge_pages import ask_for_huge_pages  # noqa: E402 (before torch loads)
 
 ask_for_huge_pages()
 

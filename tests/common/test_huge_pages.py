@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from ztgi.services.worker.huge_pages import VARIABLE
+from ztgi.common.huge_pages import VARIABLE
 
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 # a child: optionally asks, then loads torch and reports how much of a 64 MiB tensor's mapping is on huge pages
 CHILD = """
 import sys
-from ztgi.services.worker.huge_pages import ask_for_huge_pages
+from ztgi.common.huge_pages import ask_for_huge_pages
 taken = ask_for_huge_pages() if sys.argv[1] == "ask" else None
 import torch
 tensor = torch.ones(64 << 20, dtype=torch.uint8)
@@ -63,7 +63,7 @@ def test_a_users_own_setting_stands():
 def test_once_torch_is_loaded_nothing_is_promised():
     import torch  # noqa: F401 (this test process has loaded it: asking now cannot change its allocator)
 
-    from ztgi.services.worker.huge_pages import ask_for_huge_pages
+    from ztgi.common.huge_pages import ask_for_huge_pages
     before = os.environ.get(VARIABLE)
     assert ask_for_huge_pages() is False
     assert os.environ.get(VARIABLE) == before

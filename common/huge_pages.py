@@ -1,4 +1,4 @@
-"""A CPU worker's weights on 2 MiB pages.
+"""A CPU worker's weights on 2 MiB pages (the worker's entry points ask for them before torch loads).
 
 A decode step reads every weight once: hundreds of MB in 4 KiB pages are a TLB miss every 4 KiB,
 each a page walk, and under a hypervisor a walk of two page tables. torch's CPU allocator asks the
