@@ -4,7 +4,7 @@
 Where the module's frequencies never change (every rope type but dynamic NTK and longrope, which
 rescale with the sequence length), each position's cos and sin are the same at every step: they are
 computed once by the module itself for positions 0 to a power of two past the largest seen, and a
-step takes its rows from that table, instead of a step of a dozen torch calls rebuilding them. Each
+step on CPU takes its rows from that table, instead of a dozen torch calls rebuilding them. Each
 element is the module's own (one product of a frequency and a position, then cos or sin), so the
 table's rows equal what it returns for the same positions."""
 
@@ -30,7 +30,8 @@ class Rotary:
         """`[tokens, 1, rotary_dim]` each, for `x` `[tokens, hidden]` and `positions` `[tokens]`, or
         `[3, tokens]` (Qwen2-VL's temporal, height and width: its module splits the rotary dims among
         them by `mrope_section`, and takes a `[tokens]` step's as all three)."""
-        if self.static and positions.dim() == 1 and positions.numel():
+        # on an accelerator the module's few kernels are cheap and reading the largest position would sync
+        if self.static and positions.dim() == 1 and positions.numel() and positions.device.type == "cpu":
             cos, sin = self._table(x, int(positions.max()), layer_type)
             return cos.index_select(0, positions).unsqueeze(1), sin.index_select(0, positions).unsqueeze(1)
         return self._computed(x, positions, layer_type)
