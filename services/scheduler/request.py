@@ -24,6 +24,7 @@ class Request:
     status: RequestStatus = RequestStatus.ENCODING
     encoded: Encoded | None = None
     encode_job: bytes = b""  # kept until encoded: PUSH loses jobs queued for a tokenizer that dies
+    encode_pushed_at: float = 0.0  # when `encode_job` was last pushed to the tokenizers
     parameters: GenerateParameters | None = None  # what another tokenizer needs to adopt it
     num_acknowledged: int = 0  # generated tokens whose text reached the client
     worker_id: bytes | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import time
 
 from ztgi.common.codec import MessageError, decode, encode
@@ -87,6 +88,7 @@ class Scheduler:
         self.tokenizers = TokenizerPool(self.outbox)
         self.clients: dict[bytes, float] = {}
         self.last_worker_loss: WorkerLoss | None = None
+        self.last_tokenizer_loss_at = -math.inf
         self.started_at = time.monotonic()
         self.had_ready_worker = False  # whether any worker has finished its warmup since the start
         self.health_monitor = HealthMonitor(self.outbox, config.canary_timeout_s)
@@ -143,7 +145,28 @@ class Scheduler:
         request.encode_job = encode(EncodeJob(key, generate, self.boot_nonce))
         request.parameters = generate.parameters
         request.adapter = adapter
+        self._push_encode_job(request, time.monotonic())
+
+    def _push_encode_job(self, request: Request, now: float) -> None:
+        request.encode_pushed_at = now
         self.outbox.to_tokenizer_pool(request.encode_job)
+
+    def _push_encode_jobs_again(self, now: float) -> None:
+        """Pushes once more each encode job pushed within a heartbeat window of a tokenizer's loss
+        and unanswered for a window since.
+
+        The jobs pushed again when a loss is heard (`_lose_tokenizer`) can still be routed to the
+        dead tokenizer's pipe, which the PUSH socket closes a moment later: such a request would
+        wait for ever. Jobs pushed well after the last loss are not pushed again, however long a
+        busy tokenizer takes: an overload is not doubled. A job answered twice is forgotten by the
+        tokenizer of the copy (`on_tokenized_frame`)."""
+        window = self.config.peer_timeout_s
+        for request in self.table:
+            if (request.status is RequestStatus.ENCODING and now - request.encode_pushed_at > window
+                    and request.encode_pushed_at <= self.last_tokenizer_loss_at + window):
+                logger.warning("request %s: encode job unanswered %.1f s after a tokenizer's loss, pushed again",
+                               request.seq_id, now - request.encode_pushed_at)
+                self._push_encode_job(request, now)
 
     def _cancel(self, key: RequestKey) -> None:
         request = self.table.by_key(key)
@@ -289,7 +312,7 @@ class Scheduler:
 
     def on_tokenizer_disconnected(self, tokenizer_id: bytes) -> None:
         if tokenizer_id in self.tokenizers:
-            self._lose_tokenizer(tokenizer_id, "disconnected")
+            self._lose_tokenizer(tokenizer_id, "disconnected", time.monotonic())
 
     def _on_generations(self, slot: WorkerSlot, generations: list[Generation]) -> None:
         """Sends one DetokenizeJob per owning tokenizer for this step's tokens."""
@@ -435,13 +458,15 @@ class Scheduler:
         self.batcher.schedule()
 
     def tick(self, now: float) -> None:
-        """Liveness: drops silent peers and fails requests that cannot be served in time."""
+        """Liveness: drops silent peers, pushes lost encode jobs again and fails requests that cannot
+        be served in time."""
         timeout = self.config.peer_timeout_s
         for worker in list(self.batcher.workers.values()):
             if now - worker.last_seen > timeout:
                 self._lose_worker(worker.identity, "missed heartbeats")
         for tokenizer_id in self.tokenizers.silent_since(now - timeout):
-            self._lose_tokenizer(tokenizer_id, "missed heartbeats")
+            self._lose_tokenizer(tokenizer_id, "missed heartbeats", now)
+        self._push_encode_jobs_again(now)
         for client_id, last_seen in list(self.clients.items()):
             if now - last_seen > timeout:
                 del self.clients[client_id]
@@ -451,7 +476,7 @@ class Scheduler:
             self._fail_stale_queue(now)
         self.health_monitor.tick(now, self.batcher.workers)
 
-    def _lose_tokenizer(self, tokenizer_id: bytes, reason: str) -> None:
+    def _lose_tokenizer(self, tokenizer_id: bytes, reason: str, now: float) -> None:
         """Hands a lost tokenizer's requests to another one and re-sends what it never answered.
 
         Unanswered encode jobs are pushed again (one may have been queued for the lost
@@ -459,10 +484,11 @@ class Scheduler:
         tokens the client already has; unacknowledged steps are then sent to the adopter.
         """
         unanswered = self.tokenizers.remove(tokenizer_id)
+        self.last_tokenizer_loss_at = now
         self.tokenize_router.reroute(tokenizer_id, self.tokenizers.identities())
         encoding = [r for r in self.table if r.status is RequestStatus.ENCODING]
         for request in encoding:
-            self.outbox.to_tokenizer_pool(request.encode_job)
+            self._push_encode_job(request, now)
         owned = {r.seq_id: r for r in self.table if r.encoded is not None and r.tokenizer_id == tokenizer_id}
         # finished requests whose last tokens were never answered still need their final event
         owned.update((r.seq_id, r) for steps in unanswered for r, step in steps if step.generation.finish_reason)

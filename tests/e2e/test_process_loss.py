@@ -62,7 +62,10 @@ def streams_killing(server: LaunchedServer, service: str, freeze_s: float | None
             os.kill(pid, signal.SIGSTOP)
             time.sleep(freeze_s)
             os.kill(pid, signal.SIGCONT)
-        return [future.result() for future in futures]
+        try:
+            return [future.result() for future in futures]
+        except requests.RequestException as exc:  # a stream that hangs: what the services said meanwhile
+            raise AssertionError(f"a stream failed ({exc}); the server's log:\n{server.log}") from exc
 
 
 @pytest.mark.slow

@@ -316,6 +316,42 @@ def test_lost_tokenizer_encode_jobs_are_sent_again() -> None:
     assert h.messages_to("detokenize") == [(TOKENIZER, m.Forget([key]))] and len(h.scheduler.queue) == 1
 
 
+def test_an_encode_job_pushed_as_a_tokenizer_dies_is_pushed_once_more() -> None:
+    """A job pushed again when a tokenizer was lost can land in the dead one's pipe: unanswered a
+    heartbeat window later, it is pushed once more (then it went to a live pipe)."""
+    h = Harness(heartbeat_interval_ms=100, heartbeat_misses=2)  # a 0.2 s window
+    h.scheduler.on_tokenizer_frame(b"tokenizer-2", encode(m.Hello("tokenizer", m.PROTOCOL_VERSION, "t")))
+    h.scheduler.on_client_frame(CLIENT, encode(m.Generate("r1", "x", None, m.GenerateParameters())))
+    h.take("tokenize")
+    h.scheduler.on_tokenizer_disconnected(b"tokenizer-2")
+    assert len(h.take("tokenize")) == 1
+    lost = h.scheduler.table.by_key(m.RequestKey(CLIENT, "r1")).encode_pushed_at
+    pushes = []
+    for after in (0.1, 0.3, 0.5, 0.8, 1.2, 1.7):
+        h.scheduler.tokenizers.seen(TOKENIZER, lost + after, hello=False)  # the other one alive all along
+        h.scheduler.tick(lost + after)
+        pushes += [after] * len(h.take("tokenize"))
+    assert pushes == [0.3]
+    key = m.RequestKey(CLIENT, "r1")
+    h.scheduler.on_tokenized_frame(encode(m.Encoded(key, [1], m.SamplingParameters(), 2, False, 0, False, TOKENIZER)))
+    h.scheduler.tokenizers.seen(TOKENIZER, lost + 5.0, hello=False)
+    h.scheduler.tick(lost + 5.0)
+    assert h.take("tokenize") == [] and len(h.scheduler.queue) == 1
+
+
+def test_a_slow_tokenizer_gets_no_copies_of_its_jobs() -> None:
+    """With no tokenizer lost around its push, a job is never pushed again, however long it waits:
+    an overloaded tokenizer is not handed its backlog twice."""
+    h = Harness(heartbeat_interval_ms=100, heartbeat_misses=2)
+    h.scheduler.on_client_frame(CLIENT, encode(m.Generate("r1", "x", None, m.GenerateParameters())))
+    h.take("tokenize")
+    pushed = h.scheduler.table.by_key(m.RequestKey(CLIENT, "r1")).encode_pushed_at
+    for after in (0.3, 1.0, 5.0):
+        h.scheduler.tokenizers.seen(TOKENIZER, pushed + after, hello=False)
+        h.scheduler.tick(pushed + after)
+    assert h.take("tokenize") == []
+
+
 def test_lost_tokenizer_requests_are_adopted() -> None:
     """A lost tokenizer's request is adopted by another with the tokens its client has seen,
     and the unanswered steps are sent again to the adopter."""
