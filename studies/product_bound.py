@@ -9,7 +9,7 @@ the weights' codes and the loads: a bound on any epilogue, not a product (its ou
 Every layer's products and the head, packed as the served model packs them
 (`studies.block_step_bytes`), run `--rows` bfloat16 rows through both builds in one process, steps
 alternated; medians per product kind. Where the bound is close to 1, the scales are not what holds
-the product back.
+the product back. It needs the CPU `block_linear.c` needs (AVX512-VNNI and BF16).
 """
 
 from __future__ import annotations
